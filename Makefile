@@ -1,0 +1,48 @@
+# The two commands of the README's quick start, and their helpers.
+#   make demo   installs what is missing, builds, runs the main job on a built-in default
+#   make test   installs what is missing, builds, runs every test
+BUILD_DIR ?= build
+SANITIZE_DIR ?= build-sanitize
+JOBS ?= $(shell nproc)
+CMAKE_GENERATOR ?= Ninja
+DEMO_TARGET ?= qwen3.5-27b
+DEMO_DRAFT ?= dflash-qwen3.5-27b
+
+.PHONY: all deps configure build demo test test-sanitize bench format tidy clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=Release
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+demo: build
+	./$(BUILD_DIR)/mixkv describe $(DEMO_TARGET) --draft $(DEMO_DRAFT)
+
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+# Same tests under AddressSanitizer + UndefinedBehaviorSanitizer (debug info, no benchmarks).
+test-sanitize: deps
+	cmake -S . -B $(SANITIZE_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMIXKV_SANITIZE=ON -DMIXKV_BUILD_BENCH=OFF
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j $(JOBS)
+
+bench: build
+	./$(BUILD_DIR)/bench/mixkv_bench
+
+format:
+	find include src tests bench fuzz -name '*.hpp' -o -name '*.cpp' | xargs clang-format -i
+
+tidy: configure
+	find src -name '*.cpp' | xargs clang-tidy -p $(BUILD_DIR) --quiet
+
+clean:
+	rm -rf $(BUILD_DIR) $(SANITIZE_DIR)

@@ -1,0 +1,55 @@
+#include "cli.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <ostream>
+
+#include "mixkv/error.hpp"
+
+namespace mixkv::cli {
+
+int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  CLI::App app{"mixkv: KV-cache planning and management for mixed-layer LLMs with speculative drafters",
+               "mixkv"};
+  app.set_version_flag("--version", "mixkv 0.1.0");
+  app.require_subcommand(1);
+  std::vector<std::pair<CLI::App*, Action>> commands;
+  auto add = [&](Action (*adder)(CLI::App&)) {
+    Action action = adder(app);
+    commands.emplace_back(app.get_subcommands({}).back(), std::move(action));
+  };
+  add(add_models_command);
+  add(add_describe_command);
+
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    out << app.help();  // shows the chosen subcommand's help when there is one
+    return 0;
+  } catch (const CLI::CallForAllHelp&) {
+    out << app.help("", CLI::AppFormatMode::All);
+    return 0;
+  } catch (const CLI::CallForVersion&) {
+    out << app.version() << '\n';
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    err << "mixkv: " << e.what() << "\nRun 'mixkv --help' for usage.\n";
+    return 2;
+  }
+
+  try {
+    for (auto& [sub, action] : commands) {
+      if (sub->parsed()) action(out);
+    }
+    return 0;
+  } catch (const Error& e) {
+    err << "mixkv: error: " << e.what() << '\n';
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    err << "mixkv: internal error: " << e.what() << '\n';
+    return 1;
+  }
+}
+
+}  // namespace mixkv::cli

@@ -1,0 +1,23 @@
+// The `mixkv` command line: a thin shell over the library. Output goes to `out`, diagnostics to
+// `err`; the return value is the process exit status (0 ok, 2 bad usage or input, 1 internal).
+#pragma once
+
+#include <iosfwd>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace mixkv::cli {
+
+int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// Each command registers its subcommand on `app` and returns the action to run when chosen.
+using Action = std::function<void(std::ostream& out)>;
+Action add_describe_command(CLI::App& app);
+Action add_models_command(CLI::App& app);
+
+}  // namespace mixkv::cli

@@ -1,0 +1,115 @@
+#include "layer_table.hpp"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace mixkv::cli {
+namespace {
+
+// Two layers fold into one row when they differ only in name and index.
+model::LayerDesc fold_key(model::LayerDesc layer) {
+  layer.name.clear();
+  layer.index = 0;
+  return layer;
+}
+
+std::string heads(const model::LayerDesc& l) {
+  if (l.kind == model::LayerKind::kMamba1) return "-";
+  return fmt::format("{}/{}", l.num_q_heads, l.num_kv_heads);
+}
+
+std::string head_sizes(const model::LayerDesc& l) {
+  if (l.kind == model::LayerKind::kMamba1) return "-";
+  return l.head_size == l.head_size_v ? fmt::format("{}", l.head_size)
+                                      : fmt::format("{}/{}", l.head_size, l.head_size_v);
+}
+
+std::string extent(const model::LayerDesc& l) {
+  if (l.window) return fmt::format("w={}", *l.window);
+  if (l.chunk) return fmt::format("c={}", *l.chunk);
+  return "-";
+}
+
+std::string state_text(const model::LayerDesc& l) {
+  std::vector<std::string> parts;
+  for (const auto& t : l.state) {
+    parts.push_back(fmt::format("{}({}) {}", t.name, fmt::join(t.shape, ","), to_string(t.dtype)));
+  }
+  return parts.empty() ? "-" : fmt::format("{}", fmt::join(parts, " "));
+}
+
+std::string bytes_text(const model::LayerDesc& l) {
+  return model::is_attention(l.kind) ? fmt::format("{} B/tok", model::kv_bytes_per_token(l))
+                                     : fmt::format("{} B/seq", model::state_bytes(l));
+}
+
+}  // namespace
+
+std::string compact_indices(const std::vector<int>& v) {
+  if (v.empty()) return "-";
+  if (v.size() >= 3 && v[1] - v[0] > 1) {
+    const int step = v[1] - v[0];
+    bool progression = true;
+    for (std::size_t i = 1; i < v.size(); ++i) progression = progression && v[i] - v[i - 1] == step;
+    if (progression) return fmt::format("{}..{} step {}", v.front(), v.back(), step);
+  }
+  std::vector<std::string> runs;
+  for (std::size_t i = 0; i < v.size();) {
+    std::size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[j] + 1) ++j;
+    runs.push_back(i == j ? fmt::format("{}", v[i]) : fmt::format("{}-{}", v[i], v[j]));
+    i = j + 1;
+  }
+  // Keep the column readable: first runs, an ellipsis, the last run.
+  constexpr std::size_t kMaxRuns = 4;
+  if (runs.size() > kMaxRuns) {
+    return fmt::format("{},...,{}", fmt::join(runs.begin(), runs.begin() + kMaxRuns - 1, ","), runs.back());
+  }
+  return fmt::format("{}", fmt::join(runs, ","));
+}
+
+std::string format_layer_table(const model::ModelDesc& desc) {
+  struct Row {
+    model::LayerDesc key;
+    std::vector<int> indices;
+  };
+  std::vector<Row> rows;
+  for (const auto& layer : desc.layers) {
+    auto key = fold_key(layer);
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) { return r.key == key; });
+    if (it == rows.end()) {
+      rows.push_back({key, {layer.index}});
+    } else {
+      it->indices.push_back(layer.index);
+    }
+  }
+
+  std::string out = fmt::format("{}{}  tp {}  speculative tokens {}\n", desc.model,
+                                desc.draft ? fmt::format(" + draft {}", *desc.draft) : "", desc.tp,
+                                desc.num_spec_tokens);
+  if (desc.draft_info) {
+    out += fmt::format("draft kind {}", to_string(desc.draft_info->kind));
+    if (desc.draft_info->block_size) out += fmt::format(", block size {}", *desc.draft_info->block_size);
+    if (!desc.draft_info->target_layer_ids.empty()) {
+      out += fmt::format(", target layers [{}]", fmt::join(desc.draft_info->target_layer_ids, ", "));
+    }
+    out += '\n';
+  }
+  const auto line = [](auto&&... cols) {
+    return fmt::format("{:<7} {:<22} {:>3}  {:<7} {:>7} {:>7} {:>7} {:>5} {:>8} {:<5} {:<6} {:<9} {:>12}  {}\n", cols...);
+  };
+  out += line("owner", "layers", "n", "kind", "q/kv", "head", "extent", "cap", "scale", "sinks", "causal",
+              "dtype", "cache", "state");
+  for (const auto& r : rows) {
+    const auto& l = r.key;
+    out += line(to_string(l.owner), compact_indices(r.indices), r.indices.size(), to_string(l.kind), heads(l),
+                head_sizes(l), extent(l), l.soft_cap ? fmt::format("{:g}", *l.soft_cap) : "-",
+                fmt::format("{:.5g}", l.scale), l.sinks ? "yes" : "no", l.causal ? "yes" : "no",
+                to_string(l.kv_dtype), bytes_text(l), state_text(l));
+  }
+  return out;
+}
+
+}  // namespace mixkv::cli

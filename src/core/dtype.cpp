@@ -1,0 +1,74 @@
+#include "mixkv/dtype.hpp"
+
+#include <array>
+#include <string>
+
+#include "mixkv/checked_math.hpp"
+#include "mixkv/error.hpp"
+
+namespace mixkv {
+namespace {
+
+struct DTypeName {
+  std::string_view name;
+  DType dtype;
+};
+
+// Canonical spelling first for each type; later entries are accepted aliases (HF torch_dtype
+// strings, vLLM's --kv-cache-dtype values and PyTorch names).
+constexpr std::array kNames = {
+    DTypeName{"bfloat16", DType::kBfloat16}, DTypeName{"float16", DType::kFloat16},
+    DTypeName{"float32", DType::kFloat32},   DTypeName{"fp8_e4m3", DType::kFp8E4m3},
+    DTypeName{"fp8_e5m2", DType::kFp8E5m2},  DTypeName{"nvfp4", DType::kNvfp4},
+    DTypeName{"fp8", DType::kFp8E4m3},       DTypeName{"bf16", DType::kBfloat16},
+    DTypeName{"fp16", DType::kFloat16},      DTypeName{"half", DType::kFloat16},
+    DTypeName{"fp32", DType::kFloat32},      DTypeName{"float", DType::kFloat32},
+    DTypeName{"float8_e4m3fn", DType::kFp8E4m3}, DTypeName{"float8_e5m2", DType::kFp8E5m2},
+    DTypeName{"fp4", DType::kNvfp4},
+};
+
+constexpr std::array<std::string_view, 7> kAdvertised = {
+    "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"};
+
+// nvfp4 stores one fp8 scale for every block of this many elements.
+constexpr std::int64_t kNvfp4ScaleBlock = 16;
+
+}  // namespace
+
+std::string_view to_string(DType dtype) {
+  for (const auto& entry : kNames) {
+    if (entry.dtype == dtype) return entry.name;  // the first match is canonical
+  }
+  return "unknown";
+}
+
+std::optional<DType> parse_dtype(std::string_view text) {
+  std::string lower(text);
+  for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  if (lower.starts_with("torch.")) lower.erase(0, 6);
+  for (const auto& entry : kNames) {
+    if (entry.name == lower) return entry.dtype;
+  }
+  return std::nullopt;
+}
+
+std::span<const std::string_view> dtype_names() { return kAdvertised; }
+
+std::int64_t storage_bytes(DType dtype, std::int64_t elements) {
+  if (elements < 0) throw_internal("storage_bytes called with a negative element count");
+  switch (dtype) {
+    case DType::kFloat32:
+      return checked_mul(elements, 4, "float32 storage size");
+    case DType::kBfloat16:
+    case DType::kFloat16:
+      return checked_mul(elements, 2, "16-bit storage size");
+    case DType::kFp8E4m3:
+    case DType::kFp8E5m2:
+      return elements;
+    case DType::kNvfp4:
+      return ceil_div(elements, 2) + ceil_div(elements, kNvfp4ScaleBlock);
+  }
+  throw_internal("storage_bytes: unknown dtype");
+}
+
+}  // namespace mixkv
