@@ -23,6 +23,10 @@ build: configure
 
 demo: build
 	./$(BUILD_DIR)/mixkv describe $(DEMO_TARGET) --draft $(DEMO_DRAFT)
+	@echo
+	./$(BUILD_DIR)/mixkv plan qwen3.5-27b --draft mha-draft-qwen3.5-27b --tp 4 --gpu b300 --compare
+	@echo
+	./$(BUILD_DIR)/mixkv plan qwen3.5-27b --draft dflash-qwen3.5-27b --tp 2 --gpu h200 --compare
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

@@ -88,12 +88,25 @@ struct DraftInfo {
   bool operator==(const DraftInfo&) const = default;
 };
 
+// Whole-model numbers the KV-cache planner needs beside the per-layer cache shapes: how long a
+// context the target was built for, and how much memory its weights (and the drafter's) take
+// before any cache is allocated.
+struct ModelFacts {
+  std::optional<std::int64_t> max_position_embeddings;  // the target's
+  std::optional<std::int64_t> hidden_size;              // the target's
+  std::optional<std::int64_t> vocab_size;               // the target's
+  std::optional<std::int64_t> weight_bytes;  // estimated weight bytes per TP rank, target + drafter
+  std::string weight_estimate;               // one line: how weight_bytes was estimated
+  bool operator==(const ModelFacts&) const = default;
+};
+
 struct ModelDesc {
   std::string model;                 // target name (built-in name or file)
   std::optional<std::string> draft;  // drafter name, if any
   int tp = 1;
   int num_spec_tokens = 0;
   std::optional<DraftInfo> draft_info;
+  ModelFacts facts;
   std::vector<LayerDesc> layers;  // target layers in order, then drafter layers in order
 
   bool operator==(const ModelDesc&) const = default;

@@ -20,6 +20,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   };
   add(add_models_command);
   add(add_describe_command);
+  add(add_plan_command);
 
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses a reversed vector

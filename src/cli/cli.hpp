@@ -19,5 +19,6 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
 using Action = std::function<void(std::ostream& out)>;
 Action add_describe_command(CLI::App& app);
 Action add_models_command(CLI::App& app);
+Action add_plan_command(CLI::App& app);
 
 }  // namespace mixkv::cli

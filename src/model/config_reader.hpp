@@ -13,8 +13,9 @@
 namespace mixkv::model {
 
 // Largest count or size a config may state. Far above any real model, far below where 64-bit
-// byte arithmetic on products of a few such numbers could overflow unchecked.
-inline constexpr std::int64_t kMaxConfigInt = std::int64_t{1} << 31;
+// byte arithmetic on products of a few such numbers could overflow unchecked. It is INT32_MAX,
+// not 2^31, because LayerDesc keeps head counts and sizes in int: 2^31 would wrap to -2^31.
+inline constexpr std::int64_t kMaxConfigInt = (std::int64_t{1} << 31) - 1;
 
 class ConfigReader {
  public:

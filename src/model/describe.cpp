@@ -18,6 +18,7 @@
 #include "mixkv/builtin_models.hpp"
 #include "mixkv/error.hpp"
 #include "mixkv/model_json.hpp"
+#include "weight_estimate.hpp"
 
 namespace mixkv::model {
 namespace {
@@ -194,6 +195,35 @@ ModelDesc finalize(const std::string& model, const std::optional<std::string>& d
   return desc;
 }
 
+// A drafter shares the target's tokenizer (its token ids are the target's), and EAGLE and DFlash
+// heads read the target's hidden states and embeddings, so these numbers must agree; a mismatch
+// means the drafter was trained for another target, which would otherwise only show as garbage
+// proposals at run time.
+void check_drafter_fits(const std::string& target_name, const FamilyLayers& target,
+                        const std::string& draft_name, const Drafter& drafter,
+                        const ConfigReader& draft_root) {
+  const auto mismatch = [&](std::string_view field, std::int64_t draft_value,
+                            std::int64_t target_value) {
+    throw_invalid(fmt::format("drafter {}: {} {} differs from the target {}'s {}; the drafter was "
+                              "trained for another target",
+                              draft_name, field, draft_value, target_name, target_value));
+  };
+  // EAGLE-3's reduced draft_vocab_size maps back into vocab_size, which is what must agree.
+  if (drafter.family.vocab_size && target.vocab_size &&
+      *drafter.family.vocab_size != *target.vocab_size) {
+    mismatch("vocab_size", *drafter.family.vocab_size, *target.vocab_size);
+  }
+  if (drafter.info.kind == DraftKind::kModel || !target.hidden_size) return;
+  // An EAGLE-3 head narrower than its target states the width it reads as target_hidden_size.
+  std::string_view field = "hidden_size";
+  std::optional<std::int64_t> fed = drafter.family.hidden_size;
+  if (drafter.info.kind != DraftKind::kDflash && draft_root.has("target_hidden_size")) {
+    field = "target_hidden_size";
+    fed = draft_root.positive_int("target_hidden_size");
+  }
+  if (fed && *fed != *target.hidden_size) mismatch(field, *fed, *target.hidden_size);
+}
+
 // Applies options to a native model file, which is already sharded and sized.
 ModelDesc adjust_native(ModelDesc desc, const DescribeOptions& options, std::string_view origin) {
   if (options.tp && *options.tp != desc.tp) {
@@ -238,6 +268,10 @@ ModelSource parse_model_source(std::string name, std::string origin, std::string
     doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw_invalid(fmt::format("{}: invalid JSON at byte {}; fix the file (is it truncated?)", origin, e.byte));
+  } catch (const nlohmann::json::out_of_range&) {
+    // The parser reports a literal such as 1e400 this way rather than as a parse_error.
+    throw_invalid(
+        fmt::format("{}: invalid JSON: a number is too large to represent; fix the file", origin));
   }
   if (!doc.is_object()) throw_invalid(fmt::format("{}: expected a JSON object at the top level", origin));
   return ModelSource{std::move(name), std::move(origin), std::make_shared<const nlohmann::json>(std::move(doc))};
@@ -287,34 +321,51 @@ ModelDesc describe(const ModelSource& target, const std::optional<ModelSource>& 
     }
     return adjust_native(std::move(desc), options, target.origin);
   }
-  const FamilyLayers family = describe_family(ConfigReader(*target.doc, target.origin));
-  if (!draft) return finalize(target.name, std::nullopt, family, {}, std::nullopt, options);
+  const ConfigReader target_root(*target.doc, target.origin);
+  const FamilyLayers family = describe_family(target_root);
+  if (!draft) {
+    ModelDesc desc = finalize(target.name, std::nullopt, family, {}, std::nullopt, options);
+    desc.facts = model_facts(target_root, family, std::nullopt, desc.tp);
+    return desc;
+  }
   if (is_native_model_file(*draft->doc)) {
     throw_invalid(fmt::format("{}: a native model file cannot be used as --draft; give the drafter's "
                               "config.json, or one native file that lists both",
                               draft->origin));
   }
-  Drafter drafter = describe_drafter(ConfigReader(*draft->doc, draft->origin));
+  const ConfigReader draft_root(*draft->doc, draft->origin);
+  Drafter drafter = describe_drafter(draft_root);
   if (drafter.info.kind == DraftKind::kEagle3 && drafter.info.target_layer_ids.empty()) {
     // EAGLE-3's default taps: early, middle and late target layers.
     const int n = static_cast<int>(family.num_hidden_layers);
     drafter.info.target_layer_ids = {std::min(2, n - 1), n / 2, std::max(0, n - 3)};
   }
-  return finalize(target.name, draft->name, family, drafter.family.layers, drafter.info, options);
+  ModelDesc desc =
+      finalize(target.name, draft->name, family, drafter.family.layers, drafter.info, options);
+  // After finalize, so that a drafter tapping layers the target lacks is reported as such first.
+  check_drafter_fits(target.name, family, draft->name, drafter, draft_root);
+  desc.facts = model_facts(target_root, family,
+                           DrafterShape{drafter.info.kind, &draft_root, &drafter.family,
+                                        drafter.info.target_layer_ids.size()},
+                           desc.tp);
+  return desc;
 }
 
 ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options) {
   if (is_native_model_file(*target.doc)) {
     throw_invalid(fmt::format("{}: --draft mtp needs a HuggingFace config that declares MTP layers", target.origin));
   }
-  const FamilyLayers family = describe_family(ConfigReader(*target.doc, target.origin));
+  const ConfigReader target_root(*target.doc, target.origin);
+  const FamilyLayers family = describe_family(target_root);
   if (family.mtp_layers.empty()) {
     throw_invalid(fmt::format("{}: --draft mtp, but the config declares no MTP layers "
                               "(num_nextn_predict_layers or mtp_num_hidden_layers)",
                               target.origin));
   }
-  return finalize(target.name, std::string(kMtpDraft), family, family.mtp_layers,
-                  DraftInfo{DraftKind::kMtp, std::nullopt, {}}, options);
+  ModelDesc desc = finalize(target.name, std::string(kMtpDraft), family, family.mtp_layers,
+                            DraftInfo{DraftKind::kMtp, std::nullopt, {}}, options);
+  desc.facts = model_facts(target_root, family, DrafterShape{DraftKind::kMtp}, desc.tp);
+  return desc;
 }
 
 ModelDesc describe_refs(std::string_view target_ref, std::optional<std::string_view> draft_ref,

@@ -348,6 +348,12 @@ LayerTemplate mla_layer(const ConfigReader& c, int index, DType dtype) {
   const std::int64_t kv_lora = c.positive_int("kv_lora_rank");
   const std::int64_t rope = c.positive_int("qk_rope_head_dim");
   const std::int64_t nope = c.positive_int("qk_nope_head_dim");
+  // The cached latent is kv_lora + rope wide; it must fit LayerDesc's int like any other size.
+  if (kv_lora + rope > kMaxConfigInt) {
+    c.fail("kv_lora_rank", fmt::format("({}) plus qk_rope_head_dim ({}) is larger than mixkv "
+                                       "accepts ({}); fix the values",
+                                       kv_lora, rope, kMaxConfigInt));
+  }
   LayerTemplate t;
   t.desc.name = fmt::format("layers.{}", index);
   t.desc.index = index;
@@ -499,9 +505,31 @@ FamilyLayers describe_family(const ConfigReader& root) {
                                   "native mixkv model file, see docs/model-file.md)",
                                   root.origin(), model_type, fmt::join(supported_model_types(), ", ")));
   }
+  // The family parsers build one entry per layer, so an absurd count would exhaust memory before
+  // any other check could complain; refuse it first. Non-numbers get their typed error later.
+  constexpr double kMaxLayers = 1 << 12;  // 30 times the deepest real model
+  for (std::string_view key :
+       {"num_hidden_layers", "num_nextn_predict_layers", "mtp_num_hidden_layers"}) {
+    if (lm.has(key) && lm.raw(key).is_number() && lm.raw(key).get<double>() > kMaxLayers) {
+      lm.fail(key, fmt::format("is {}, more layers than mixkv accepts ({}); fix the value",
+                               lm.raw(key).dump(), kMaxLayers));
+    }
+  }
   FamilyLayers out = it->second(lm, root);
   out.model_type = model_type;
   out.num_hidden_layers = lm.positive_int("num_hidden_layers");
+  // Multimodal wrappers may keep these beside text_config rather than in it.
+  for (const ConfigReader* c : {&lm, &root}) {
+    if (!out.hidden_size) out.hidden_size = c->optional_positive_int("hidden_size");
+    if (!out.vocab_size) out.vocab_size = c->optional_positive_int("vocab_size");
+    if (!out.max_position_embeddings) {
+      out.max_position_embeddings = c->optional_positive_int("max_position_embeddings");
+    }
+  }
+  // Kimi-Linear states its context length only as model_max_length.
+  if (!out.max_position_embeddings) {
+    out.max_position_embeddings = lm.optional_positive_int("model_max_length");
+  }
   if (out.layers.empty()) {
     throw_invalid(fmt::format("{}: the config describes no layer that holds a cache", root.origin()));
   }

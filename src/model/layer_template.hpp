@@ -41,6 +41,11 @@ struct FamilyLayers {
   std::optional<DType> ssm_dtype;  // the config's own recurrent-state dtype, if it sets one
   std::string model_type;
   std::int64_t num_hidden_layers = 0;  // decoder layers, cache-less ones (MLP blocks) included
+  // Raw numbers of the language model (text_config when nested), for ModelFacts and for checking
+  // that a drafter fits its target; nullopt when the config does not give them.
+  std::optional<std::int64_t> hidden_size;
+  std::optional<std::int64_t> vocab_size;
+  std::optional<std::int64_t> max_position_embeddings;
 };
 
 class ConfigReader;

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "config_reader.hpp"
 #include "mixkv/checked_math.hpp"
 #include "mixkv/error.hpp"
 
@@ -94,6 +95,12 @@ void validate_layer(const LayerDesc& l) {
       check(!t.shape.empty(), l, fmt::format("state '{}' shape", t.name), "is empty");
       for (auto dim : t.shape) {
         check(dim > 0, l, fmt::format("state '{}' shape", t.name), fmt::format("has dimension {}, expected > 0", dim));
+        // The model-file reader accepts no larger number; describing such a state would print a
+        // file that cannot be read back.
+        check(dim <= kMaxConfigInt, l, fmt::format("state '{}' shape", t.name),
+              fmt::format("has dimension {}, larger than mixkv accepts ({}); check the sizes it "
+                          "is made of",
+                          dim, kMaxConfigInt));
       }
     }
     state_bytes(l);  // throws on overflow

@@ -3,6 +3,7 @@
 #include "mixkv/model_json.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -68,6 +69,33 @@ Enum read_enum(const ConfigReader& c, std::string_view key, std::optional<Enum> 
   return *value;
 }
 
+// Byte counts exceed the bound on config integers (kMaxConfigInt), so they get their own
+// reader: any non-negative int64.
+std::optional<std::int64_t> optional_byte_count(const ConfigReader& c, std::string_view key) {
+  if (!c.has(key)) return std::nullopt;
+  const json& value = c.raw(key);
+  if (!value.is_number_integer()) {
+    c.fail(key, fmt::format("is {}, expected an integer byte count", value.dump()));
+  }
+  constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  if (value.is_number_unsigned() && value.get<std::uint64_t>() > kMax) {
+    c.fail(key, fmt::format("is {}, larger than a 64-bit byte count", value.dump()));
+  }
+  const std::int64_t out = value.get<std::int64_t>();
+  if (out < 0) c.fail(key, fmt::format("is {}, expected a byte count >= 0", out));
+  return out;
+}
+
+ModelFacts facts_from_json(const ConfigReader& f) {
+  ModelFacts facts;
+  facts.max_position_embeddings = f.optional_positive_int("max_position_embeddings");
+  facts.hidden_size = f.optional_positive_int("hidden_size");
+  facts.vocab_size = f.optional_positive_int("vocab_size");
+  facts.weight_bytes = optional_byte_count(f, "weight_bytes");
+  facts.weight_estimate = f.optional_string("weight_estimate").value_or("");
+  return facts;
+}
+
 LayerDesc layer_from_json(const ConfigReader& c) {
   LayerDesc l;
   l.name = c.string("name");
@@ -119,6 +147,11 @@ json to_json(const ModelDesc& desc) {
   } else {
     out["draft_info"] = nullptr;
   }
+  out["facts"] = {{"max_position_embeddings", nullable(desc.facts.max_position_embeddings)},
+                  {"hidden_size", nullable(desc.facts.hidden_size)},
+                  {"vocab_size", nullable(desc.facts.vocab_size)},
+                  {"weight_bytes", nullable(desc.facts.weight_bytes)},
+                  {"weight_estimate", desc.facts.weight_estimate}};
   out["layers"] = std::move(layers);
   return out;
 }
@@ -146,12 +179,18 @@ ModelDesc model_desc_from_json(const json& doc, std::string_view origin) {
     }
     desc.draft_info = std::move(d);
   }
+  if (auto facts = c.optional_child("facts")) desc.facts = facts_from_json(*facts);
   const json& layers = c.raw("layers");
   if (!layers.is_array()) c.fail("layers", "must be a list of layer objects");
   for (std::size_t i = 0; i < layers.size(); ++i) {
     desc.layers.push_back(layer_from_json(ConfigReader(layers[i], std::string(origin), fmt::format("layers[{}]", i))));
   }
-  validate(desc);
+  try {
+    validate(desc);
+  } catch (const Error& e) {
+    // validate() names the layer and field; the user also needs to know which file holds it.
+    throw Error(e.code(), fmt::format("{}: {}", origin, e.what()));
+  }
   return desc;
 }
 
