@@ -10,8 +10,9 @@
 namespace mixkv {
 
 enum class ErrorCode {
-  kInvalidInput,  // malformed or inconsistent input: a config field, a CLI option, a model file
-  kUnsupported,   // well-formed input that mixkv does not handle (unknown model_type, dtype, ...)
+  kInvalidInput,  // malformed or inconsistent input: a config field, a CLI option, a model file,
+                  // a dtype name mixkv does not know
+  kUnsupported,   // well-formed input that mixkv does not handle (an unknown model_type)
   kInternal,      // a broken invariant inside mixkv: a bug
 };
 

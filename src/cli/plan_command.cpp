@@ -4,7 +4,10 @@
 #include <ostream>
 
 #include "cli.hpp"
+#include "mixkv/attention_groups.hpp"
 #include "mixkv/error.hpp"
+#include "mixkv/geometry.hpp"
+#include "mixkv/geometry_json.hpp"
 #include "mixkv/memory_budget.hpp"
 #include "mixkv/plan.hpp"
 #include "mixkv/plan_json.hpp"
@@ -25,6 +28,7 @@ Action add_plan_command(CLI::App& app) {
     std::int64_t request_len = 2500;
     std::string policy = "mixkv";
     bool compare = false;
+    bool explain = false;
     bool json = false;
   };
   auto args = std::make_shared<Args>();
@@ -45,9 +49,21 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--request-len", args->request_len, "Tokens per request of the workload")->capture_default_str();
   cmd->add_option("--policy", args->policy, "Planning policy: mixkv|vllm")->capture_default_str();
   cmd->add_flag("--compare", args->compare, "Plan with both policies and compare them");
+  cmd->add_flag("--explain", args->explain, "Show the attention groups and why each was split");
   cmd->add_flag("--json", args->json, "Print the plan as JSON (docs/plan-json.md)");
 
-  return [args](std::ostream& out) {
+  // The plan with its attention groups and geometry, as JSON.
+  auto full_json = [](const model::ModelDesc& desc, const plan::CachePlan& plan) {
+    const auto groups = attn::build_attention_groups(desc, plan);
+    nlohmann::json j = plan::to_json(plan);
+    j["attention_groups"] = layout::to_json(groups);
+    j["geometry"] = layout::to_json(layout::make_geometry(desc, plan, groups));
+    return j;
+  };
+  auto explained = [](const model::ModelDesc& desc, const plan::CachePlan& plan) {
+    return format_attention_groups(attn::build_attention_groups(desc, plan));
+  };
+  return [args, full_json, explained](std::ostream& out) {
     const model::ModelDesc desc = describe_from_args(args->model);
     plan::PlanOptions options;
     auto backend = attn::parse_backend(args->backend);
@@ -85,8 +101,8 @@ Action add_plan_command(CLI::App& app) {
       options.policy = plan::Policy::kMixkv;
       const plan::CachePlan mixkv = plan::make_plan(desc, options);
       if (args->json) {
-        nlohmann::json j = {{"vllm", vllm ? plan::to_json(*vllm) : nlohmann::json(nullptr)},
-                            {"mixkv", plan::to_json(mixkv)}};
+        nlohmann::json j = {{"vllm", vllm ? full_json(desc, *vllm) : nlohmann::json(nullptr)},
+                            {"mixkv", full_json(desc, mixkv)}};
         if (!vllm) j["vllm_error"] = vllm_error;
         out << j.dump(2) << '\n';
       } else if (vllm) {
@@ -94,13 +110,18 @@ Action add_plan_command(CLI::App& app) {
       } else {
         out << "vllm policy fails: " << vllm_error << '\n' << format_plan(desc, mixkv) << memory_note << '\n';
       }
+      if (args->explain && !args->json) {
+        if (vllm) out << "vllm " << explained(desc, *vllm);
+        out << "mixkv " << explained(desc, mixkv);
+      }
       return;
     }
     const plan::CachePlan plan = plan::make_plan(desc, options);
     if (args->json) {
-      out << plan::to_json(plan).dump(2) << '\n';
+      out << full_json(desc, plan).dump(2) << '\n';
     } else {
       out << format_plan(desc, plan) << memory_note << '\n';
+      if (args->explain) out << explained(desc, plan);
     }
   };
 }

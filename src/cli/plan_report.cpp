@@ -118,4 +118,19 @@ std::string format_plan_comparison(const model::ModelDesc& desc, const plan::Cac
   return out;
 }
 
+std::string format_attention_groups(const std::vector<attn::AttentionGroup>& groups) {
+  std::string out = fmt::format("attention groups: {}\n", groups.size());
+  for (const auto& g : groups) {
+    const auto& p = g.params;
+    out += fmt::format(
+        "  #{} kv-group {} {} layers ({}{}), kernel page {}, {} {}, window_left {}, soft cap {}, scale {:.5g}, "
+        "sinks {}, {}, {}/{} heads, {}\n    why: {}\n",
+        g.id, g.kv_cache_group, g.layers.size(), g.layers.front(), g.layers.size() > 1 ? ", ..." : "",
+        g.kernel_block_size, to_string(p.kv_dtype), attn::to_string(g.layout), p.window_left,
+        p.soft_cap ? fmt::format("{:g}", *p.soft_cap) : "none", p.scale, p.sinks ? "yes" : "no",
+        p.causal ? "causal" : "non-causal", p.num_q_heads, p.num_kv_heads, g.kernel_path, g.split_reason);
+  }
+  return out;
+}
+
 }  // namespace mixkv::cli

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "mixkv/attention_groups.hpp"
 #include "mixkv/model.hpp"
 #include "mixkv/plan.hpp"
 
@@ -11,5 +12,8 @@ namespace mixkv::cli {
 std::string format_plan(const model::ModelDesc& desc, const plan::CachePlan& plan);
 std::string format_plan_comparison(const model::ModelDesc& desc, const plan::CachePlan& vllm,
                                    const plan::CachePlan& mixkv);
+
+// One line per attention group: its parameters, kernel page and why it was split off.
+std::string format_attention_groups(const std::vector<attn::AttentionGroup>& groups);
 
 }  // namespace mixkv::cli

@@ -87,15 +87,17 @@ LayerTemplate recurrent_layer(int index, LayerKind kind, RecurrentParams params,
   return t;
 }
 
-// Layer kinds from `layer_types` when present, else from `fallback(i)`.
+// Layer kinds from the list under `key` (layer_types unless a family names it otherwise) when
+// present, else from `fallback(i)`.
 std::vector<LayerKind> read_layer_kinds(const ConfigReader& c, std::int64_t num_layers,
                                         const KindMap& names,
-                                        const std::function<LayerKind(std::int64_t)>& fallback) {
+                                        const std::function<LayerKind(std::int64_t)>& fallback,
+                                        std::string_view key = "layer_types") {
   std::vector<LayerKind> kinds;
-  if (c.has("layer_types")) {
-    auto types = c.string_list("layer_types");
+  if (c.has(key)) {
+    auto types = c.string_list(key);
     if (static_cast<std::int64_t>(types.size()) != num_layers) {
-      c.fail("layer_types", fmt::format("has {} entries but num_hidden_layers is {}; give one type "
+      c.fail(key, fmt::format("has {} entries but num_hidden_layers is {}; give one type "
                                         "per layer",
                                         types.size(), num_layers));
     }
@@ -104,7 +106,7 @@ std::vector<LayerKind> read_layer_kinds(const ConfigReader& c, std::int64_t num_
       if (it == names.end()) {
         std::vector<std::string> known;
         for (const auto& [name, kind] : names) known.push_back(name);
-        c.fail("layer_types", fmt::format("has unknown type '{}' at layer {}; this family accepts {}",
+        c.fail(key, fmt::format("has unknown type '{}' at layer {}; this family accepts {}",
                                           types[i], i, fmt::join(known, ", ")));
       }
       kinds.push_back(it->second);
@@ -307,9 +309,7 @@ FamilyLayers describe_jamba(const ConfigReader& c, const ConfigReader& root) {
   const KindMap names = {{"attention", LayerKind::kFull}, {"mamba", LayerKind::kMamba1}};
   std::vector<LayerKind> kinds;
   if (c.has("layers_block_type")) {
-    // Same shape as layer_types under another key.
-    nlohmann::json alias = {{"layer_types", c.raw("layers_block_type")}};
-    kinds = read_layer_kinds(ConfigReader(alias, c.origin()), num_layers, names, nullptr);
+    kinds = read_layer_kinds(c, num_layers, names, nullptr, "layers_block_type");
   } else {
     std::int64_t period = c.positive_int("attn_layer_period");
     std::int64_t offset = c.non_negative_int("attn_layer_offset");
