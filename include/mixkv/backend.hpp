@@ -14,7 +14,19 @@
 
 namespace mixkv::attn {
 
-enum class Backend { kFlashinfer, kFlashAttn, kTriton, kFlashMla, kCpu };
+enum class Backend {
+  kFlashinfer,        // FlashInfer's native paged kernels (FlashInfer-MLA for MLA layers)
+  kFlashinferTrtllm,  // FlashInfer's trtllm-gen kernels (Blackwell)
+  kFlashAttn,         // FlashAttention 2, vLLM's fork (pages in multiples of 16)
+  kFlashAttn3,        // FlashAttention 3 (Hopper)
+  kTriton,
+  kFlex,              // PyTorch FlexAttention
+  kFlashMla,          // FlashMLA (MLA only)
+  kCutlassMla,        // CUTLASS MLA (MLA only)
+  kCpu,               // mixkv's own CPU kernels
+};
+// Every backend, for tables and sweeps.
+std::span<const Backend> all_backends();
 
 std::string_view to_string(Backend backend);
 std::optional<Backend> parse_backend(std::string_view text);

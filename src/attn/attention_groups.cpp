@@ -24,16 +24,27 @@ BackendCaps make_caps(Backend backend) {
       // block scales (kv_cache_sf); not float32 (peers.md §5.1).
       c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kFp8E5m2, DType::kNvfp4};
       break;
+    case Backend::kFlashinferTrtllm:
+      // trtllm-gen takes the window and sinks per call (vLLM skips its uniformity check when every
+      // path is trtllm), but its kernel is picked by head counts; HND layout by default.
+      c.uniform_scale = c.uniform_heads = true;
+      c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kNvfp4};
+      c.layout = KvLayout::kHND;
+      break;
     case Backend::kFlashAttn:
+    case Backend::kFlashAttn3:
       // Window, soft cap and FP8 descales are per call in FlashAttention (peers.md §5.2); the
-      // vLLM builder's scheduler metadata is per group of equal heads.
+      // vLLM builder's scheduler metadata is per group of equal heads. FP8 caches need FA3.
       c.uniform_heads = true;
-      c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3};
+      c.cache_dtypes = {DType::kBfloat16, DType::kFloat16};
+      if (backend == Backend::kFlashAttn3) c.cache_dtypes.push_back(DType::kFp8E4m3);
       break;
     case Backend::kTriton:
+    case Backend::kFlex:
       c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFloat32, DType::kFp8E4m3, DType::kFp8E5m2};
       break;
     case Backend::kFlashMla:
+    case Backend::kCutlassMla:
       c.uniform_scale = c.uniform_heads = true;
       c.supports_non_causal = false;
       c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3};
@@ -71,6 +82,9 @@ std::vector<std::string> differences(const BackendCaps& caps, const AttentionPar
 }
 
 std::string kernel_path(Backend backend, const AttentionParams& p) {
+  if (backend == Backend::kFlashinferTrtllm && p.num_kv_heads == 1) {
+    return "flashinfer native (trtllm-gen rejects a single KV head)";
+  }
   if (backend != Backend::kFlashinfer) return std::string(to_string(backend));
   const int gqa = p.num_q_heads / std::max(1, p.num_kv_heads);
   // CUDA-core decode kernels are compiled for these GQA group sizes only (peers.md §5.1).
@@ -90,9 +104,7 @@ std::string_view to_string(KvLayout layout) { return layout == KvLayout::kNHD ? 
 const BackendCaps& capabilities(Backend backend) {
   static const std::map<Backend, BackendCaps> table = [] {
     std::map<Backend, BackendCaps> t;
-    for (Backend b : {Backend::kFlashinfer, Backend::kFlashAttn, Backend::kTriton, Backend::kFlashMla, Backend::kCpu}) {
-      t.emplace(b, make_caps(b));
-    }
+    for (Backend b : all_backends()) t.emplace(b, make_caps(b));
     return t;
   }();
   return table.at(backend);
@@ -153,6 +165,14 @@ std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
         throw_invalid(fmt::format("layer {} is non-causal, which the {} backend does not serve; choose flashinfer, "
                                   "flash-attn, triton or cpu",
                                   name, to_string(plan.backend)));
+      }
+      // trtllm-gen's speculative decode with a bf16 query over an fp8 cache and a sliding window
+      // silently mis-computes (FlashInfer issue #3864): refuse rather than serve wrong tokens.
+      if (plan.backend == Backend::kFlashinferTrtllm && params.window_left >= 0 && desc.num_spec_tokens > 0 &&
+          (params.kv_dtype == DType::kFp8E4m3 || params.kv_dtype == DType::kFp8E5m2)) {
+        throw_invalid(fmt::format("layer {}: trtllm-gen mis-computes speculative decoding over an fp8 cache with a "
+                                  "sliding window (FlashInfer issue #3864); use --backend flashinfer or a bf16 cache",
+                                  name));
       }
       AttentionGroup g;
       g.id = static_cast<int>(out.size());

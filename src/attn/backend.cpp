@@ -15,11 +15,26 @@ struct BackendName {
   Backend backend;
 };
 constexpr std::array kBackendNames = {
-    BackendName{"flashinfer", Backend::kFlashinfer}, BackendName{"flash-attn", Backend::kFlashAttn},
-    BackendName{"triton", Backend::kTriton},         BackendName{"flashmla", Backend::kFlashMla},
+    BackendName{"flashinfer", Backend::kFlashinfer},
+    BackendName{"flashinfer-trtllm", Backend::kFlashinferTrtllm},
+    BackendName{"flash-attn", Backend::kFlashAttn},
+    BackendName{"flash-attn3", Backend::kFlashAttn3},
+    BackendName{"triton", Backend::kTriton},
+    BackendName{"flex", Backend::kFlex},
+    BackendName{"flashmla", Backend::kFlashMla},
+    BackendName{"cutlass-mla", Backend::kCutlassMla},
     BackendName{"cpu", Backend::kCpu},
 };
-constexpr std::array<std::string_view, 5> kNames = {"flashinfer", "flash-attn", "triton", "flashmla", "cpu"};
+constexpr std::array<std::string_view, kBackendNames.size()> kNames = [] {
+  std::array<std::string_view, kBackendNames.size()> names{};
+  for (std::size_t i = 0; i < kBackendNames.size(); ++i) names[i] = kBackendNames[i].name;
+  return names;
+}();
+constexpr std::array<Backend, kBackendNames.size()> kAll = [] {
+  std::array<Backend, kBackendNames.size()> all{};
+  for (std::size_t i = 0; i < kBackendNames.size(); ++i) all[i] = kBackendNames[i].backend;
+  return all;
+}();
 
 KernelPageRule listed(std::vector<std::int64_t> sizes, std::string_view kernel) {
   std::sort(sizes.rbegin(), sizes.rend());
@@ -45,6 +60,7 @@ std::optional<Backend> parse_backend(std::string_view text) {
 }
 
 std::span<const std::string_view> backend_names() { return kNames; }
+std::span<const Backend> all_backends() { return kAll; }
 
 bool KernelPageRule::accepts(std::int64_t page) const {
   if (page <= 0) return false;
@@ -66,24 +82,46 @@ ModelTraits model_traits(const model::ModelDesc& desc) {
 
 KernelPageRule kernel_page_rule(Backend backend, const model::LayerDesc& layer, const ModelTraits& traits) {
   const bool mla = layer.kind == model::LayerKind::kMla;
+  auto mla_only = [&](std::string_view name) {
+    if (!mla) {
+      throw_invalid(fmt::format("layer {} is {} attention, which the {} backend does not serve (it runs MLA layers "
+                                "only); choose --backend flashinfer, flash-attn, triton or cpu",
+                                layer.name, to_string(layer.kind), name));
+    }
+  };
   switch (backend) {
     case Backend::kFlashinfer:
-      // FlashInfer's paged kernels: 16, 32 or 64 tokens per page; FlashInfer-MLA: 32 or 64.
+      // FlashInfer's paged kernels: 16, 32 or 64 tokens per page; FlashInfer-MLA: 32 or 64
+      // (vllm-reference.md §5.1).
       return mla ? listed({32, 64}, "flashinfer-mla") : listed({16, 32, 64}, "flashinfer");
+    case Backend::kFlashinferTrtllm:
+      if (mla) return listed({32, 64}, "trtllm-gen mla");
+      // trtllm-gen needs a power-of-two numTokensPerPage: 16/32/64 from compiled cubins, 128
+      // and up through its dynamic kernel (peers.md §5.1). Some versions reject a single KV
+      // head (degenerate strides), which then runs on FlashInfer's native kernels.
+      if (layer.num_kv_heads == 1) return listed({16, 32, 64}, "flashinfer (trtllm-gen rejects 1 KV head)");
+      return listed({16, 32, 64, 128, 256, 512, 1024}, "trtllm-gen");
     case Backend::kFlashAttn:
       if (mla) return multiple(16, "flash-attn-mla");
+      // vLLM's FlashAttention fork pages in multiples of 16, narrowed to 16/32/64 on hybrid models
+      // with float32 recurrent state (FlashAttention issue #1974, as vLLM applies it).
       return traits.hybrid_with_fp32_state ? listed({16, 32, 64}, "flash-attn (hybrid, fp32 state)")
                                            : multiple(16, "flash-attn");
+    case Backend::kFlashAttn3:
+      // FA3 accepts any page size (non-TMA path below its tile); mixkv keeps 16-token pages so
+      // plans stay on the 16-token grain of the physical limit (peers.md §5.2).
+      return multiple(16, mla ? "flash-attn3-mla" : "flash-attn3");
     case Backend::kTriton:
       return multiple(16, mla ? "triton-mla" : "triton");
+    case Backend::kFlex:
+      // FlexAttention pages in multiples of 16 as vLLM declares it (vllm-reference.md §5.1, [M]).
+      return multiple(16, "flex");
     case Backend::kFlashMla:
-      if (!mla) {
-        throw_invalid(fmt::format("layer {} is {} attention, which the flashmla backend does not serve "
-                                  "(it runs MLA layers only); choose --backend flashinfer, flash-attn, "
-                                  "triton or cpu",
-                                  layer.name, to_string(layer.kind)));
-      }
+      mla_only("flashmla");
       return listed({64}, "flashmla");
+    case Backend::kCutlassMla:
+      mla_only("cutlass-mla");
+      return listed({128}, "cutlass-mla");  // vllm-reference.md §5.1, marked [M] there
     case Backend::kCpu:
       return multiple(16, "cpu");
   }

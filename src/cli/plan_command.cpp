@@ -43,7 +43,9 @@ Action add_plan_command(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", args->utilization, "Share of GPU memory mixkv may use")
       ->capture_default_str();
   cmd->add_option("--block-size", args->block_size, "Attention block size in tokens (multiple of 16)");
-  cmd->add_option("--backend", args->backend, "Attention backend: flashinfer|flash-attn|triton|flashmla|cpu")
+  cmd->add_option("--backend", args->backend,
+                  "Attention backend: flashinfer|flashinfer-trtllm|flash-attn|flash-attn3|triton|flex|flashmla|"
+                  "cutlass-mla|cpu")
       ->capture_default_str();
   cmd->add_option("--max-model-len", args->max_model_len, "Longest request (default: the model's max positions)");
   cmd->add_option("--request-len", args->request_len, "Tokens per request of the workload")->capture_default_str();

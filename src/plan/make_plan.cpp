@@ -1,4 +1,5 @@
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "layout.hpp"
 #include "mixkv/error.hpp"
@@ -25,6 +26,23 @@ CachePlan make_plan(const model::ModelDesc& desc, const PlanOptions& in) {
 
   std::vector<LayerSpec> specs;
   for (const auto& layer : desc.layers) specs.push_back(layer_spec(layer));
+  if (options.block_size) {
+    // A user block size must split into kernel pages every attention layer's backend accepts.
+    const attn::ModelTraits traits = attn::model_traits(desc);
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].behaviour == Behaviour::kRecurrent) continue;
+      const attn::KernelPageRule rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
+      if (!attn::select_kernel_page(rule, *options.block_size)) {
+        throw_invalid(fmt::format("--block-size {}: the {} backend ({}) cannot split it into kernel pages for layer {} "
+                                  "(it accepts {}); choose a multiple of {}",
+                                  *options.block_size, attn::to_string(options.backend), rule.serving_kernel,
+                                  desc.layers[i].name,
+                                  rule.multiple_of > 0 ? fmt::format("multiples of {}", rule.multiple_of)
+                                                       : fmt::format("{}", fmt::join(rule.sizes, ", ")),
+                                  rule.grain()));
+      }
+    }
+  }
 
   if (options.policy == Policy::kVllm) return finish_plan(desc, options, vllm_layout(desc, options, specs));
   // vLLM's block unit is one of mixkv's candidates, so mixkv never does worse where vLLM plans.

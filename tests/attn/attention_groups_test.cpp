@@ -137,3 +137,67 @@ TEST(AttentionGroups, BackendWithoutTheDtypeIsAnError) {
 
 }  // namespace
 }  // namespace mixkv::attn
+
+namespace mixkv::attn {
+namespace {
+
+TEST(AttentionGroupErrors, NonCausalLayerOnAnMlaOnlyBackendNamesTheLayer) {
+  const char* text = R"({"model": "mla-dflash", "layers": [
+      {"name": "t", "owner": "target", "index": 0, "kind": "mla", "num_q_heads": 16, "num_kv_heads": 1,
+       "head_size": 576, "head_size_v": 512},
+      {"name": "d", "owner": "draft", "index": 0, "kind": "mla", "num_q_heads": 16, "num_kv_heads": 1,
+       "head_size": 576, "head_size_v": 512, "causal": false}]})";
+  const auto desc = model::describe(model::parse_model_source("m", "m.json", text), std::nullopt, {});
+  plan::PlanOptions o;
+  o.backend = Backend::kFlashMla;
+  o.memory_bytes = std::int64_t{1} << 30;
+  o.max_model_len = 4096;
+  const auto plan = plan::make_plan(desc, o);
+  testing::expect_error([&] { build_attention_groups(desc, plan); }, ErrorCode::kInvalidInput,
+                        {"layer d is non-causal", "flashmla"});
+}
+
+TEST(AttentionGroupErrors, NoKernelPageForTheManagerBlockListsGroupHeadsAndSizes) {
+  const auto desc = testing::describe_builtin("qwen3-8b");
+  plan::PlanOptions o;
+  o.policy = plan::Policy::kVllm;
+  o.memory_bytes = std::int64_t{40} << 30;
+  plan::CachePlan plan = plan::make_plan(desc, o);
+  plan.groups[0].block_size = 40;  // no FlashInfer page divides 40 tokens
+  testing::expect_error([&] { build_attention_groups(desc, plan); }, ErrorCode::kInvalidInput,
+                        {"32/8 heads", "64, 32, 16", "40-token manager block"});
+}
+
+TEST(TrtllmGen, SingleKvHeadFallsBackToNativePagesAndSaysSo) {
+  model::DescribeOptions d;
+  d.tp = 4;  // Qwen3-Next's 2 KV heads are replicated: 1 per rank
+  const auto desc = testing::describe_builtin("qwen3-next-80b-a3b", {}, d);
+  plan::PlanOptions o;
+  o.backend = Backend::kFlashinferTrtllm;
+  o.memory_bytes = std::int64_t{40} << 30;
+  const auto groups = build_attention_groups(desc, plan::make_plan(desc, o));
+  EXPECT_NE(groups.at(0).kernel_path.find("rejects a single KV head"), std::string::npos);
+  EXPECT_LE(groups.at(0).kernel_block_size, 64);
+}
+
+TEST(TrtllmGen, Fp8SlidingWindowWithSpeculationIsRefused) {
+  model::DescribeOptions d;
+  d.kv_dtype = DType::kFp8E4m3;
+  const auto desc = testing::describe_builtin("gpt-oss-20b", "eagle3-gpt-oss-20b", d);
+  plan::PlanOptions o;
+  o.backend = Backend::kFlashinferTrtllm;
+  o.memory_bytes = std::int64_t{40} << 30;
+  const auto plan = plan::make_plan(desc, o);
+  testing::expect_error([&] { build_attention_groups(desc, plan); }, ErrorCode::kInvalidInput,
+                        {"layers.0", "#3864"});
+}
+
+TEST(BackendCaps, EveryBackendHasCapabilitiesAndAName) {
+  for (Backend b : all_backends()) {
+    EXPECT_FALSE(capabilities(b).cache_dtypes.empty()) << to_string(b);
+    EXPECT_EQ(parse_backend(to_string(b)), b);
+  }
+}
+
+}  // namespace
+}  // namespace mixkv::attn

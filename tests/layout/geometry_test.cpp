@@ -151,3 +151,22 @@ TEST(GeometryProperties, EveryTokenHasItsOwnBytesAndTransfersMatchKernels) {
 
 }  // namespace
 }  // namespace mixkv::layout
+
+namespace mixkv::layout {
+namespace {
+
+TEST(GeometryErrors, PaddingThatDoesNotDivideIntoKernelPagesIsAClearError) {
+  const auto desc = testing::describe_builtin("qwen3-next-80b-a3b");
+  plan::PlanOptions o;
+  o.policy = plan::Policy::kVllm;
+  o.memory_bytes = std::int64_t{40} << 30;
+  plan::CachePlan plan = plan::make_plan(desc, o);
+  const auto groups = attn::build_attention_groups(desc, plan);
+  // Pad every page by 8 bytes: 544 tokens in 17 kernel pages of 32 no longer share one stride.
+  for (auto& t : plan.tensors) t.bytes += 8 * plan.pools[0].num_blocks;
+  testing::expect_error([&] { make_geometry(desc, plan, groups); }, ErrorCode::kInvalidInput,
+                        {"layers.3", "does not split evenly into 17 kernel pages", "uneven padding"});
+}
+
+}  // namespace
+}  // namespace mixkv::layout

@@ -68,6 +68,10 @@ TEST(MixkvPolicy, UserBlockSizeIsHonoured) {
   for (const auto& g : plan.groups) EXPECT_EQ(g.block_size, 64);
   o.block_size = 24;
   mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput, {"--block-size 24"});
+  o.block_size = 16;
+  o.backend = attn::Backend::kFlashMla;
+  mixkv::testing::expect_error([&] { make_plan(mixkv::testing::describe_builtin("deepseek-v3"), o); },
+                               ErrorCode::kInvalidInput, {"--block-size 16", "flashmla", "layers.0", "64"});
 }
 
 TEST(PlanOptionsCheck, BadMemoryAndLengthsAreErrors) {
