@@ -20,7 +20,8 @@ void BM_DescribeEveryBuiltinTarget(benchmark::State& state) {
       benchmark::DoNotOptimize(desc);
     }
   }
-  state.counters["layers/s"] = benchmark::Counter(static_cast<double>(layers), benchmark::Counter::kIsRate);
+  state.counters["layers/s"] =
+      benchmark::Counter(static_cast<double>(layers), benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_DescribeEveryBuiltinTarget);
 
@@ -34,12 +35,14 @@ void BM_DescribeHybridWithDrafterTp4(benchmark::State& state) {
 BENCHMARK(BM_DescribeHybridWithDrafterTp4);
 
 void BM_NativeModelFileRoundTrip(benchmark::State& state) {
-  const std::string text = model::to_json(model::describe_refs("qwen3.5-27b", "dflash-qwen3.5-27b", {})).dump();
+  const std::string text =
+      model::to_json(model::describe_refs("qwen3.5-27b", "dflash-qwen3.5-27b", {})).dump();
   for (auto _ : state) {
     auto source = model::parse_model_source("file", "model.json", text);
     benchmark::DoNotOptimize(model::describe(source, std::nullopt, {}));
   }
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(text.size()));
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) *
+                          static_cast<std::int64_t>(text.size()));
 }
 BENCHMARK(BM_NativeModelFileRoundTrip);
 

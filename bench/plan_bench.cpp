@@ -37,9 +37,11 @@ void BM_Plan(benchmark::State& state, const PairCase& pair, plan::Policy policy)
 const bool kRegistered = [] {
   for (const auto& pair : pairs()) {
     const std::string name = pair.target + (pair.draft ? "+" + *pair.draft : "");
-    benchmark::RegisterBenchmark(("BM_PlanVllm/" + name).c_str(), BM_Plan, pair, plan::Policy::kVllm)
+    benchmark::RegisterBenchmark(("BM_PlanVllm/" + name).c_str(), BM_Plan, pair,
+                                 plan::Policy::kVllm)
         ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("BM_PlanMixkv/" + name).c_str(), BM_Plan, pair, plan::Policy::kMixkv)
+    benchmark::RegisterBenchmark(("BM_PlanMixkv/" + name).c_str(), BM_Plan, pair,
+                                 plan::Policy::kMixkv)
         ->Unit(benchmark::kMicrosecond);
   }
   return true;

@@ -15,18 +15,22 @@
 
 namespace mixkv::testing {
 
-inline model::ModelDesc describe_builtin(std::string_view target, std::optional<std::string_view> draft = {},
+inline model::ModelDesc describe_builtin(std::string_view target,
+                                         std::optional<std::string_view> draft = {},
                                          const model::DescribeOptions& options = {}) {
   return model::describe_refs(target, draft, options);
 }
 
 // Describes a HuggingFace config given as JSON text (origin "test.json").
-inline model::ModelDesc describe_text(std::string_view json_text, const model::DescribeOptions& options = {}) {
-  return model::describe(model::parse_model_source("test", "test.json", json_text), std::nullopt, options);
+inline model::ModelDesc describe_text(std::string_view json_text,
+                                      const model::DescribeOptions& options = {}) {
+  return model::describe(model::parse_model_source("test", "test.json", json_text), std::nullopt,
+                         options);
 }
 
-inline std::vector<const model::LayerDesc*> layers_of(const model::ModelDesc& desc, model::LayerKind kind,
-                                                       model::Owner owner = model::Owner::kTarget) {
+inline std::vector<const model::LayerDesc*> layers_of(const model::ModelDesc& desc,
+                                                      model::LayerKind kind,
+                                                      model::Owner owner = model::Owner::kTarget) {
   std::vector<const model::LayerDesc*> out;
   for (const auto& l : desc.layers) {
     if (l.kind == kind && l.owner == owner) out.push_back(&l);

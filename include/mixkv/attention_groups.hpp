@@ -76,6 +76,7 @@ struct AttentionGroup {
 // non-causal) or no kernel page divides its manager block, naming the group, its heads, the
 // manager block and the sizes the backend accepts; and when layers of one vllm-policy KV-cache
 // group disagree on their cache dtype.
-std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc, const plan::CachePlan& plan);
+std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
+                                                   const plan::CachePlan& plan);
 
 }  // namespace mixkv::attn

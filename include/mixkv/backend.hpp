@@ -20,10 +20,10 @@ enum class Backend {
   kFlashAttn,         // FlashAttention 2, vLLM's fork (pages in multiples of 16)
   kFlashAttn3,        // FlashAttention 3 (Hopper)
   kTriton,
-  kFlex,              // PyTorch FlexAttention
-  kFlashMla,          // FlashMLA (MLA only)
-  kCutlassMla,        // CUTLASS MLA (MLA only)
-  kCpu,               // mixkv's own CPU kernels
+  kFlex,        // PyTorch FlexAttention
+  kFlashMla,    // FlashMLA (MLA only)
+  kCutlassMla,  // CUTLASS MLA (MLA only)
+  kCpu,         // mixkv's own CPU kernels
 };
 // Every backend, for tables and sweeps.
 std::span<const Backend> all_backends();
@@ -52,10 +52,12 @@ struct ModelTraits {
 ModelTraits model_traits(const model::ModelDesc& desc);
 
 // The rule for `layer` on `backend`; throws Error when the backend cannot serve the layer kind.
-KernelPageRule kernel_page_rule(Backend backend, const model::LayerDesc& layer, const ModelTraits& traits);
+KernelPageRule kernel_page_rule(Backend backend, const model::LayerDesc& layer,
+                                const ModelTraits& traits);
 
 // The kernel page for a manager block of `manager_block` tokens: the block itself if accepted,
 // else the largest listed size dividing it (vLLM's select_common_block_size). nullopt if none.
-std::optional<std::int64_t> select_kernel_page(const KernelPageRule& rule, std::int64_t manager_block);
+std::optional<std::int64_t> select_kernel_page(const KernelPageRule& rule,
+                                               std::int64_t manager_block);
 
 }  // namespace mixkv::attn

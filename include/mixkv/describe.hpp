@@ -40,9 +40,9 @@ struct LayerDtypeOverride {
 };
 
 struct DescribeOptions {
-  std::optional<int> tp;               // default 1 (or the native file's own value)
-  std::optional<int> num_spec_tokens;  // default: 0 without a drafter, else the drafter's natural
-  std::optional<DType> kv_dtype;       // attention cache dtype of target layers; nullopt = auto
+  std::optional<int> tp;                // default 1 (or the native file's own value)
+  std::optional<int> num_spec_tokens;   // default: 0 without a drafter, else the drafter's natural
+  std::optional<DType> kv_dtype;        // attention cache dtype of target layers; nullopt = auto
   std::optional<DType> draft_kv_dtype;  // drafter layers; nullopt = follow kv_dtype
   std::optional<DType> ssm_dtype;       // recurrent temporal/SSM state; nullopt = auto
   std::vector<LayerDtypeOverride> layer_kv_dtypes;  // applied last, in order

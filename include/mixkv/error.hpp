@@ -1,6 +1,7 @@
-// mixkv's one error type. Every failure a user can cause (a bad config, an option that does not fit,
-// a plan that cannot be laid out) is an Error whose message names the file, layer, group or field at
-// fault and says what would fix it. The code tells callers (and the CLI's exit status) who is to blame.
+// mixkv's one error type. Every failure a user can cause (a bad config, an option that does not
+// fit, a plan that cannot be laid out) is an Error whose message names the file, layer, group or
+// field at fault and says what would fix it. The code tells callers (and the CLI's exit status) who
+// is to blame.
 #pragma once
 
 #include <stdexcept>

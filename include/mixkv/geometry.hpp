@@ -28,9 +28,9 @@ struct LayerGeometry {
   int attention_group = -1;  // -1 for recurrent layers
   bool recurrent = false;
   int tensor = 0;
-  std::int64_t offset = 0;              // of the layer's first kernel page inside a manager page
-  std::int64_t block_tokens = 0;        // manager block size (attention)
-  std::int64_t kernel_tokens = 0;       // kernel page size (attention)
+  std::int64_t offset = 0;         // of the layer's first kernel page inside a manager page
+  std::int64_t block_tokens = 0;   // manager block size (attention)
+  std::int64_t kernel_tokens = 0;  // kernel page size (attention)
   std::int64_t kernel_pages_per_block = 1;
   std::int64_t kernel_page_stride = 0;  // bytes between consecutive kernel pages (uniform)
   std::int64_t kernel_page_bytes = 0;   // bytes of this layer inside one kernel page
@@ -53,7 +53,8 @@ Geometry make_geometry(const model::ModelDesc& desc, const plan::CachePlan& plan
                        const std::vector<attn::AttentionGroup>& groups);
 
 // Manager block ids -> kernel page ids: b -> b*k .. b*k + k - 1.
-std::vector<std::int64_t> kernel_block_table(const LayerGeometry& layer, std::span<const std::int64_t> blocks);
+std::vector<std::int64_t> kernel_block_table(const LayerGeometry& layer,
+                                             std::span<const std::int64_t> blocks);
 
 struct TokenLocation {
   std::int64_t kernel_page = 0;
@@ -78,7 +79,8 @@ struct TransferDescriptor {
 // Exactly the bytes a request's kernels read for `layer`: the K and V of its first `num_tokens`
 // tokens (whole kernel pages, then the filled part of the last one); recurrent layers: the state
 // in each of `blocks`.
-std::vector<TransferDescriptor> transfer_descriptors(const LayerGeometry& layer, std::span<const std::int64_t> blocks,
+std::vector<TransferDescriptor> transfer_descriptors(const LayerGeometry& layer,
+                                                     std::span<const std::int64_t> blocks,
                                                      std::int64_t num_tokens);
 
 }  // namespace mixkv::layout

@@ -48,7 +48,7 @@ bool is_attention(LayerKind kind);
 
 // One tensor of a recurrent layer's per-sequence state.
 struct StateTensor {
-  std::string name;                // "conv", "temporal", "ssm", "q_conv", ...
+  std::string name;                 // "conv", "temporal", "ssm", "q_conv", ...
   std::vector<std::int64_t> shape;  // per TP rank
   DType dtype = DType::kBfloat16;
 

@@ -50,7 +50,7 @@ std::int64_t tokens_kept(const LayerSpec& spec, std::int64_t request_len, int sp
 struct PlanOptions {
   Policy policy = Policy::kMixkv;
   attn::Backend backend = attn::Backend::kFlashinfer;
-  std::int64_t memory_bytes = 0;          // bytes for the KV cache, per TP rank
+  std::int64_t memory_bytes = 0;           // bytes for the KV cache, per TP rank
   std::optional<std::int64_t> block_size;  // user's attention block size (tokens)
   std::int64_t max_model_len = 0;          // 0: the model's max_position_embeddings
   std::int64_t request_len = 2500;
@@ -82,12 +82,12 @@ struct KvCacheGroup {
   Behaviour behaviour = Behaviour::kAllTokens;
   model::LayerKind kind = model::LayerKind::kFull;  // of its first layer
   std::vector<std::string> layers;
-  std::int64_t block_size = 0;       // tokens per block; recurrent groups: max_model_len (one state)
-  std::int64_t page_bytes = 0;       // bytes one block takes in each tensor it uses (padded)
+  std::int64_t block_size = 0;  // tokens per block; recurrent groups: max_model_len (one state)
+  std::int64_t page_bytes = 0;  // bytes one block takes in each tensor it uses (padded)
   std::int64_t real_page_bytes = 0;  // bytes of data in it
   std::optional<std::int64_t> window;
   std::optional<std::int64_t> chunk;
-  std::int64_t kernel_block_size = 0;  // tokens per kernel page (recurrent: block_size)
+  std::int64_t kernel_block_size = 0;   // tokens per kernel page (recurrent: block_size)
   std::int64_t blocks_per_request = 0;  // at the plan's request length
   std::vector<LayerPlacement> placement;
   bool operator==(const KvCacheGroup&) const = default;
@@ -117,12 +117,12 @@ struct Waste {
 struct Concurrency {
   std::int64_t request_len = 0;
   std::int64_t blocks_per_request = 0;
-  std::int64_t max_requests = 0;      // whole requests that fit beside the null block
-  double max_concurrency = 0;         // num_blocks / blocks_per_request, as vLLM reports it
+  std::int64_t max_requests = 0;  // whole requests that fit beside the null block
+  double max_concurrency = 0;     // num_blocks / blocks_per_request, as vLLM reports it
   std::int64_t physical_bytes_per_request = 0;
-  double physical_limit = 0;          // memory / physical bytes per request
-  double efficiency = 0;              // max_concurrency / physical_limit
-  double at_max_model_len = 0;        // max_concurrency for requests of max_model_len tokens
+  double physical_limit = 0;    // memory / physical bytes per request
+  double efficiency = 0;        // max_concurrency / physical_limit
+  double at_max_model_len = 0;  // max_concurrency for requests of max_model_len tokens
   bool operator==(const Concurrency&) const = default;
 };
 
@@ -139,7 +139,7 @@ struct CachePlan {
   std::vector<Tensor> tensors;
   Concurrency concurrency;
   Waste waste_per_request;
-  std::int64_t pool_remainder_bytes = 0;  // memory no block can use
+  std::int64_t pool_remainder_bytes = 0;     // memory no block can use
   std::int64_t max_model_len_that_fits = 0;  // longest single request the pool can hold
   std::vector<std::string> warnings;
   bool operator==(const CachePlan&) const = default;

@@ -12,17 +12,19 @@ namespace mixkv::attn {
 namespace {
 
 const std::vector<DType> kAllDtypes = {DType::kBfloat16, DType::kFloat16, DType::kFloat32,
-                                       DType::kFp8E4m3, DType::kFp8E5m2, DType::kNvfp4};
+                                       DType::kFp8E4m3,  DType::kFp8E5m2, DType::kNvfp4};
 
 BackendCaps make_caps(Backend backend) {
   BackendCaps c;
   c.backend = backend;
   switch (backend) {
     case Backend::kFlashinfer:
-      c.uniform_window = c.uniform_soft_cap = c.uniform_scale = c.uniform_sinks = c.uniform_heads = true;
+      c.uniform_window = c.uniform_soft_cap = c.uniform_scale = c.uniform_sinks = c.uniform_heads =
+          true;
       // FlashInfer's paged wrappers take bf16/fp16 and fp8 e4m3/e5m2 caches, and nvfp4 with its
       // block scales (kv_cache_sf); not float32 (peers.md §5.1).
-      c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kFp8E5m2, DType::kNvfp4};
+      c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kFp8E5m2,
+                        DType::kNvfp4};
       break;
     case Backend::kFlashinferTrtllm:
       // trtllm-gen takes the window and sinks per call (vLLM skips its uniformity check when every
@@ -41,7 +43,8 @@ BackendCaps make_caps(Backend backend) {
       break;
     case Backend::kTriton:
     case Backend::kFlex:
-      c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFloat32, DType::kFp8E4m3, DType::kFp8E5m2};
+      c.cache_dtypes = {DType::kBfloat16, DType::kFloat16, DType::kFloat32, DType::kFp8E4m3,
+                        DType::kFp8E5m2};
       break;
     case Backend::kFlashMla:
     case Backend::kCutlassMla:
@@ -57,23 +60,32 @@ BackendCaps make_caps(Backend backend) {
   return c;
 }
 
-std::string describe_heads(const AttentionParams& p) { return fmt::format("{}/{} heads", p.num_q_heads, p.num_kv_heads); }
+std::string describe_heads(const AttentionParams& p) {
+  return fmt::format("{}/{} heads", p.num_q_heads, p.num_kv_heads);
+}
 
 // The fields of `a` and `b` that differ and that `caps` fixes per plan.
-std::vector<std::string> differences(const BackendCaps& caps, const AttentionParams& a, const AttentionParams& b) {
+std::vector<std::string> differences(const BackendCaps& caps, const AttentionParams& a,
+                                     const AttentionParams& b) {
   std::vector<std::string> out;
-  auto fmt_opt = [](const std::optional<double>& v) { return v ? fmt::format("{:g}", *v) : std::string("none"); };
+  auto fmt_opt = [](const std::optional<double>& v) {
+    return v ? fmt::format("{:g}", *v) : std::string("none");
+  };
   if (caps.uniform_window && a.window_left != b.window_left) {
     out.push_back(fmt::format("window_left {} vs {}", b.window_left, a.window_left));
   }
   if (caps.uniform_soft_cap && a.soft_cap != b.soft_cap) {
     out.push_back(fmt::format("soft cap {} vs {}", fmt_opt(b.soft_cap), fmt_opt(a.soft_cap)));
   }
-  if (caps.uniform_scale && a.scale != b.scale) out.push_back(fmt::format("scale {:.6g} vs {:.6g}", b.scale, a.scale));
-  if (caps.uniform_sinks && a.sinks != b.sinks) out.push_back(b.sinks ? "sinks vs none" : "no sinks vs sinks");
-  if (caps.uniform_causal && a.causal != b.causal) out.push_back(b.causal ? "causal vs non-causal" : "non-causal vs causal");
+  if (caps.uniform_scale && a.scale != b.scale)
+    out.push_back(fmt::format("scale {:.6g} vs {:.6g}", b.scale, a.scale));
+  if (caps.uniform_sinks && a.sinks != b.sinks)
+    out.push_back(b.sinks ? "sinks vs none" : "no sinks vs sinks");
+  if (caps.uniform_causal && a.causal != b.causal)
+    out.push_back(b.causal ? "causal vs non-causal" : "non-causal vs causal");
   if (a.kv_dtype != b.kv_dtype) {
-    out.push_back(fmt::format("cache dtype {} vs {}", to_string(b.kv_dtype), to_string(a.kv_dtype)));
+    out.push_back(
+        fmt::format("cache dtype {} vs {}", to_string(b.kv_dtype), to_string(a.kv_dtype)));
   }
   if (caps.uniform_heads && (a.num_q_heads != b.num_q_heads || a.num_kv_heads != b.num_kv_heads)) {
     out.push_back(fmt::format("{} vs {}", describe_heads(b), describe_heads(a)));
@@ -89,7 +101,8 @@ std::string kernel_path(Backend backend, const AttentionParams& p) {
   const int gqa = p.num_q_heads / std::max(1, p.num_kv_heads);
   // CUDA-core decode kernels are compiled for these GQA group sizes only (peers.md §5.1).
   const bool cuda_core = gqa == 1 || gqa == 2 || gqa == 3 || gqa == 4 || gqa == 6 || gqa == 8;
-  return fmt::format("flashinfer decode on {} (GQA {})", cuda_core ? "CUDA cores" : "tensor cores", gqa);
+  return fmt::format("flashinfer decode on {} (GQA {})", cuda_core ? "CUDA cores" : "tensor cores",
+                     gqa);
 }
 
 std::string rule_text(const KernelPageRule& rule) {
@@ -124,7 +137,8 @@ AttentionParams attention_params(const model::LayerDesc& layer) {
   return p;
 }
 
-std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc, const plan::CachePlan& plan) {
+std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
+                                                   const plan::CachePlan& plan) {
   const BackendCaps& caps = capabilities(plan.backend);
   const ModelTraits traits = model_traits(desc);
   std::map<std::string, const model::LayerDesc*> by_name;
@@ -139,10 +153,11 @@ std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
       for (const auto& name : kv_group.layers) {
         const model::LayerDesc& l = *by_name.at(name);
         if (l.kv_dtype != first.kv_dtype) {
-          throw_invalid(fmt::format("KV-cache group {} mixes cache dtypes: layer {} is {} but layer {} is {}; under "
-                                    "--policy vllm a group holds one format (give them one dtype, or use --policy "
-                                    "mixkv, which keeps them in separate attention groups)",
-                                    kv_group.id, first.name, to_string(first.kv_dtype), l.name, to_string(l.kv_dtype)));
+          throw_invalid(fmt::format(
+              "KV-cache group {} mixes cache dtypes: layer {} is {} but layer {} is {}; under "
+              "--policy vllm a group holds one format (give them one dtype, or use --policy "
+              "mixkv, which keeps them in separate attention groups)",
+              kv_group.id, first.name, to_string(first.kv_dtype), l.name, to_string(l.kv_dtype)));
         }
       }
     }
@@ -150,29 +165,35 @@ std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
     for (const auto& name : kv_group.layers) {
       const model::LayerDesc& layer = *by_name.at(name);
       const AttentionParams params = attention_params(layer);
-      auto it = std::find_if(out.begin() + static_cast<std::ptrdiff_t>(first_of_group), out.end(),
-                             [&](const AttentionGroup& g) { return differences(caps, g.params, params).empty(); });
+      auto it = std::find_if(
+          out.begin() + static_cast<std::ptrdiff_t>(first_of_group), out.end(),
+          [&](const AttentionGroup& g) { return differences(caps, g.params, params).empty(); });
       if (it != out.end()) {
         it->layers.push_back(name);
         continue;
       }
-      if (std::find(caps.cache_dtypes.begin(), caps.cache_dtypes.end(), params.kv_dtype) == caps.cache_dtypes.end()) {
-        throw_invalid(fmt::format("layer {}: the {} backend has no kernel for a {} cache; choose another --kv-dtype "
-                                  "or backend",
-                                  name, to_string(plan.backend), to_string(params.kv_dtype)));
+      if (std::find(caps.cache_dtypes.begin(), caps.cache_dtypes.end(), params.kv_dtype) ==
+          caps.cache_dtypes.end()) {
+        throw_invalid(fmt::format(
+            "layer {}: the {} backend has no kernel for a {} cache; choose another --kv-dtype "
+            "or backend",
+            name, to_string(plan.backend), to_string(params.kv_dtype)));
       }
       if (!params.causal && !caps.supports_non_causal) {
-        throw_invalid(fmt::format("layer {} is non-causal, which the {} backend does not serve; choose flashinfer, "
-                                  "flash-attn, triton or cpu",
-                                  name, to_string(plan.backend)));
+        throw_invalid(fmt::format(
+            "layer {} is non-causal, which the {} backend does not serve; choose flashinfer, "
+            "flash-attn, triton or cpu",
+            name, to_string(plan.backend)));
       }
       // trtllm-gen's speculative decode with a bf16 query over an fp8 cache and a sliding window
       // silently mis-computes (FlashInfer issue #3864): refuse rather than serve wrong tokens.
-      if (plan.backend == Backend::kFlashinferTrtllm && params.window_left >= 0 && desc.num_spec_tokens > 0 &&
+      if (plan.backend == Backend::kFlashinferTrtllm && params.window_left >= 0 &&
+          desc.num_spec_tokens > 0 &&
           (params.kv_dtype == DType::kFp8E4m3 || params.kv_dtype == DType::kFp8E5m2)) {
-        throw_invalid(fmt::format("layer {}: trtllm-gen mis-computes speculative decoding over an fp8 cache with a "
-                                  "sliding window (FlashInfer issue #3864); use --backend flashinfer or a bf16 cache",
-                                  name));
+        throw_invalid(fmt::format(
+            "layer {}: trtllm-gen mis-computes speculative decoding over an fp8 cache with a "
+            "sliding window (FlashInfer issue #3864); use --backend flashinfer or a bf16 cache",
+            name));
       }
       AttentionGroup g;
       g.id = static_cast<int>(out.size());
@@ -188,19 +209,22 @@ std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
       const KernelPageRule rule = kernel_page_rule(plan.backend, layer, traits);
       auto kernel = select_kernel_page(rule, kv_group.block_size);
       if (!kernel || (kv_group.kernel_block_size != 0 && kv_group.block_size % *kernel != 0)) {
-        throw_invalid(fmt::format("attention group {} (layers {}..., {}) has no kernel page: {} accepts {} tokens "
-                                  "per page, none divides the {}-token manager block of KV-cache group {}",
-                                  g.id, name, describe_heads(params), rule.serving_kernel, rule_text(rule),
-                                  kv_group.block_size, kv_group.id));
+        throw_invalid(fmt::format(
+            "attention group {} (layers {}..., {}) has no kernel page: {} accepts {} tokens "
+            "per page, none divides the {}-token manager block of KV-cache group {}",
+            g.id, name, describe_heads(params), rule.serving_kernel, rule_text(rule),
+            kv_group.block_size, kv_group.id));
       }
       // The plan's layout is cut for the KV-cache group's kernel page; a group whose own rule
       // admits it keeps it (mixkv interleaves kernel pages, so all its groups share one).
-      g.kernel_block_size = rule.accepts(kv_group.kernel_block_size) ? kv_group.kernel_block_size : *kernel;
+      g.kernel_block_size =
+          rule.accepts(kv_group.kernel_block_size) ? kv_group.kernel_block_size : *kernel;
       if (first_of_group == out.size()) {
         g.split_reason = fmt::format("first attention group of KV-cache group {}", kv_group.id);
       } else {
-        g.split_reason = fmt::format("differs from attention group {}: {}", out[first_of_group].id,
-                                     fmt::join(differences(caps, out[first_of_group].params, params), "; "));
+        g.split_reason =
+            fmt::format("differs from attention group {}: {}", out[first_of_group].id,
+                        fmt::join(differences(caps, out[first_of_group].params, params), "; "));
       }
       out.push_back(std::move(g));
     }

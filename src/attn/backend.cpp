@@ -40,7 +40,9 @@ KernelPageRule listed(std::vector<std::int64_t> sizes, std::string_view kernel) 
   std::sort(sizes.rbegin(), sizes.rend());
   return KernelPageRule{std::move(sizes), 0, kernel};
 }
-KernelPageRule multiple(std::int64_t base, std::string_view kernel) { return KernelPageRule{{}, base, kernel}; }
+KernelPageRule multiple(std::int64_t base, std::string_view kernel) {
+  return KernelPageRule{{}, base, kernel};
+}
 
 }  // namespace
 
@@ -74,19 +76,22 @@ ModelTraits model_traits(const model::ModelDesc& desc) {
   ModelTraits traits;
   for (const auto& layer : desc.layers) {
     for (const auto& tensor : layer.state) {
-      traits.hybrid_with_fp32_state = traits.hybrid_with_fp32_state || tensor.dtype == DType::kFloat32;
+      traits.hybrid_with_fp32_state =
+          traits.hybrid_with_fp32_state || tensor.dtype == DType::kFloat32;
     }
   }
   return traits;
 }
 
-KernelPageRule kernel_page_rule(Backend backend, const model::LayerDesc& layer, const ModelTraits& traits) {
+KernelPageRule kernel_page_rule(Backend backend, const model::LayerDesc& layer,
+                                const ModelTraits& traits) {
   const bool mla = layer.kind == model::LayerKind::kMla;
   auto mla_only = [&](std::string_view name) {
     if (!mla) {
-      throw_invalid(fmt::format("layer {} is {} attention, which the {} backend does not serve (it runs MLA layers "
-                                "only); choose --backend flashinfer, flash-attn, triton or cpu",
-                                layer.name, to_string(layer.kind), name));
+      throw_invalid(fmt::format(
+          "layer {} is {} attention, which the {} backend does not serve (it runs MLA layers "
+          "only); choose --backend flashinfer, flash-attn, triton or cpu",
+          layer.name, to_string(layer.kind), name));
     }
   };
   switch (backend) {
@@ -99,7 +104,8 @@ KernelPageRule kernel_page_rule(Backend backend, const model::LayerDesc& layer, 
       // trtllm-gen needs a power-of-two numTokensPerPage: 16/32/64 from compiled cubins, 128
       // and up through its dynamic kernel (peers.md §5.1). Some versions reject a single KV
       // head (degenerate strides), which then runs on FlashInfer's native kernels.
-      if (layer.num_kv_heads == 1) return listed({16, 32, 64}, "flashinfer (trtllm-gen rejects 1 KV head)");
+      if (layer.num_kv_heads == 1)
+        return listed({16, 32, 64}, "flashinfer (trtllm-gen rejects 1 KV head)");
       return listed({16, 32, 64, 128, 256, 512, 1024}, "trtllm-gen");
     case Backend::kFlashAttn:
       if (mla) return multiple(16, "flash-attn-mla");
@@ -128,7 +134,8 @@ KernelPageRule kernel_page_rule(Backend backend, const model::LayerDesc& layer, 
   throw_internal("kernel_page_rule: unknown backend");
 }
 
-std::optional<std::int64_t> select_kernel_page(const KernelPageRule& rule, std::int64_t manager_block) {
+std::optional<std::int64_t> select_kernel_page(const KernelPageRule& rule,
+                                               std::int64_t manager_block) {
   if (rule.accepts(manager_block)) return manager_block;
   for (std::int64_t size : rule.sizes) {
     if (manager_block % size == 0) return size;

@@ -1,7 +1,7 @@
 #include "cli.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <ostream>
 
 #include "mixkv/error.hpp"
@@ -9,8 +9,9 @@
 namespace mixkv::cli {
 
 int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  CLI::App app{"mixkv: KV-cache planning and management for mixed-layer LLMs with speculative drafters",
-               "mixkv"};
+  CLI::App app{
+      "mixkv: KV-cache planning and management for mixed-layer LLMs with speculative drafters",
+      "mixkv"};
   app.set_version_flag("--version", "mixkv 0.1.0");
   app.require_subcommand(1);
   std::vector<std::pair<CLI::App*, Action>> commands;
@@ -23,7 +24,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   add(add_plan_command);
 
   try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
+    std::vector<std::string> reversed(args.rbegin(),
+                                      args.rend());  // CLI11 parses a reversed vector
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
     out << app.help();  // shows the chosen subcommand's help when there is one

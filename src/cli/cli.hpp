@@ -2,8 +2,8 @@
 // `err`; the return value is the process exit status (0 ok, 2 bad usage or input, 1 internal).
 #pragma once
 
-#include <iosfwd>
 #include <functional>
+#include <iosfwd>
 #include <string>
 #include <vector>
 

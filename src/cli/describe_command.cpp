@@ -17,8 +17,10 @@ Action add_describe_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "describe", "Print what every layer of a model (and its drafter) needs from the KV cache");
   cmd->footer(
-      "MODEL and --draft take a built-in name (see `mixkv models`), a HuggingFace config.json (or its "
-      "directory), or a native mixkv model file (docs/model-file.md). Numbers are per tensor-parallel rank.");
+      "MODEL and --draft take a built-in name (see `mixkv models`), a HuggingFace config.json (or "
+      "its "
+      "directory), or a native mixkv model file (docs/model-file.md). Numbers are per "
+      "tensor-parallel rank.");
   add_model_options(*cmd, args->model);
   cmd->add_flag("--json", args->json, "Print the JSON document (the native model-file format)");
 

@@ -65,7 +65,8 @@ std::string compact_indices(const std::vector<int>& v) {
   // Keep the column readable: first runs, an ellipsis, the last run.
   constexpr std::size_t kMaxRuns = 4;
   if (runs.size() > kMaxRuns) {
-    return fmt::format("{},...,{}", fmt::join(runs.begin(), runs.begin() + kMaxRuns - 1, ","), runs.back());
+    return fmt::format("{},...,{}", fmt::join(runs.begin(), runs.begin() + kMaxRuns - 1, ","),
+                       runs.back());
   }
   return fmt::format("{}", fmt::join(runs, ","));
 }
@@ -91,23 +92,28 @@ std::string format_layer_table(const model::ModelDesc& desc) {
                                 desc.num_spec_tokens);
   if (desc.draft_info) {
     out += fmt::format("draft kind {}", to_string(desc.draft_info->kind));
-    if (desc.draft_info->block_size) out += fmt::format(", block size {}", *desc.draft_info->block_size);
+    if (desc.draft_info->block_size)
+      out += fmt::format(", block size {}", *desc.draft_info->block_size);
     if (!desc.draft_info->target_layer_ids.empty()) {
-      out += fmt::format(", target layers [{}]", fmt::join(desc.draft_info->target_layer_ids, ", "));
+      out +=
+          fmt::format(", target layers [{}]", fmt::join(desc.draft_info->target_layer_ids, ", "));
     }
     out += '\n';
   }
   const auto line = [](auto&&... cols) {
-    return fmt::format("{:<7} {:<22} {:>3}  {:<7} {:>7} {:>7} {:>7} {:>5} {:>8} {:<5} {:<6} {:<9} {:>12}  {}\n", cols...);
+    return fmt::format(
+        "{:<7} {:<22} {:>3}  {:<7} {:>7} {:>7} {:>7} {:>5} {:>8} {:<5} {:<6} {:<9} {:>12}  {}\n",
+        cols...);
   };
-  out += line("owner", "layers", "n", "kind", "q/kv", "head", "extent", "cap", "scale", "sinks", "causal",
-              "dtype", "cache", "state");
+  out += line("owner", "layers", "n", "kind", "q/kv", "head", "extent", "cap", "scale", "sinks",
+              "causal", "dtype", "cache", "state");
   for (const auto& r : rows) {
     const auto& l = r.key;
-    out += line(to_string(l.owner), compact_indices(r.indices), r.indices.size(), to_string(l.kind), heads(l),
-                head_sizes(l), extent(l), l.soft_cap ? fmt::format("{:g}", *l.soft_cap) : "-",
-                fmt::format("{:.5g}", l.scale), l.sinks ? "yes" : "no", l.causal ? "yes" : "no",
-                to_string(l.kv_dtype), bytes_text(l), state_text(l));
+    out += line(to_string(l.owner), compact_indices(r.indices), r.indices.size(), to_string(l.kind),
+                heads(l), head_sizes(l), extent(l),
+                l.soft_cap ? fmt::format("{:g}", *l.soft_cap) : "-", fmt::format("{:.5g}", l.scale),
+                l.sinks ? "yes" : "no", l.causal ? "yes" : "no", to_string(l.kv_dtype),
+                bytes_text(l), state_text(l));
   }
   return out;
 }

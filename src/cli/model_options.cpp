@@ -1,8 +1,8 @@
 #include "model_options.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 
 #include "mixkv/describe.hpp"
 #include "mixkv/error.hpp"
@@ -24,20 +24,27 @@ std::optional<DType> dtype_option(std::string_view option, const std::string& te
 }  // namespace
 
 void add_model_options(CLI::App& cmd, ModelArgs& args) {
-  cmd.add_option("model", args.model, "Target model: built-in name, config.json (or its directory), or model file")
+  cmd.add_option("model", args.model,
+                 "Target model: built-in name, config.json (or its directory), or model file")
       ->required();
-  cmd.add_option("--draft", args.draft, "Drafter: built-in name, config.json, or 'mtp' (the target's MTP layers)");
+  cmd.add_option("--draft", args.draft,
+                 "Drafter: built-in name, config.json, or 'mtp' (the target's MTP layers)");
   cmd.add_option("--tp", args.tp, "Tensor-parallel size (default 1)");
-  cmd.add_option("--num-spec-tokens", args.num_spec_tokens,
-                 "Speculative tokens per step (default: 0, or the drafter's own: DFlash block-1, MTP layers, "
-                 "3 for EAGLE / draft models)");
-  cmd.add_option("--kv-dtype", args.kv_dtype, "KV cache dtype: auto|bfloat16|float16|float32|fp8|fp8_e4m3|fp8_e5m2|nvfp4")
+  cmd.add_option(
+      "--num-spec-tokens", args.num_spec_tokens,
+      "Speculative tokens per step (default: 0, or the drafter's own: DFlash block-1, MTP layers, "
+      "3 for EAGLE / draft models)");
+  cmd.add_option("--kv-dtype", args.kv_dtype,
+                 "KV cache dtype: auto|bfloat16|float16|float32|fp8|fp8_e4m3|fp8_e5m2|nvfp4")
       ->capture_default_str();
-  cmd.add_option("--draft-kv-dtype", args.draft_kv_dtype, "Drafter KV cache dtype (default: as --kv-dtype)");
-  cmd.add_option("--layer-kv-dtype", args.layer_kv_dtypes,
-                 "Per-layer override NAME=DTYPE, NAME may be a glob (e.g. 'draft.*=fp8'); repeatable");
+  cmd.add_option("--draft-kv-dtype", args.draft_kv_dtype,
+                 "Drafter KV cache dtype (default: as --kv-dtype)");
+  cmd.add_option(
+      "--layer-kv-dtype", args.layer_kv_dtypes,
+      "Per-layer override NAME=DTYPE, NAME may be a glob (e.g. 'draft.*=fp8'); repeatable");
   cmd.add_option("--ssm-dtype", args.ssm_dtype,
-                 "Recurrent temporal/SSM state dtype: auto (the config's own, else the model dtype) or a dtype")
+                 "Recurrent temporal/SSM state dtype: auto (the config's own, else the model "
+                 "dtype) or a dtype")
       ->capture_default_str();
 }
 

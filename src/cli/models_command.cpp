@@ -1,6 +1,6 @@
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <ostream>
 
@@ -36,11 +36,13 @@ std::vector<std::string> drafters_for(std::string_view target) {
 
 Action add_models_command(CLI::App& app) {
   auto json = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand("models", "List the built-in models and which drafter fits which target");
+  CLI::App* cmd =
+      app.add_subcommand("models", "List the built-in models and which drafter fits which target");
   cmd->add_flag("--json", *json, "Print a JSON list");
   return [json](std::ostream& out) {
     nlohmann::json list = nlohmann::json::array();
-    std::string text = fmt::format("{:<24} {:<7} {:<70} {}\n", "name", "role", "summary", "drafters / targets");
+    std::string text =
+        fmt::format("{:<24} {:<7} {:<70} {}\n", "name", "role", "summary", "drafters / targets");
     for (const auto& m : builtin::builtin_models()) {
       std::vector<std::string> pairs;
       if (m.role == Role::kTarget) {
@@ -49,7 +51,8 @@ Action add_models_command(CLI::App& app) {
         pairs.assign(m.targets.begin(), m.targets.end());
       }
       const std::string_view role = m.role == Role::kTarget ? "target" : "draft";
-      text += fmt::format("{:<24} {:<7} {:<70} {}\n", m.name, role, m.summary, fmt::join(pairs, ", "));
+      text +=
+          fmt::format("{:<24} {:<7} {:<70} {}\n", m.name, role, m.summary, fmt::join(pairs, ", "));
       list.push_back({{"name", m.name},
                       {"role", role},
                       {"summary", m.summary},

@@ -1,6 +1,6 @@
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 #include <ostream>
 
 #include "cli.hpp"
@@ -32,23 +32,33 @@ Action add_plan_command(CLI::App& app) {
     bool json = false;
   };
   auto args = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("plan", "Plan the KV cache for a memory budget: groups, pages, blocks, concurrency");
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Plan the KV cache for a memory budget: groups, pages, blocks, concurrency");
   cmd->footer(
-      "Memory: --memory SIZE (bytes for the KV cache per rank, e.g. 40GiB), or --gpu with its utilization, which "
-      "subtracts the estimated weights per rank (default: --gpu h100). docs/planning.md explains both policies; "
+      "Memory: --memory SIZE (bytes for the KV cache per rank, e.g. 40GiB), or --gpu with its "
+      "utilization, which "
+      "subtracts the estimated weights per rank (default: --gpu h100). docs/planning.md explains "
+      "both policies; "
       "docs/plan-json.md the --json schema.");
   add_model_options(*cmd, args->model);
-  auto* memory = cmd->add_option("--memory", args->memory, "Bytes for the KV cache per rank (e.g. 40GiB, 80GB)");
-  cmd->add_option("--gpu", args->gpu, "GPU: h100|h200|b200|b300 (memory minus estimated weights)")->excludes(memory);
-  cmd->add_option("--gpu-memory-utilization", args->utilization, "Share of GPU memory mixkv may use")
+  auto* memory = cmd->add_option("--memory", args->memory,
+                                 "Bytes for the KV cache per rank (e.g. 40GiB, 80GB)");
+  cmd->add_option("--gpu", args->gpu, "GPU: h100|h200|b200|b300 (memory minus estimated weights)")
+      ->excludes(memory);
+  cmd->add_option("--gpu-memory-utilization", args->utilization,
+                  "Share of GPU memory mixkv may use")
       ->capture_default_str();
-  cmd->add_option("--block-size", args->block_size, "Attention block size in tokens (multiple of 16)");
+  cmd->add_option("--block-size", args->block_size,
+                  "Attention block size in tokens (multiple of 16)");
   cmd->add_option("--backend", args->backend,
-                  "Attention backend: flashinfer|flashinfer-trtllm|flash-attn|flash-attn3|triton|flex|flashmla|"
+                  "Attention backend: "
+                  "flashinfer|flashinfer-trtllm|flash-attn|flash-attn3|triton|flex|flashmla|"
                   "cutlass-mla|cpu")
       ->capture_default_str();
-  cmd->add_option("--max-model-len", args->max_model_len, "Longest request (default: the model's max positions)");
-  cmd->add_option("--request-len", args->request_len, "Tokens per request of the workload")->capture_default_str();
+  cmd->add_option("--max-model-len", args->max_model_len,
+                  "Longest request (default: the model's max positions)");
+  cmd->add_option("--request-len", args->request_len, "Tokens per request of the workload")
+      ->capture_default_str();
   cmd->add_option("--policy", args->policy, "Planning policy: mixkv|vllm")->capture_default_str();
   cmd->add_flag("--compare", args->compare, "Plan with both policies and compare them");
   cmd->add_flag("--explain", args->explain, "Show the attention groups and why each was split");
@@ -75,7 +85,8 @@ Action add_plan_command(CLI::App& app) {
     }
     options.backend = *backend;
     auto policy = plan::parse_policy(args->policy);
-    if (!policy) throw_invalid(fmt::format("--policy '{}' is unknown; use mixkv or vllm", args->policy));
+    if (!policy)
+      throw_invalid(fmt::format("--policy '{}' is unknown; use mixkv or vllm", args->policy));
     options.policy = *policy;
     options.block_size = args->block_size;
     options.max_model_len = args->max_model_len;
@@ -85,8 +96,8 @@ Action add_plan_command(CLI::App& app) {
       options.memory_bytes = plan::parse_memory_size(args->memory);
       memory_note = fmt::format("KV memory given: {} B", options.memory_bytes);
     } else {
-      const plan::MemoryBudget budget =
-          plan::budget_for_gpu(plan::find_gpu(args->gpu.empty() ? "h100" : args->gpu), args->utilization, desc);
+      const plan::MemoryBudget budget = plan::budget_for_gpu(
+          plan::find_gpu(args->gpu.empty() ? "h100" : args->gpu), args->utilization, desc);
       options.memory_bytes = budget.kv_bytes;
       memory_note = "KV memory: " + budget.explanation;
     }
@@ -110,7 +121,8 @@ Action add_plan_command(CLI::App& app) {
       } else if (vllm) {
         out << format_plan_comparison(desc, *vllm, mixkv) << memory_note << '\n';
       } else {
-        out << "vllm policy fails: " << vllm_error << '\n' << format_plan(desc, mixkv) << memory_note << '\n';
+        out << "vllm policy fails: " << vllm_error << '\n'
+            << format_plan(desc, mixkv) << memory_note << '\n';
       }
       if (args->explain && !args->json) {
         if (vllm) out << "vllm " << explained(desc, *vllm);

@@ -9,8 +9,8 @@ namespace mixkv {
 std::int64_t checked_add(std::int64_t a, std::int64_t b, std::string_view what) {
   std::int64_t out = 0;
   if (__builtin_add_overflow(a, b, &out)) {
-    throw_invalid(fmt::format("{} overflows a 64-bit integer ({} + {}); check the sizes it is made of",
-                              what, a, b));
+    throw_invalid(fmt::format(
+        "{} overflows a 64-bit integer ({} + {}); check the sizes it is made of", what, a, b));
   }
   return out;
 }
@@ -18,8 +18,8 @@ std::int64_t checked_add(std::int64_t a, std::int64_t b, std::string_view what) 
 std::int64_t checked_mul(std::int64_t a, std::int64_t b, std::string_view what) {
   std::int64_t out = 0;
   if (__builtin_mul_overflow(a, b, &out)) {
-    throw_invalid(fmt::format("{} overflows a 64-bit integer ({} x {}); check the sizes it is made of",
-                              what, a, b));
+    throw_invalid(fmt::format(
+        "{} overflows a 64-bit integer ({} x {}); check the sizes it is made of", what, a, b));
   }
   return out;
 }

@@ -17,18 +17,25 @@ struct DTypeName {
 // Canonical spelling first for each type; later entries are accepted aliases (HF torch_dtype
 // strings, vLLM's --kv-cache-dtype values and PyTorch names).
 constexpr std::array kNames = {
-    DTypeName{"bfloat16", DType::kBfloat16}, DTypeName{"float16", DType::kFloat16},
-    DTypeName{"float32", DType::kFloat32},   DTypeName{"fp8_e4m3", DType::kFp8E4m3},
-    DTypeName{"fp8_e5m2", DType::kFp8E5m2},  DTypeName{"nvfp4", DType::kNvfp4},
-    DTypeName{"fp8", DType::kFp8E4m3},       DTypeName{"bf16", DType::kBfloat16},
-    DTypeName{"fp16", DType::kFloat16},      DTypeName{"half", DType::kFloat16},
-    DTypeName{"fp32", DType::kFloat32},      DTypeName{"float", DType::kFloat32},
-    DTypeName{"float8_e4m3fn", DType::kFp8E4m3}, DTypeName{"float8_e5m2", DType::kFp8E5m2},
+    DTypeName{"bfloat16", DType::kBfloat16},
+    DTypeName{"float16", DType::kFloat16},
+    DTypeName{"float32", DType::kFloat32},
+    DTypeName{"fp8_e4m3", DType::kFp8E4m3},
+    DTypeName{"fp8_e5m2", DType::kFp8E5m2},
+    DTypeName{"nvfp4", DType::kNvfp4},
+    DTypeName{"fp8", DType::kFp8E4m3},
+    DTypeName{"bf16", DType::kBfloat16},
+    DTypeName{"fp16", DType::kFloat16},
+    DTypeName{"half", DType::kFloat16},
+    DTypeName{"fp32", DType::kFloat32},
+    DTypeName{"float", DType::kFloat32},
+    DTypeName{"float8_e4m3fn", DType::kFp8E4m3},
+    DTypeName{"float8_e5m2", DType::kFp8E5m2},
     DTypeName{"fp4", DType::kNvfp4},
 };
 
-constexpr std::array<std::string_view, 7> kAdvertised = {
-    "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"};
+constexpr std::array<std::string_view, 7> kAdvertised = {"bfloat16", "float16",  "float32", "fp8",
+                                                         "fp8_e4m3", "fp8_e5m2", "nvfp4"};
 
 // nvfp4 stores one fp8 scale for every block of this many elements.
 constexpr std::int64_t kNvfp4ScaleBlock = 16;

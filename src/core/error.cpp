@@ -15,7 +15,9 @@ std::string_view to_string(ErrorCode code) {
 }
 
 void throw_invalid(const std::string& message) { throw Error(ErrorCode::kInvalidInput, message); }
-void throw_unsupported(const std::string& message) { throw Error(ErrorCode::kUnsupported, message); }
+void throw_unsupported(const std::string& message) {
+  throw Error(ErrorCode::kUnsupported, message);
+}
 void throw_internal(const std::string& message) { throw Error(ErrorCode::kInternal, message); }
 
 }  // namespace mixkv

@@ -21,7 +21,8 @@ Geometry make_geometry(const model::ModelDesc& desc, const plan::CachePlan& plan
   Geometry geo;
   const std::int64_t num_blocks = plan.pools.at(0).num_blocks;
   for (const auto& t : plan.tensors) {
-    geo.tensors.push_back(TensorGeometry{t.bytes, num_blocks, num_blocks > 0 ? t.bytes / num_blocks : 0});
+    geo.tensors.push_back(
+        TensorGeometry{t.bytes, num_blocks, num_blocks > 0 ? t.bytes / num_blocks : 0});
   }
   std::map<std::string, std::pair<const plan::KvCacheGroup*, const plan::LayerPlacement*>> placed;
   for (const auto& g : plan.groups) {
@@ -34,7 +35,8 @@ Geometry make_geometry(const model::ModelDesc& desc, const plan::CachePlan& plan
 
   for (const auto& layer : desc.layers) {
     auto it = placed.find(layer.name);
-    if (it == placed.end()) throw_internal(fmt::format("layer {} is not placed by the plan", layer.name));
+    if (it == placed.end())
+      throw_internal(fmt::format("layer {} is not placed by the plan", layer.name));
     const auto& [group, placement] = it->second;
     LayerGeometry g;
     g.layer = layer.name;
@@ -57,7 +59,8 @@ Geometry make_geometry(const model::ModelDesc& desc, const plan::CachePlan& plan
       if (layer.kind == model::LayerKind::kMla) {
         g.k_token_bytes = token_bytes;
       } else {
-        g.k_token_bytes = storage_bytes(layer.kv_dtype, checked_mul(layer.num_kv_heads, layer.head_size, "K bytes"));
+        g.k_token_bytes = storage_bytes(
+            layer.kv_dtype, checked_mul(layer.num_kv_heads, layer.head_size, "K bytes"));
         g.v_token_bytes = token_bytes - g.k_token_bytes;
       }
       g.kernel_page_bytes = g.kernel_tokens * token_bytes;
@@ -71,44 +74,50 @@ Geometry make_geometry(const model::ModelDesc& desc, const plan::CachePlan& plan
       } else if (page_stride % g.kernel_pages_per_block == 0 && g.offset == 0) {
         g.kernel_page_stride = page_stride / g.kernel_pages_per_block;
       } else {
-        throw_invalid(fmt::format("layer {}: its {}-byte manager page does not split evenly into {} kernel pages of "
-                                  "{} tokens ({}); padding must divide evenly and layers must not be interleaved "
-                                  "differently",
-                                  layer.name, page_stride, g.kernel_pages_per_block, g.kernel_tokens,
-                                  g.offset != 0 ? "the layer is interleaved with others" : "uneven padding"));
+        throw_invalid(fmt::format(
+            "layer {}: its {}-byte manager page does not split evenly into {} kernel pages of "
+            "{} tokens ({}); padding must divide evenly and layers must not be interleaved "
+            "differently",
+            layer.name, page_stride, g.kernel_pages_per_block, g.kernel_tokens,
+            g.offset != 0 ? "the layer is interleaved with others" : "uneven padding"));
       }
       if (g.kernel_page_bytes > g.kernel_page_stride) {
-        throw_invalid(fmt::format("layer {}: a {}-byte kernel page does not fit its {}-byte stride", layer.name,
-                                  g.kernel_page_bytes, g.kernel_page_stride));
+        throw_invalid(fmt::format("layer {}: a {}-byte kernel page does not fit its {}-byte stride",
+                                  layer.name, g.kernel_page_bytes, g.kernel_page_stride));
       }
     }
     // Every piece of the layer stays inside its manager page.
     const std::int64_t last_end =
-        g.offset + (g.kernel_pages_per_block - 1) * (g.recurrent ? 0 : g.kernel_page_stride) + g.kernel_page_bytes;
+        g.offset + (g.kernel_pages_per_block - 1) * (g.recurrent ? 0 : g.kernel_page_stride) +
+        g.kernel_page_bytes;
     if (last_end > page_stride) {
-      throw_invalid(fmt::format("layer {}: its data ends at byte {} of a {}-byte manager page", layer.name, last_end,
-                                page_stride));
+      throw_invalid(fmt::format("layer {}: its data ends at byte {} of a {}-byte manager page",
+                                layer.name, last_end, page_stride));
     }
     geo.layers.push_back(std::move(g));
   }
   return geo;
 }
 
-std::vector<std::int64_t> kernel_block_table(const LayerGeometry& layer, std::span<const std::int64_t> blocks) {
+std::vector<std::int64_t> kernel_block_table(const LayerGeometry& layer,
+                                             std::span<const std::int64_t> blocks) {
   std::vector<std::int64_t> out;
   out.reserve(blocks.size() * static_cast<std::size_t>(layer.kernel_pages_per_block));
   for (std::int64_t b : blocks) {
-    for (std::int64_t j = 0; j < layer.kernel_pages_per_block; ++j) out.push_back(b * layer.kernel_pages_per_block + j);
+    for (std::int64_t j = 0; j < layer.kernel_pages_per_block; ++j)
+      out.push_back(b * layer.kernel_pages_per_block + j);
   }
   return out;
 }
 
-TokenLocation locate_token(const LayerGeometry& layer, std::span<const std::int64_t> blocks, std::int64_t position) {
-  if (layer.recurrent) throw_invalid(fmt::format("layer {} is recurrent: it has no per-token slots", layer.layer));
+TokenLocation locate_token(const LayerGeometry& layer, std::span<const std::int64_t> blocks,
+                           std::int64_t position) {
+  if (layer.recurrent)
+    throw_invalid(fmt::format("layer {} is recurrent: it has no per-token slots", layer.layer));
   const std::int64_t block_index = position / layer.block_tokens;
   if (position < 0 || block_index >= static_cast<std::int64_t>(blocks.size())) {
-    throw_invalid(fmt::format("token position {} is outside the request's {} blocks of {} tokens", position,
-                              blocks.size(), layer.block_tokens));
+    throw_invalid(fmt::format("token position {} is outside the request's {} blocks of {} tokens",
+                              position, blocks.size(), layer.block_tokens));
   }
   const std::int64_t in_block = position % layer.block_tokens;
   TokenLocation loc;
@@ -122,18 +131,21 @@ TokenLocation locate_token(const LayerGeometry& layer, std::span<const std::int6
   return loc;
 }
 
-std::vector<TransferDescriptor> transfer_descriptors(const LayerGeometry& layer, std::span<const std::int64_t> blocks,
+std::vector<TransferDescriptor> transfer_descriptors(const LayerGeometry& layer,
+                                                     std::span<const std::int64_t> blocks,
                                                      std::int64_t num_tokens) {
   std::vector<TransferDescriptor> out;
   if (layer.recurrent) {
     for (std::int64_t b : blocks) {
-      out.push_back({layer.tensor, layer.offset + b * layer.kernel_page_stride, layer.state_bytes, 1, 0});
+      out.push_back(
+          {layer.tensor, layer.offset + b * layer.kernel_page_stride, layer.state_bytes, 1, 0});
     }
     return out;
   }
-  if (num_tokens < 0 || num_tokens > static_cast<std::int64_t>(blocks.size()) * layer.block_tokens) {
-    throw_invalid(fmt::format("{} tokens do not fit the request's {} blocks of {} tokens", num_tokens, blocks.size(),
-                              layer.block_tokens));
+  if (num_tokens < 0 ||
+      num_tokens > static_cast<std::int64_t>(blocks.size()) * layer.block_tokens) {
+    throw_invalid(fmt::format("{} tokens do not fit the request's {} blocks of {} tokens",
+                              num_tokens, blocks.size(), layer.block_tokens));
   }
   const std::vector<std::int64_t> pages = kernel_block_table(layer, blocks);
   const std::int64_t full_pages = num_tokens / layer.kernel_tokens;
@@ -141,9 +153,12 @@ std::vector<TransferDescriptor> transfer_descriptors(const LayerGeometry& layer,
   // Runs of consecutive kernel pages (within a manager block they are) become one strided piece.
   for (std::int64_t i = 0; i < full_pages;) {
     std::int64_t j = i + 1;
-    while (j < full_pages && pages[static_cast<std::size_t>(j)] == pages[static_cast<std::size_t>(j - 1)] + 1) ++j;
-    TransferDescriptor d{layer.tensor, layer.offset + pages[static_cast<std::size_t>(i)] * layer.kernel_page_stride,
-                         layer.kernel_page_bytes, j - i, layer.kernel_page_stride};
+    while (j < full_pages &&
+           pages[static_cast<std::size_t>(j)] == pages[static_cast<std::size_t>(j - 1)] + 1)
+      ++j;
+    TransferDescriptor d{
+        layer.tensor, layer.offset + pages[static_cast<std::size_t>(i)] * layer.kernel_page_stride,
+        layer.kernel_page_bytes, j - i, layer.kernel_page_stride};
     if (d.count > 1 && d.stride == d.length) {
       d.length *= d.count;
       d.count = 1;
@@ -152,9 +167,11 @@ std::vector<TransferDescriptor> transfer_descriptors(const LayerGeometry& layer,
     i = j;
   }
   if (rest > 0) {
-    const std::int64_t base = layer.offset + pages[static_cast<std::size_t>(full_pages)] * layer.kernel_page_stride;
+    const std::int64_t base =
+        layer.offset + pages[static_cast<std::size_t>(full_pages)] * layer.kernel_page_stride;
     out.push_back({layer.tensor, base, rest * layer.k_token_bytes, 1, 0});
-    if (layer.v_token_bytes > 0) out.push_back({layer.tensor, base + layer.v_offset, rest * layer.v_token_bytes, 1, 0});
+    if (layer.v_token_bytes > 0)
+      out.push_back({layer.tensor, base + layer.v_offset, rest * layer.v_token_bytes, 1, 0});
   }
   return out;
 }

@@ -32,7 +32,8 @@ json to_json(const std::vector<attn::AttentionGroup>& groups) {
 json to_json(const Geometry& geometry) {
   json tensors = json::array();
   for (const auto& t : geometry.tensors) {
-    tensors.push_back({{"bytes", t.bytes}, {"num_pages", t.num_pages}, {"page_stride", t.page_stride}});
+    tensors.push_back(
+        {{"bytes", t.bytes}, {"num_pages", t.num_pages}, {"page_stride", t.page_stride}});
   }
   json layers = json::array();
   for (const auto& l : geometry.layers) {

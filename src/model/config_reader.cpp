@@ -72,8 +72,8 @@ std::int64_t read_bounded_int(const nlohmann::json& value, std::string_view wher
     throw_invalid(fmt::format("{} is {}, expected an integer >= {}", where, out, min));
   }
   if (out > kMaxConfigInt) {
-    throw_invalid(fmt::format("{} is {}, larger than mixkv accepts ({}); fix the value", where,
-                              out, kMaxConfigInt));
+    throw_invalid(fmt::format("{} is {}, larger than mixkv accepts ({}); fix the value", where, out,
+                              kMaxConfigInt));
   }
   return out;
 }
@@ -111,7 +111,8 @@ std::optional<double> ConfigReader::optional_positive_number(std::string_view ke
 std::optional<bool> ConfigReader::optional_bool(std::string_view key) const {
   if (!has(key)) return std::nullopt;
   const auto& value = raw(key);
-  if (!value.is_boolean()) fail(key, fmt::format("is {}, expected true or false", type_name(value)));
+  if (!value.is_boolean())
+    fail(key, fmt::format("is {}, expected true or false", type_name(value)));
   return value.get<bool>();
 }
 
@@ -128,7 +129,8 @@ std::optional<std::string> ConfigReader::optional_string(std::string_view key) c
 
 std::vector<std::string> ConfigReader::string_list(std::string_view key) const {
   const auto& value = raw(key);
-  if (!value.is_array()) fail(key, fmt::format("is {}, expected a list of strings", type_name(value)));
+  if (!value.is_array())
+    fail(key, fmt::format("is {}, expected a list of strings", type_name(value)));
   std::vector<std::string> out;
   out.reserve(value.size());
   for (std::size_t i = 0; i < value.size(); ++i) {
@@ -142,7 +144,8 @@ std::vector<std::string> ConfigReader::string_list(std::string_view key) const {
 
 std::vector<std::int64_t> ConfigReader::int_list(std::string_view key) const {
   const auto& value = raw(key);
-  if (!value.is_array()) fail(key, fmt::format("is {}, expected a list of integers", type_name(value)));
+  if (!value.is_array())
+    fail(key, fmt::format("is {}, expected a list of integers", type_name(value)));
   std::vector<std::int64_t> out;
   out.reserve(value.size());
   for (std::size_t i = 0; i < value.size(); ++i) {
@@ -153,7 +156,8 @@ std::vector<std::int64_t> ConfigReader::int_list(std::string_view key) const {
 
 ConfigReader ConfigReader::child(std::string_view key) const {
   const auto& value = raw(key);
-  return ConfigReader(value, origin_, path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key));
+  return ConfigReader(value, origin_,
+                      path_.empty() ? std::string(key) : fmt::format("{}.{}", path_, key));
 }
 
 std::optional<ConfigReader> ConfigReader::optional_child(std::string_view key) const {

@@ -22,7 +22,7 @@ class ConfigReader {
   // `object` must outlive the reader. `origin` names the document, `path` the object within it.
   ConfigReader(const nlohmann::json& object, std::string origin, std::string path = "");
 
-  bool has(std::string_view key) const;  // present and not null
+  bool has(std::string_view key) const;                   // present and not null
   const nlohmann::json& raw(std::string_view key) const;  // throws when missing
 
   std::int64_t positive_int(std::string_view key) const;
@@ -52,6 +52,7 @@ class ConfigReader {
 };
 
 // Reads `value` (at `where`) as an integer in [min, kMaxConfigInt]; throws a clear Error otherwise.
-std::int64_t read_bounded_int(const nlohmann::json& value, std::string_view where, std::int64_t min);
+std::int64_t read_bounded_int(const nlohmann::json& value, std::string_view where,
+                              std::int64_t min);
 
 }  // namespace mixkv::model

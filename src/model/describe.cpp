@@ -89,9 +89,11 @@ Drafter describe_drafter(const ConfigReader& root) {
       } else if (dflash && dflash->has("block_size")) {
         d.info.block_size = static_cast<int>(dflash->positive_int("block_size"));
       } else {
-        root.fail("block_size", "is missing; a DFlash drafter needs its block size (tokens per drafted block)");
+        root.fail("block_size",
+                  "is missing; a DFlash drafter needs its block size (tokens per drafted block)");
       }
-      if (*d.info.block_size < 2) root.fail("block_size", "must be at least 2 (an anchor and one drafted token)");
+      if (*d.info.block_size < 2)
+        root.fail("block_size", "must be at least 2 (an anchor and one drafted token)");
       if (dflash && dflash->has("target_layer_ids")) {
         d.info.target_layer_ids = to_ints(dflash->int_list("target_layer_ids"));
       } else if (root.has("target_layer_ids")) {
@@ -133,7 +135,8 @@ void check_range(std::string_view option, int value, int min, int max) {
 }
 
 // Applies --layer-kv-dtype overrides to attention layers; a pattern that matches none is an error.
-void apply_overrides(std::vector<LayerDesc>& layers, const std::vector<LayerDtypeOverride>& overrides) {
+void apply_overrides(std::vector<LayerDesc>& layers,
+                     const std::vector<LayerDtypeOverride>& overrides) {
   for (const auto& o : overrides) {
     bool matched = false;
     for (auto& layer : layers) {
@@ -147,9 +150,10 @@ void apply_overrides(std::vector<LayerDesc>& layers, const std::vector<LayerDtyp
       for (const auto& layer : layers) {
         if (is_attention(layer.kind) && examples.size() < 3) examples.push_back(layer.name);
       }
-      throw_invalid(fmt::format("--layer-kv-dtype '{}={}' matches no attention layer; attention layers "
-                                "are named like {} (globs such as 'draft.*' work)",
-                                o.pattern, to_string(o.dtype), fmt::join(examples, ", ")));
+      throw_invalid(
+          fmt::format("--layer-kv-dtype '{}={}' matches no attention layer; attention layers "
+                      "are named like {} (globs such as 'draft.*' work)",
+                      o.pattern, to_string(o.dtype), fmt::join(examples, ", ")));
     }
   }
 }
@@ -162,7 +166,8 @@ ModelDesc finalize(const std::string& model, const std::optional<std::string>& d
   desc.draft = draft_name;
   desc.tp = options.tp.value_or(1);
   check_range("--tp", desc.tp, 1, kMaxTp);
-  desc.num_spec_tokens = options.num_spec_tokens.value_or(default_spec_tokens(draft_info, draft_layers.size()));
+  desc.num_spec_tokens =
+      options.num_spec_tokens.value_or(default_spec_tokens(draft_info, draft_layers.size()));
   check_range("--num-spec-tokens", desc.num_spec_tokens, 0, kMaxSpecTokens);
   desc.draft_info = std::move(draft_info);
 
@@ -185,9 +190,10 @@ ModelDesc finalize(const std::string& model, const std::optional<std::string>& d
     std::int64_t num_target_layers = target.num_hidden_layers;
     for (int id : desc.draft_info->target_layer_ids) {
       if (id >= num_target_layers) {
-        throw_invalid(fmt::format("drafter {}: target_layer_ids names layer {}, but the target {} has {} "
-                                  "layers; the drafter was trained for another target",
-                                  draft_name.value_or("?"), id, model, num_target_layers));
+        throw_invalid(
+            fmt::format("drafter {}: target_layer_ids names layer {}, but the target {} has {} "
+                        "layers; the drafter was trained for another target",
+                        draft_name.value_or("?"), id, model, num_target_layers));
       }
     }
   }
@@ -204,9 +210,10 @@ void check_drafter_fits(const std::string& target_name, const FamilyLayers& targ
                         const ConfigReader& draft_root) {
   const auto mismatch = [&](std::string_view field, std::int64_t draft_value,
                             std::int64_t target_value) {
-    throw_invalid(fmt::format("drafter {}: {} {} differs from the target {}'s {}; the drafter was "
-                              "trained for another target",
-                              draft_name, field, draft_value, target_name, target_value));
+    throw_invalid(
+        fmt::format("drafter {}: {} {} differs from the target {}'s {}; the drafter was "
+                    "trained for another target",
+                    draft_name, field, draft_value, target_name, target_value));
   };
   // EAGLE-3's reduced draft_vocab_size maps back into vocab_size, which is what must agree.
   if (drafter.family.vocab_size && target.vocab_size &&
@@ -227,19 +234,23 @@ void check_drafter_fits(const std::string& target_name, const FamilyLayers& targ
 // Applies options to a native model file, which is already sharded and sized.
 ModelDesc adjust_native(ModelDesc desc, const DescribeOptions& options, std::string_view origin) {
   if (options.tp && *options.tp != desc.tp) {
-    throw_invalid(fmt::format("{}: this model file is already per-rank for tp {}; --tp {} cannot be "
-                              "applied to it (describe the source config with --tp instead)",
-                              origin, desc.tp, *options.tp));
+    throw_invalid(
+        fmt::format("{}: this model file is already per-rank for tp {}; --tp {} cannot be "
+                    "applied to it (describe the source config with --tp instead)",
+                    origin, desc.tp, *options.tp));
   }
   if (options.num_spec_tokens && *options.num_spec_tokens != desc.num_spec_tokens) {
-    throw_invalid(fmt::format("{}: this model file is sized for {} speculative tokens; --num-spec-tokens "
-                              "{} cannot be applied to it (describe the source config instead)",
-                              origin, desc.num_spec_tokens, *options.num_spec_tokens));
+    throw_invalid(
+        fmt::format("{}: this model file is sized for {} speculative tokens; --num-spec-tokens "
+                    "{} cannot be applied to it (describe the source config instead)",
+                    origin, desc.num_spec_tokens, *options.num_spec_tokens));
   }
   for (auto& layer : desc.layers) {
     if (is_attention(layer.kind)) {
-      auto chosen = layer.owner == Owner::kDraft ? options.draft_kv_dtype.has_value() ? options.draft_kv_dtype : options.kv_dtype
-                                                 : options.kv_dtype;
+      auto chosen =
+          layer.owner == Owner::kDraft
+              ? options.draft_kv_dtype.has_value() ? options.draft_kv_dtype : options.kv_dtype
+              : options.kv_dtype;
       if (chosen) layer.kv_dtype = *chosen;
     } else if (options.ssm_dtype) {
       for (auto& tensor : layer.state) {
@@ -254,7 +265,8 @@ ModelDesc adjust_native(ModelDesc desc, const DescribeOptions& options, std::str
 
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw_invalid(fmt::format("cannot read {}: check the path and its permissions", path.string()));
+  if (!in)
+    throw_invalid(fmt::format("cannot read {}: check the path and its permissions", path.string()));
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
@@ -267,14 +279,17 @@ ModelSource parse_model_source(std::string name, std::string origin, std::string
   try {
     doc = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    throw_invalid(fmt::format("{}: invalid JSON at byte {}; fix the file (is it truncated?)", origin, e.byte));
+    throw_invalid(fmt::format("{}: invalid JSON at byte {}; fix the file (is it truncated?)",
+                              origin, e.byte));
   } catch (const nlohmann::json::out_of_range&) {
     // The parser reports a literal such as 1e400 this way rather than as a parse_error.
     throw_invalid(
         fmt::format("{}: invalid JSON: a number is too large to represent; fix the file", origin));
   }
-  if (!doc.is_object()) throw_invalid(fmt::format("{}: expected a JSON object at the top level", origin));
-  return ModelSource{std::move(name), std::move(origin), std::make_shared<const nlohmann::json>(std::move(doc))};
+  if (!doc.is_object())
+    throw_invalid(fmt::format("{}: expected a JSON object at the top level", origin));
+  return ModelSource{std::move(name), std::move(origin),
+                     std::make_shared<const nlohmann::json>(std::move(doc))};
 }
 
 ModelSource load_model_source(std::string_view ref) {
@@ -284,23 +299,28 @@ ModelSource load_model_source(std::string_view ref) {
   if (fs::is_directory(path, ec)) {
     const fs::path config = path / "config.json";
     if (!fs::exists(config, ec)) {
-      throw_invalid(fmt::format("{} is a directory without a config.json; point at the config file", path.string()));
+      throw_invalid(fmt::format("{} is a directory without a config.json; point at the config file",
+                                path.string()));
     }
     return parse_model_source(std::string(ref), config.string(), read_file(config));
   }
-  if (fs::exists(path, ec)) return parse_model_source(std::string(ref), path.string(), read_file(path));
+  if (fs::exists(path, ec))
+    return parse_model_source(std::string(ref), path.string(), read_file(path));
   if (const auto* builtin = builtin::find_builtin(ref)) {
-    return parse_model_source(std::string(ref), fmt::format("built-in {}", ref), builtin->config_json);
+    return parse_model_source(std::string(ref), fmt::format("built-in {}", ref),
+                              builtin->config_json);
   }
-  throw_invalid(fmt::format("unknown model '{}': it is neither a built-in model (`mixkv models` lists "
-                            "them) nor an existing file or directory",
-                            ref));
+  throw_invalid(
+      fmt::format("unknown model '{}': it is neither a built-in model (`mixkv models` lists "
+                  "them) nor an existing file or directory",
+                  ref));
 }
 
 LayerDtypeOverride parse_layer_dtype_override(std::string_view text) {
   const auto eq = text.rfind('=');
   if (eq == std::string_view::npos || eq == 0 || eq + 1 == text.size()) {
-    throw_invalid(fmt::format("--layer-kv-dtype '{}' is not NAME=DTYPE (e.g. 'draft.layers.0=fp8')", text));
+    throw_invalid(
+        fmt::format("--layer-kv-dtype '{}' is not NAME=DTYPE (e.g. 'draft.layers.0=fp8')", text));
   }
   auto dtype = parse_dtype(text.substr(eq + 1));
   if (!dtype) {
@@ -315,9 +335,10 @@ ModelDesc describe(const ModelSource& target, const std::optional<ModelSource>& 
   if (is_native_model_file(*target.doc)) {
     ModelDesc desc = model_desc_from_json(*target.doc, target.origin);
     if (draft) {
-      throw_invalid(fmt::format("{}: --draft is not supported with a native model file; list the "
-                                "drafter's layers (owner \"draft\") in the file instead",
-                                target.origin));
+      throw_invalid(
+          fmt::format("{}: --draft is not supported with a native model file; list the "
+                      "drafter's layers (owner \"draft\") in the file instead",
+                      target.origin));
     }
     return adjust_native(std::move(desc), options, target.origin);
   }
@@ -329,9 +350,10 @@ ModelDesc describe(const ModelSource& target, const std::optional<ModelSource>& 
     return desc;
   }
   if (is_native_model_file(*draft->doc)) {
-    throw_invalid(fmt::format("{}: a native model file cannot be used as --draft; give the drafter's "
-                              "config.json, or one native file that lists both",
-                              draft->origin));
+    throw_invalid(
+        fmt::format("{}: a native model file cannot be used as --draft; give the drafter's "
+                    "config.json, or one native file that lists both",
+                    draft->origin));
   }
   const ConfigReader draft_root(*draft->doc, draft->origin);
   Drafter drafter = describe_drafter(draft_root);
@@ -353,14 +375,16 @@ ModelDesc describe(const ModelSource& target, const std::optional<ModelSource>& 
 
 ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options) {
   if (is_native_model_file(*target.doc)) {
-    throw_invalid(fmt::format("{}: --draft mtp needs a HuggingFace config that declares MTP layers", target.origin));
+    throw_invalid(fmt::format("{}: --draft mtp needs a HuggingFace config that declares MTP layers",
+                              target.origin));
   }
   const ConfigReader target_root(*target.doc, target.origin);
   const FamilyLayers family = describe_family(target_root);
   if (family.mtp_layers.empty()) {
-    throw_invalid(fmt::format("{}: --draft mtp, but the config declares no MTP layers "
-                              "(num_nextn_predict_layers or mtp_num_hidden_layers)",
-                              target.origin));
+    throw_invalid(
+        fmt::format("{}: --draft mtp, but the config declares no MTP layers "
+                    "(num_nextn_predict_layers or mtp_num_hidden_layers)",
+                    target.origin));
   }
   ModelDesc desc = finalize(target.name, std::string(kMtpDraft), family, family.mtp_layers,
                             DraftInfo{DraftKind::kMtp, std::nullopt, {}}, options);

@@ -26,7 +26,8 @@ DType read_model_dtype(const ConfigReader& lm, const ConfigReader& root) {
       std::string text = c->string(key);
       auto dtype = parse_dtype(text);
       if (!dtype) {
-        c->fail(key, fmt::format("is '{}', not a dtype mixkv knows (bfloat16, float16, float32)", text));
+        c->fail(key,
+                fmt::format("is '{}', not a dtype mixkv knows (bfloat16, float16, float32)", text));
       }
       return *dtype;
     }
@@ -40,7 +41,8 @@ struct AttentionShape {
 
 // num_attention_heads / num_key_value_heads / head_dim, with HF's defaults (kv = q for MHA configs,
 // head_dim = hidden_size / heads).
-AttentionShape read_attention_shape(const ConfigReader& c, std::string_view head_dim_key = "head_dim") {
+AttentionShape read_attention_shape(const ConfigReader& c,
+                                    std::string_view head_dim_key = "head_dim") {
   AttentionShape s{};
   s.q_heads = c.positive_int("num_attention_heads");
   s.kv_heads = c.optional_positive_int("num_key_value_heads").value_or(s.q_heads);
@@ -56,9 +58,10 @@ AttentionShape read_attention_shape(const ConfigReader& c, std::string_view head
     s.head_size = hidden / s.q_heads;
   }
   if (s.q_heads % s.kv_heads != 0) {
-    c.fail("num_key_value_heads", fmt::format("({}) does not divide num_attention_heads ({}); grouped-"
-                                              "query attention needs whole query groups per KV head",
-                                              s.kv_heads, s.q_heads));
+    c.fail("num_key_value_heads",
+           fmt::format("({}) does not divide num_attention_heads ({}); grouped-"
+                       "query attention needs whole query groups per KV head",
+                       s.kv_heads, s.q_heads));
   }
   return s;
 }
@@ -98,8 +101,8 @@ std::vector<LayerKind> read_layer_kinds(const ConfigReader& c, std::int64_t num_
     auto types = c.string_list(key);
     if (static_cast<std::int64_t>(types.size()) != num_layers) {
       c.fail(key, fmt::format("has {} entries but num_hidden_layers is {}; give one type "
-                                        "per layer",
-                                        types.size(), num_layers));
+                              "per layer",
+                              types.size(), num_layers));
     }
     for (std::size_t i = 0; i < types.size(); ++i) {
       auto it = names.find(types[i]);
@@ -107,7 +110,7 @@ std::vector<LayerKind> read_layer_kinds(const ConfigReader& c, std::int64_t num_
         std::vector<std::string> known;
         for (const auto& [name, kind] : names) known.push_back(name);
         c.fail(key, fmt::format("has unknown type '{}' at layer {}; this family accepts {}",
-                                          types[i], i, fmt::join(known, ", ")));
+                                types[i], i, fmt::join(known, ", ")));
       }
       kinds.push_back(it->second);
     }
@@ -195,22 +198,27 @@ FamilyLayers describe_qwen_gdn(const ConfigReader& c, const ConfigReader& root) 
   out.ssm_dtype = read_ssm_dtype(c);
   const std::int64_t num_layers = c.positive_int("num_hidden_layers");
   const AttentionShape shape = read_attention_shape(c);
-  const GdnParams gdn{c.positive_int("linear_num_key_heads"), c.positive_int("linear_num_value_heads"),
-                      c.positive_int("linear_key_head_dim"), c.positive_int("linear_value_head_dim"),
-                      c.positive_int("linear_conv_kernel_dim")};
-  const KindMap names = {{"full_attention", LayerKind::kFull}, {"linear_attention", LayerKind::kGdn}};
+  const GdnParams gdn{
+      c.positive_int("linear_num_key_heads"), c.positive_int("linear_num_value_heads"),
+      c.positive_int("linear_key_head_dim"), c.positive_int("linear_value_head_dim"),
+      c.positive_int("linear_conv_kernel_dim")};
+  const KindMap names = {{"full_attention", LayerKind::kFull},
+                         {"linear_attention", LayerKind::kGdn}};
   auto kinds = read_layer_kinds(c, num_layers, names, [&](std::int64_t i) {
     std::int64_t interval = c.positive_int("full_attention_interval");
     return (i + 1) % interval == 0 ? LayerKind::kFull : LayerKind::kGdn;
   });
   for (std::int64_t i = 0; i < num_layers; ++i) {
     if (kinds[i] == LayerKind::kGdn) {
-      out.layers.push_back(recurrent_layer(static_cast<int>(i), LayerKind::kGdn, gdn, out.model_dtype));
+      out.layers.push_back(
+          recurrent_layer(static_cast<int>(i), LayerKind::kGdn, gdn, out.model_dtype));
     } else {
-      out.layers.push_back(attention_layer(static_cast<int>(i), LayerKind::kFull, shape, out.model_dtype));
+      out.layers.push_back(
+          attention_layer(static_cast<int>(i), LayerKind::kFull, shape, out.model_dtype));
     }
   }
-  add_mtp_layers(out, mtp_layer_count(c), attention_layer(0, LayerKind::kFull, shape, out.model_dtype));
+  add_mtp_layers(out, mtp_layer_count(c),
+                 attention_layer(0, LayerKind::kFull, shape, out.model_dtype));
   return out;
 }
 
@@ -237,17 +245,21 @@ FamilyLayers describe_nemotron_h(const ConfigReader& c, const ConfigReader& root
   const std::int64_t num_layers = c.positive_int("num_hidden_layers");
   const std::string pattern = c.string("hybrid_override_pattern");
   if (static_cast<std::int64_t>(pattern.size()) != num_layers) {
-    c.fail("hybrid_override_pattern", fmt::format("has {} characters but num_hidden_layers is {}; give "
-                                                  "one character per layer",
-                                                  pattern.size(), num_layers));
+    c.fail("hybrid_override_pattern",
+           fmt::format("has {} characters but num_hidden_layers is {}; give "
+                       "one character per layer",
+                       pattern.size(), num_layers));
   }
   std::optional<AttentionShape> shape;
   std::optional<Mamba2Params> mamba;
   for (std::int64_t i = 0; i < num_layers; ++i) {
     switch (pattern[i]) {
       case '*':
-        if (!shape) shape = read_attention_shape(c, c.has("attention_head_dim") ? "attention_head_dim" : "head_dim");
-        out.layers.push_back(attention_layer(static_cast<int>(i), LayerKind::kFull, *shape, out.model_dtype));
+        if (!shape)
+          shape = read_attention_shape(
+              c, c.has("attention_head_dim") ? "attention_head_dim" : "head_dim");
+        out.layers.push_back(
+            attention_layer(static_cast<int>(i), LayerKind::kFull, *shape, out.model_dtype));
         break;
       case 'M':
         if (!mamba) {
@@ -255,16 +267,18 @@ FamilyLayers describe_nemotron_h(const ConfigReader& c, const ConfigReader& root
                                c.positive_int("ssm_state_size"), c.positive_int("n_groups"),
                                c.positive_int("conv_kernel")};
         }
-        out.layers.push_back(recurrent_layer(static_cast<int>(i), LayerKind::kMamba2, *mamba, out.model_dtype));
+        out.layers.push_back(
+            recurrent_layer(static_cast<int>(i), LayerKind::kMamba2, *mamba, out.model_dtype));
         break;
       case '-':
       case 'E':
         break;
       default:
         c.fail("hybrid_override_pattern",
-               fmt::format("has unknown character '{}' at layer {}; use M (Mamba2), * (attention), - (MLP) "
-                           "or E (MoE)",
-                           pattern[i], i));
+               fmt::format(
+                   "has unknown character '{}' at layer {}; use M (Mamba2), * (attention), - (MLP) "
+                   "or E (MoE)",
+                   pattern[i], i));
     }
   }
   return out;
@@ -278,14 +292,17 @@ FamilyLayers describe_granite_hybrid(const ConfigReader& c, const ConfigReader& 
   out.ssm_dtype = read_ssm_dtype(c);
   const std::int64_t num_layers = c.positive_int("num_hidden_layers");
   const KindMap names = {{"attention", LayerKind::kFull}, {"mamba", LayerKind::kMamba2}};
-  if (!c.has("layer_types")) c.fail("layer_types", "is missing; granitemoehybrid configs list one type per layer");
-  auto kinds = read_layer_kinds(c, num_layers, names, [](std::int64_t) { return LayerKind::kFull; });
+  if (!c.has("layer_types"))
+    c.fail("layer_types", "is missing; granitemoehybrid configs list one type per layer");
+  auto kinds =
+      read_layer_kinds(c, num_layers, names, [](std::int64_t) { return LayerKind::kFull; });
   std::optional<AttentionShape> shape;
   std::optional<Mamba2Params> mamba;
   for (std::int64_t i = 0; i < num_layers; ++i) {
     if (kinds[i] == LayerKind::kFull) {
       if (!shape) shape = read_attention_shape(c);
-      LayerTemplate t = attention_layer(static_cast<int>(i), LayerKind::kFull, *shape, out.model_dtype);
+      LayerTemplate t =
+          attention_layer(static_cast<int>(i), LayerKind::kFull, *shape, out.model_dtype);
       if (c.has("attention_multiplier")) t.desc.scale = c.positive_number("attention_multiplier");
       out.layers.push_back(std::move(t));
     } else {
@@ -294,7 +311,8 @@ FamilyLayers describe_granite_hybrid(const ConfigReader& c, const ConfigReader& 
                              c.positive_int("mamba_d_state"), c.positive_int("mamba_n_groups"),
                              c.positive_int("mamba_d_conv")};
       }
-      out.layers.push_back(recurrent_layer(static_cast<int>(i), LayerKind::kMamba2, *mamba, out.model_dtype));
+      out.layers.push_back(
+          recurrent_layer(static_cast<int>(i), LayerKind::kMamba2, *mamba, out.model_dtype));
     }
   }
   return out;
@@ -314,7 +332,8 @@ FamilyLayers describe_jamba(const ConfigReader& c, const ConfigReader& root) {
     std::int64_t period = c.positive_int("attn_layer_period");
     std::int64_t offset = c.non_negative_int("attn_layer_offset");
     if (offset >= period) {
-      c.fail("attn_layer_offset", fmt::format("({}) must be smaller than attn_layer_period ({})", offset, period));
+      c.fail("attn_layer_offset",
+             fmt::format("({}) must be smaller than attn_layer_period ({})", offset, period));
     }
     for (std::int64_t i = 0; i < num_layers; ++i) {
       kinds.push_back(i % period == offset ? LayerKind::kFull : LayerKind::kMamba1);
@@ -325,14 +344,17 @@ FamilyLayers describe_jamba(const ConfigReader& c, const ConfigReader& root) {
   for (std::int64_t i = 0; i < num_layers; ++i) {
     if (kinds[i] == LayerKind::kFull) {
       if (!shape) shape = read_attention_shape(c);
-      out.layers.push_back(attention_layer(static_cast<int>(i), LayerKind::kFull, *shape, out.model_dtype));
+      out.layers.push_back(
+          attention_layer(static_cast<int>(i), LayerKind::kFull, *shape, out.model_dtype));
     } else {
       if (!mamba) {
         std::int64_t expand = c.positive_int("mamba_expand");
         std::int64_t hidden = c.positive_int("hidden_size");
-        mamba = Mamba1Params{expand * hidden, c.positive_int("mamba_d_state"), c.positive_int("mamba_d_conv")};
+        mamba = Mamba1Params{expand * hidden, c.positive_int("mamba_d_state"),
+                             c.positive_int("mamba_d_conv")};
       }
-      out.layers.push_back(recurrent_layer(static_cast<int>(i), LayerKind::kMamba1, *mamba, out.model_dtype));
+      out.layers.push_back(
+          recurrent_layer(static_cast<int>(i), LayerKind::kMamba1, *mamba, out.model_dtype));
     }
   }
   return out;
@@ -366,7 +388,8 @@ LayerTemplate mla_layer(const ConfigReader& c, int index, DType dtype) {
   if (auto rs = c.optional_child("rope_scaling")) {
     if (rs->has("mscale_all_dim") && rs->has("factor")) {
       const auto& m = rs->raw("mscale_all_dim");
-      double mscale_all_dim = m.is_boolean() ? (m.get<bool>() ? 1.0 : 0.0) : rs->positive_number("mscale_all_dim");
+      double mscale_all_dim =
+          m.is_boolean() ? (m.get<bool>() ? 1.0 : 0.0) : rs->positive_number("mscale_all_dim");
       double ms = yarn_mscale(rs->positive_number("factor"), mscale_all_dim);
       scale *= ms * ms;
     }
@@ -380,7 +403,8 @@ FamilyLayers describe_deepseek(const ConfigReader& c, const ConfigReader& root) 
   FamilyLayers out;
   out.model_dtype = read_model_dtype(c, root);
   const std::int64_t num_layers = c.positive_int("num_hidden_layers");
-  for (std::int64_t i = 0; i < num_layers; ++i) out.layers.push_back(mla_layer(c, static_cast<int>(i), out.model_dtype));
+  for (std::int64_t i = 0; i < num_layers; ++i)
+    out.layers.push_back(mla_layer(c, static_cast<int>(i), out.model_dtype));
   add_mtp_layers(out, mtp_layer_count(c), mla_layer(c, 0, out.model_dtype));
   return out;
 }
@@ -394,8 +418,9 @@ FamilyLayers describe_kimi_linear(const ConfigReader& c, const ConfigReader& roo
   std::set<std::int64_t> full;
   for (std::int64_t one_based : lin.int_list("full_attn_layers")) {
     if (one_based < 1 || one_based > num_layers) {
-      lin.fail("full_attn_layers", fmt::format("names layer {}, outside 1..{} (these indices are 1-based)",
-                                               one_based, num_layers));
+      lin.fail("full_attn_layers",
+               fmt::format("names layer {}, outside 1..{} (these indices are 1-based)", one_based,
+                           num_layers));
     }
     full.insert(one_based - 1);
   }
@@ -414,7 +439,8 @@ FamilyLayers describe_kimi_linear(const ConfigReader& c, const ConfigReader& roo
     if (full.contains(i)) {
       out.layers.push_back(mla_layer(c, static_cast<int>(i), out.model_dtype));
     } else {
-      out.layers.push_back(recurrent_layer(static_cast<int>(i), LayerKind::kKda, kda, out.model_dtype));
+      out.layers.push_back(
+          recurrent_layer(static_cast<int>(i), LayerKind::kKda, kda, out.model_dtype));
     }
   }
   return out;
@@ -426,7 +452,9 @@ const std::map<std::string, FamilyFn, std::less<>>& families() {
   static const auto* table = [] {
     auto* t = new std::map<std::string, FamilyFn, std::less<>>;
     auto plain = [](AttentionFamily f) {
-      return [f](const ConfigReader& c, const ConfigReader& root) { return describe_attention_family(c, root, f); };
+      return [f](const ConfigReader& c, const ConfigReader& root) {
+        return describe_attention_family(c, root, f);
+      };
     };
     const AttentionFamily llama{[](const ConfigReader&, std::int64_t) { return LayerKind::kFull; }};
     const AttentionFamily mistral{[](const ConfigReader& c, std::int64_t) {
@@ -438,10 +466,12 @@ const std::map<std::string, FamilyFn, std::less<>>& families() {
       return i % 2 == 0 && has_window(c) ? LayerKind::kSliding : LayerKind::kFull;
     };
     const AttentionFamily gemma2{alternate, true, true, false};
-    const AttentionFamily gemma3{[](const ConfigReader& c, std::int64_t i) {
-      std::int64_t pattern = c.optional_positive_int("sliding_window_pattern").value_or(6);
-      return (i + 1) % pattern == 0 || !has_window(c) ? LayerKind::kFull : LayerKind::kSliding;
-    }, true, true, false};
+    const AttentionFamily gemma3{
+        [](const ConfigReader& c, std::int64_t i) {
+          std::int64_t pattern = c.optional_positive_int("sliding_window_pattern").value_or(6);
+          return (i + 1) % pattern == 0 || !has_window(c) ? LayerKind::kFull : LayerKind::kSliding;
+        },
+        true, true, false};
     const AttentionFamily gpt_oss{alternate, false, false, true};
 
     auto with_mtp = [](AttentionFamily f) {
@@ -494,16 +524,18 @@ FamilyLayers describe_family(const ConfigReader& root) {
   // Multimodal wrappers (Gemma 3, Qwen3.5) nest the language model under text_config.
   const std::optional<ConfigReader> text = root.optional_child("text_config");
   const ConfigReader& lm = text ? *text : root;
-  std::string model_type = lm.has("model_type") ? lm.string("model_type") : root.string("model_type");
+  std::string model_type =
+      lm.has("model_type") ? lm.string("model_type") : root.string("model_type");
   auto it = families().find(model_type);
   if (it == families().end() && text && root.has("model_type")) {
     model_type = root.string("model_type");
     it = families().find(model_type);
   }
   if (it == families().end()) {
-    throw_unsupported(fmt::format("{}: model_type '{}' is not supported; supported: {} (or write a "
-                                  "native mixkv model file, see docs/model-file.md)",
-                                  root.origin(), model_type, fmt::join(supported_model_types(), ", ")));
+    throw_unsupported(
+        fmt::format("{}: model_type '{}' is not supported; supported: {} (or write a "
+                    "native mixkv model file, see docs/model-file.md)",
+                    root.origin(), model_type, fmt::join(supported_model_types(), ", ")));
   }
   // The family parsers build one entry per layer, so an absurd count would exhaust memory before
   // any other check could complain; refuse it first. Non-numbers get their typed error later.
@@ -531,7 +563,8 @@ FamilyLayers describe_family(const ConfigReader& root) {
     out.max_position_embeddings = lm.optional_positive_int("model_max_length");
   }
   if (out.layers.empty()) {
-    throw_invalid(fmt::format("{}: the config describes no layer that holds a cache", root.origin()));
+    throw_invalid(
+        fmt::format("{}: the config describes no layer that holds a cache", root.origin()));
   }
   return out;
 }

@@ -26,7 +26,8 @@ struct Mamba2Params {
 struct Mamba1Params {
   std::int64_t intermediate, state_size, conv_kernel;
 };
-using RecurrentParams = std::variant<std::monostate, GdnParams, KdaParams, Mamba2Params, Mamba1Params>;
+using RecurrentParams =
+    std::variant<std::monostate, GdnParams, KdaParams, Mamba2Params, Mamba1Params>;
 
 struct LayerTemplate {
   LayerDesc desc;  // unsharded (TP 1); kv_dtype holds the model's own dtype; state empty
@@ -57,7 +58,7 @@ FamilyLayers describe_family(const ConfigReader& root);
 struct FinalizeOptions {
   int tp = 1;
   int num_spec_tokens = 0;
-  DType kv_dtype = DType::kBfloat16;   // resolved attention cache dtype for this layer
+  DType kv_dtype = DType::kBfloat16;    // resolved attention cache dtype for this layer
   DType conv_dtype = DType::kBfloat16;  // recurrent conv state
   DType ssm_dtype = DType::kBfloat16;   // recurrent temporal / SSM state
 };

@@ -20,12 +20,17 @@ struct Named {
 };
 
 constexpr std::array kLayerKinds = {
-    Named<LayerKind>{"full", LayerKind::kFull},     Named<LayerKind>{"sliding", LayerKind::kSliding},
-    Named<LayerKind>{"chunked", LayerKind::kChunked}, Named<LayerKind>{"mla", LayerKind::kMla},
-    Named<LayerKind>{"gdn", LayerKind::kGdn},       Named<LayerKind>{"kda", LayerKind::kKda},
-    Named<LayerKind>{"mamba2", LayerKind::kMamba2}, Named<LayerKind>{"mamba1", LayerKind::kMamba1},
+    Named<LayerKind>{"full", LayerKind::kFull},
+    Named<LayerKind>{"sliding", LayerKind::kSliding},
+    Named<LayerKind>{"chunked", LayerKind::kChunked},
+    Named<LayerKind>{"mla", LayerKind::kMla},
+    Named<LayerKind>{"gdn", LayerKind::kGdn},
+    Named<LayerKind>{"kda", LayerKind::kKda},
+    Named<LayerKind>{"mamba2", LayerKind::kMamba2},
+    Named<LayerKind>{"mamba1", LayerKind::kMamba1},
 };
-constexpr std::array kOwners = {Named<Owner>{"target", Owner::kTarget}, Named<Owner>{"draft", Owner::kDraft}};
+constexpr std::array kOwners = {Named<Owner>{"target", Owner::kTarget},
+                                Named<Owner>{"draft", Owner::kDraft}};
 constexpr std::array kDraftKinds = {
     Named<DraftKind>{"eagle", DraftKind::kEagle}, Named<DraftKind>{"eagle3", DraftKind::kEagle3},
     Named<DraftKind>{"mtp", DraftKind::kMtp},     Named<DraftKind>{"dflash", DraftKind::kDflash},
@@ -58,7 +63,8 @@ void check(bool ok, const LayerDesc& layer, std::string_view field, const std::s
 void validate_layer(const LayerDesc& l) {
   check(!l.name.empty(), l, "name", "is empty; give every layer a unique name");
   check(l.index >= 0, l, "index", fmt::format("is {}, expected >= 0", l.index));
-  check(std::isfinite(l.scale) && l.scale > 0, l, "scale", fmt::format("is {}, expected a positive number", l.scale));
+  check(std::isfinite(l.scale) && l.scale > 0, l, "scale",
+        fmt::format("is {}, expected a positive number", l.scale));
   check(!l.soft_cap || (std::isfinite(*l.soft_cap) && *l.soft_cap > 0), l, "soft_cap",
         "must be a positive number or null");
   check(!l.window || *l.window > 0, l, "window", "must be a positive token count or null");
@@ -72,10 +78,14 @@ void validate_layer(const LayerDesc& l) {
   check(l.kind == LayerKind::kChunked || !l.chunk.has_value(), l, "chunk",
         "is set on a layer that is not chunked; drop it or make the layer 'chunked'");
   if (is_attention(l.kind)) {
-    check(l.num_q_heads > 0, l, "num_q_heads", fmt::format("is {}, expected a positive count", l.num_q_heads));
-    check(l.num_kv_heads > 0, l, "num_kv_heads", fmt::format("is {}, expected a positive count", l.num_kv_heads));
-    check(l.head_size > 0, l, "head_size", fmt::format("is {}, expected a positive size", l.head_size));
-    check(l.head_size_v > 0, l, "head_size_v", fmt::format("is {}, expected a positive size", l.head_size_v));
+    check(l.num_q_heads > 0, l, "num_q_heads",
+          fmt::format("is {}, expected a positive count", l.num_q_heads));
+    check(l.num_kv_heads > 0, l, "num_kv_heads",
+          fmt::format("is {}, expected a positive count", l.num_kv_heads));
+    check(l.head_size > 0, l, "head_size",
+          fmt::format("is {}, expected a positive size", l.head_size));
+    check(l.head_size_v > 0, l, "head_size_v",
+          fmt::format("is {}, expected a positive size", l.head_size_v));
     check(l.num_q_heads % l.num_kv_heads == 0, l, "num_q_heads",
           fmt::format("({}) is not a multiple of num_kv_heads ({}); each KV head serves a whole "
                       "group of query heads",
@@ -84,7 +94,8 @@ void validate_layer(const LayerDesc& l) {
           "must be 1 for an MLA layer (it caches one latent vector per token)");
     check(l.kind != LayerKind::kMla || l.head_size_v <= l.head_size, l, "head_size_v",
           "must not exceed head_size for an MLA layer (the value is part of the latent)");
-    check(l.state.empty(), l, "state", "is given for an attention layer; only recurrent layers have state");
+    check(l.state.empty(), l, "state",
+          "is given for an attention layer; only recurrent layers have state");
     kv_bytes_per_token(l);  // throws on overflow
   } else {
     check(l.num_q_heads >= 0 && l.num_kv_heads >= 0 && l.head_size >= 0 && l.head_size_v >= 0, l,
@@ -94,7 +105,8 @@ void validate_layer(const LayerDesc& l) {
       check(!t.name.empty(), l, "state name", "is empty");
       check(!t.shape.empty(), l, fmt::format("state '{}' shape", t.name), "is empty");
       for (auto dim : t.shape) {
-        check(dim > 0, l, fmt::format("state '{}' shape", t.name), fmt::format("has dimension {}, expected > 0", dim));
+        check(dim > 0, l, fmt::format("state '{}' shape", t.name),
+              fmt::format("has dimension {}, expected > 0", dim));
         // The model-file reader accepts no larger number; describing such a state would print a
         // file that cannot be read back.
         check(dim <= kMaxConfigInt, l, fmt::format("state '{}' shape", t.name),
@@ -112,9 +124,13 @@ void validate_layer(const LayerDesc& l) {
 std::string_view to_string(LayerKind kind) { return name_of(kLayerKinds, kind); }
 std::string_view to_string(Owner owner) { return name_of(kOwners, owner); }
 std::string_view to_string(DraftKind kind) { return name_of(kDraftKinds, kind); }
-std::optional<LayerKind> parse_layer_kind(std::string_view text) { return value_of(kLayerKinds, text); }
+std::optional<LayerKind> parse_layer_kind(std::string_view text) {
+  return value_of(kLayerKinds, text);
+}
 std::optional<Owner> parse_owner(std::string_view text) { return value_of(kOwners, text); }
-std::optional<DraftKind> parse_draft_kind(std::string_view text) { return value_of(kDraftKinds, text); }
+std::optional<DraftKind> parse_draft_kind(std::string_view text) {
+  return value_of(kDraftKinds, text);
+}
 
 bool is_recurrent(LayerKind kind) {
   return kind == LayerKind::kGdn || kind == LayerKind::kKda || kind == LayerKind::kMamba2 ||
@@ -127,8 +143,10 @@ std::int64_t kv_bytes_per_token(const LayerDesc& layer) {
   const std::string what = fmt::format("KV bytes per token of layer {}", layer.name);
   if (layer.kind == LayerKind::kMla) return storage_bytes(layer.kv_dtype, layer.head_size);
   // K and V are stored as separate tensors, so each is rounded to whole bytes on its own.
-  std::int64_t k = storage_bytes(layer.kv_dtype, checked_mul(layer.num_kv_heads, layer.head_size, what));
-  std::int64_t v = storage_bytes(layer.kv_dtype, checked_mul(layer.num_kv_heads, layer.head_size_v, what));
+  std::int64_t k =
+      storage_bytes(layer.kv_dtype, checked_mul(layer.num_kv_heads, layer.head_size, what));
+  std::int64_t v =
+      storage_bytes(layer.kv_dtype, checked_mul(layer.num_kv_heads, layer.head_size_v, what));
   return checked_add(k, v, what);
 }
 
@@ -144,9 +162,11 @@ std::int64_t state_bytes(const LayerDesc& layer) {
 }
 
 void validate(const ModelDesc& desc) {
-  if (desc.tp < 1) throw_invalid(fmt::format("model {}: tp is {}, expected >= 1", desc.model, desc.tp));
+  if (desc.tp < 1)
+    throw_invalid(fmt::format("model {}: tp is {}, expected >= 1", desc.model, desc.tp));
   if (desc.num_spec_tokens < 0) {
-    throw_invalid(fmt::format("model {}: num_spec_tokens is {}, expected >= 0", desc.model, desc.num_spec_tokens));
+    throw_invalid(fmt::format("model {}: num_spec_tokens is {}, expected >= 0", desc.model,
+                              desc.num_spec_tokens));
   }
   if (desc.layers.empty()) throw_invalid(fmt::format("model {}: it has no layers", desc.model));
   std::set<std::string> names;
@@ -154,12 +174,14 @@ void validate(const ModelDesc& desc) {
   for (const auto& layer : desc.layers) {
     validate_layer(layer);
     if (!names.insert(layer.name).second) {
-      throw_invalid(fmt::format("model {}: layer name '{}' appears twice; names must be unique", desc.model, layer.name));
+      throw_invalid(fmt::format("model {}: layer name '{}' appears twice; names must be unique",
+                                desc.model, layer.name));
     }
     any_draft = any_draft || layer.owner == Owner::kDraft;
   }
   if (!any_draft && desc.draft_info) {
-    throw_invalid(fmt::format("model {}: draft information is given but no layer is owned by the draft", desc.model));
+    throw_invalid(fmt::format(
+        "model {}: draft information is given but no layer is owned by the draft", desc.model));
   }
 }
 

@@ -51,7 +51,8 @@ DType read_dtype(const ConfigReader& c, std::string_view key) {
   std::string text = c.string(key);
   auto dtype = parse_dtype(text);
   if (!dtype) {
-    c.fail(key, fmt::format("is '{}', not a known dtype; use one of {}", text, fmt::join(dtype_names(), ", ")));
+    c.fail(key, fmt::format("is '{}', not a known dtype; use one of {}", text,
+                            fmt::join(dtype_names(), ", ")));
   }
   return *dtype;
 }
@@ -61,8 +62,8 @@ int read_int(const ConfigReader& c, std::string_view key, std::int64_t min) {
 }
 
 template <typename Enum>
-Enum read_enum(const ConfigReader& c, std::string_view key, std::optional<Enum> (*parse)(std::string_view),
-               std::string_view allowed) {
+Enum read_enum(const ConfigReader& c, std::string_view key,
+               std::optional<Enum> (*parse)(std::string_view), std::string_view allowed) {
   std::string text = c.string(key);
   auto value = parse(text);
   if (!value) c.fail(key, fmt::format("is '{}'; expected one of {}", text, allowed));
@@ -157,13 +158,15 @@ json to_json(const ModelDesc& desc) {
 }
 
 bool is_native_model_file(const json& doc) {
-  return doc.is_object() && (doc.contains("format") || (doc.contains("layers") && !doc.contains("model_type")));
+  return doc.is_object() &&
+         (doc.contains("format") || (doc.contains("layers") && !doc.contains("model_type")));
 }
 
 ModelDesc model_desc_from_json(const json& doc, std::string_view origin) {
   ConfigReader c(doc, std::string(origin));
   if (c.has("format") && c.string("format") != kModelFileFormat) {
-    c.fail("format", fmt::format("is '{}'; this mixkv reads '{}'", c.string("format"), kModelFileFormat));
+    c.fail("format",
+           fmt::format("is '{}'; this mixkv reads '{}'", c.string("format"), kModelFileFormat));
   }
   ModelDesc desc;
   desc.model = c.optional_string("model").value_or(std::string(origin));
@@ -172,10 +175,12 @@ ModelDesc model_desc_from_json(const json& doc, std::string_view origin) {
   desc.num_spec_tokens = c.has("num_spec_tokens") ? read_int(c, "num_spec_tokens", 0) : 0;
   if (auto info = c.optional_child("draft_info")) {
     DraftInfo d;
-    d.kind = read_enum<DraftKind>(*info, "kind", parse_draft_kind, "eagle, eagle3, mtp, dflash, model");
+    d.kind =
+        read_enum<DraftKind>(*info, "kind", parse_draft_kind, "eagle, eagle3, mtp, dflash, model");
     if (info->has("block_size")) d.block_size = read_int(*info, "block_size", 2);
     if (info->has("target_layer_ids")) {
-      for (auto id : info->int_list("target_layer_ids")) d.target_layer_ids.push_back(static_cast<int>(id));
+      for (auto id : info->int_list("target_layer_ids"))
+        d.target_layer_ids.push_back(static_cast<int>(id));
     }
     desc.draft_info = std::move(d);
   }
@@ -183,7 +188,8 @@ ModelDesc model_desc_from_json(const json& doc, std::string_view origin) {
   const json& layers = c.raw("layers");
   if (!layers.is_array()) c.fail("layers", "must be a list of layer objects");
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    desc.layers.push_back(layer_from_json(ConfigReader(layers[i], std::string(origin), fmt::format("layers[{}]", i))));
+    desc.layers.push_back(layer_from_json(
+        ConfigReader(layers[i], std::string(origin), fmt::format("layers[{}]", i))));
   }
   try {
     validate(desc);

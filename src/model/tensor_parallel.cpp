@@ -1,7 +1,8 @@
 // Sharding one layer for a tensor-parallel rank and sizing its recurrent state. Shard rules follow
-// how serving engines split these layers (vLLM's QKV-parallel linear and MambaStateShapeCalculator):
-// query heads split evenly; KV heads split evenly, or are replicated (one per rank) when there are
-// fewer KV heads than ranks; linear-attention and Mamba heads and conv channels split evenly.
+// how serving engines split these layers (vLLM's QKV-parallel linear and
+// MambaStateShapeCalculator): query heads split evenly; KV heads split evenly, or are replicated
+// (one per rank) when there are fewer KV heads than ranks; linear-attention and Mamba heads and
+// conv channels split evenly.
 #include <fmt/format.h>
 
 #include "layer_template.hpp"
@@ -13,9 +14,10 @@ namespace {
 
 std::int64_t split(const LayerDesc& layer, std::string_view what, std::int64_t value, int tp) {
   if (value % tp != 0) {
-    throw_invalid(fmt::format("layer {} ({}): {} = {} does not divide evenly over --tp {}; choose a "
-                              "tensor-parallel size that divides {}",
-                              layer.name, to_string(layer.kind), what, value, tp, value));
+    throw_invalid(
+        fmt::format("layer {} ({}): {} = {} does not divide evenly over --tp {}; choose a "
+                    "tensor-parallel size that divides {}",
+                    layer.name, to_string(layer.kind), what, value, tp, value));
   }
   return value / tp;
 }
@@ -23,9 +25,10 @@ std::int64_t split(const LayerDesc& layer, std::string_view what, std::int64_t v
 std::int64_t shard_kv_heads(const LayerDesc& layer, std::int64_t kv_heads, int tp) {
   if (kv_heads >= tp) return split(layer, "num_kv_heads", kv_heads, tp);
   if (tp % kv_heads != 0) {
-    throw_invalid(fmt::format("layer {}: {} KV heads cannot be replicated over --tp {}: the "
-                              "tensor-parallel size must be a multiple of the KV head count",
-                              layer.name, kv_heads, tp));
+    throw_invalid(
+        fmt::format("layer {}: {} KV heads cannot be replicated over --tp {}: the "
+                    "tensor-parallel size must be a multiple of the KV head count",
+                    layer.name, kv_heads, tp));
   }
   return 1;  // each rank holds one replicated KV head
 }
@@ -83,10 +86,11 @@ LayerDesc finalize_layer(const LayerTemplate& t, const FinalizeOptions& o) {
     if (m->n_groups % tp == 0) {
       groups_per_rank = m->n_groups / tp;
     } else if (m->n_groups != 1) {
-      throw_invalid(fmt::format("layer {} (mamba2): n_groups = {} does not divide evenly over --tp {} "
-                                "(only a single group can be replicated); choose a tensor-parallel "
-                                "size that divides {}",
-                                d.name, m->n_groups, tp, m->n_groups));
+      throw_invalid(
+          fmt::format("layer {} (mamba2): n_groups = {} does not divide evenly over --tp {} "
+                      "(only a single group can be replicated); choose a tensor-parallel "
+                      "size that divides {}",
+                      d.name, m->n_groups, tp, m->n_groups));
     }
     const std::int64_t inner = checked_mul(heads, m->head_dim, "Mamba2 inner size");
     const std::int64_t channels = checked_add(
@@ -97,8 +101,8 @@ LayerDesc finalize_layer(const LayerTemplate& t, const FinalizeOptions& o) {
     d.state = {{"conv", {conv_rows(m->conv_kernel, rows_extra), channels}, o.conv_dtype},
                {"ssm", {heads, m->head_dim, m->state_size}, o.ssm_dtype}};
   } else if (const auto* m1 = std::get_if<Mamba1Params>(&t.recurrent)) {
-    const std::int64_t inner = split(d, "mamba intermediate size (mamba_expand x hidden_size)",
-                                     m1->intermediate, tp);
+    const std::int64_t inner =
+        split(d, "mamba intermediate size (mamba_expand x hidden_size)", m1->intermediate, tp);
     d.num_q_heads = d.num_kv_heads = 0;
     d.head_size = d.head_size_v = 0;
     d.state = {{"conv", {conv_rows(m1->conv_kernel, rows_extra), inner}, o.conv_dtype},

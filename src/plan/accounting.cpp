@@ -13,8 +13,8 @@ namespace {
 std::int64_t round_up(std::int64_t v, std::int64_t to) { return ceil_div(v, to) * to; }
 
 // Adds one request's waste in `group` at `request_len` to `waste`.
-void add_group_waste(const Layout& layout, const PlannedGroup& g, std::int64_t request_len, int spec_tokens,
-                     Waste& waste) {
+void add_group_waste(const Layout& layout, const PlannedGroup& g, std::int64_t request_len,
+                     int spec_tokens, Waste& waste) {
   const std::int64_t blocks = blocks_needed(g, request_len, spec_tokens);
   std::int64_t padded = 0, real = 0, per_token = 0;
   for (const auto& l : g.layers) {
@@ -41,8 +41,8 @@ void add_group_waste(const Layout& layout, const PlannedGroup& g, std::int64_t r
   waste.block_tail += (data_blocks * g.block_size - kept) * per_token;
 }
 
-std::int64_t longest_request_that_fits(const Layout& layout, std::int64_t num_blocks, std::int64_t max_len,
-                                       int spec_tokens) {
+std::int64_t longest_request_that_fits(const Layout& layout, std::int64_t num_blocks,
+                                       std::int64_t max_len, int spec_tokens) {
   if (blocks_per_request(layout, 1, spec_tokens) > num_blocks) return 0;
   std::int64_t lo = 1, hi = max_len;
   while (lo < hi) {
@@ -71,19 +71,21 @@ CachePlan finish_plan(const model::ModelDesc& desc, const PlanOptions& options, 
   const int k = desc.num_spec_tokens;
 
   const std::int64_t num_blocks = options.memory_bytes / layout.unit_bytes;
-  plan.pools.push_back(Pool{0, *std::max_element(layout.tensor_pages.begin(), layout.tensor_pages.end()), num_blocks});
+  plan.pools.push_back(Pool{
+      0, *std::max_element(layout.tensor_pages.begin(), layout.tensor_pages.end()), num_blocks});
   plan.pool_remainder_bytes = options.memory_bytes - num_blocks * layout.unit_bytes;
 
   const std::int64_t fits = longest_request_that_fits(layout, num_blocks, options.max_model_len, k);
   plan.max_model_len_that_fits = fits;
   if (fits < options.max_model_len) {
-    const std::int64_t needed = checked_mul(blocks_per_request(layout, options.max_model_len, k), layout.unit_bytes,
-                                            "bytes for one request");
-    throw_invalid(fmt::format("one request of max_model_len {} tokens needs {:.2f} GiB of KV cache under the {} "
-                              "policy, more than the {:.2f} GiB available; the longest request that fits is {} "
-                              "tokens: lower --max-model-len to it or give more memory",
-                              options.max_model_len, double(needed) / double(1 << 30), to_string(options.policy),
-                              double(options.memory_bytes) / double(1 << 30), fits));
+    const std::int64_t needed = checked_mul(blocks_per_request(layout, options.max_model_len, k),
+                                            layout.unit_bytes, "bytes for one request");
+    throw_invalid(fmt::format(
+        "one request of max_model_len {} tokens needs {:.2f} GiB of KV cache under the {} "
+        "policy, more than the {:.2f} GiB available; the longest request that fits is {} "
+        "tokens: lower --max-model-len to it or give more memory",
+        options.max_model_len, double(needed) / double(1 << 30), to_string(options.policy),
+        double(options.memory_bytes) / double(1 << 30), fits));
   }
 
   // Tensors: slot i of each group lives in tensor `layer.tensor`.
@@ -110,7 +112,8 @@ CachePlan finish_plan(const model::ModelDesc& desc, const PlanOptions& options, 
       out.layers.push_back(l.spec->layer);
       out.page_bytes = std::max(out.page_bytes, l.padded_page);
       out.real_page_bytes = std::max(out.real_page_bytes, l.real_page);
-      out.placement.push_back(LayerPlacement{l.spec->layer, l.tensor, l.offset, l.real_page, l.kernel_stride});
+      out.placement.push_back(
+          LayerPlacement{l.spec->layer, l.tensor, l.offset, l.real_page, l.kernel_stride});
     }
     out.blocks_per_request = blocks_needed(g, options.request_len, k);
     allocated += out.blocks_per_request * layout.unit_bytes;
@@ -126,12 +129,14 @@ CachePlan finish_plan(const model::ModelDesc& desc, const PlanOptions& options, 
   c.physical_bytes_per_request = physical_bytes_per_request(desc, options.request_len);
   c.physical_limit = double(options.memory_bytes) / double(c.physical_bytes_per_request);
   c.efficiency = c.max_concurrency / c.physical_limit;
-  c.at_max_model_len = double(num_blocks) / double(blocks_per_request(layout, options.max_model_len, k));
+  c.at_max_model_len =
+      double(num_blocks) / double(blocks_per_request(layout, options.max_model_len, k));
 
   if (allocated != c.physical_bytes_per_request + plan.waste_per_request.total()) {
-    throw_internal(fmt::format("plan accounting is inconsistent: {} bytes allocated per request, {} physical + {} "
-                               "waste",
-                               allocated, c.physical_bytes_per_request, plan.waste_per_request.total()));
+    throw_internal(fmt::format(
+        "plan accounting is inconsistent: {} bytes allocated per request, {} physical + {} "
+        "waste",
+        allocated, c.physical_bytes_per_request, plan.waste_per_request.total()));
   }
   return plan;
 }

@@ -76,18 +76,22 @@ std::int64_t physical_bytes_per_request(const model::ModelDesc& desc, std::int64
   for (const auto& layer : desc.layers) {
     const LayerSpec spec = layer_spec(layer);
     if (spec.behaviour == Behaviour::kRecurrent) {
-      total = checked_add(total, checked_mul(spec.state_bytes, 1 + desc.num_spec_tokens, "state bytes"),
-                          "physical bytes per request");
+      total =
+          checked_add(total, checked_mul(spec.state_bytes, 1 + desc.num_spec_tokens, "state bytes"),
+                      "physical bytes per request");
     } else {
       const std::int64_t tokens =
-          ceil_div(tokens_kept(spec, request_len, desc.num_spec_tokens), kTokenGranularity) * kTokenGranularity;
-      total = checked_add(total, checked_mul(tokens, spec.bytes_per_token, "KV bytes"), "physical bytes per request");
+          ceil_div(tokens_kept(spec, request_len, desc.num_spec_tokens), kTokenGranularity) *
+          kTokenGranularity;
+      total = checked_add(total, checked_mul(tokens, spec.bytes_per_token, "KV bytes"),
+                          "physical bytes per request");
     }
   }
   return total;
 }
 
-std::int64_t blocks_for(const LayerSpec& spec, std::int64_t block_size, std::int64_t request_len, int spec_tokens) {
+std::int64_t blocks_for(const LayerSpec& spec, std::int64_t block_size, std::int64_t request_len,
+                        int spec_tokens) {
   if (spec.behaviour == Behaviour::kRecurrent) return 1 + spec_tokens;
   const std::int64_t all = ceil_div(request_len, block_size);
   if (spec.behaviour == Behaviour::kAllTokens) return all;

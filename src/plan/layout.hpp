@@ -35,7 +35,8 @@ struct Layout {
 };
 
 // Blocks a layer of `spec` needs for one request with `block_size`-token blocks.
-std::int64_t blocks_for(const LayerSpec& spec, std::int64_t block_size, std::int64_t request_len, int spec_tokens);
+std::int64_t blocks_for(const LayerSpec& spec, std::int64_t block_size, std::int64_t request_len,
+                        int spec_tokens);
 // Blocks one group needs for one request.
 std::int64_t blocks_needed(const PlannedGroup& group, std::int64_t request_len, int spec_tokens);
 std::int64_t blocks_per_request(const Layout& layout, std::int64_t request_len, int spec_tokens);
@@ -44,9 +45,10 @@ std::int64_t blocks_per_request(const Layout& layout, std::int64_t request_len, 
 // not fit (naming the longest that does).
 CachePlan finish_plan(const model::ModelDesc& desc, const PlanOptions& options, Layout layout);
 
-Layout vllm_layout(const model::ModelDesc& desc, const PlanOptions& options, const std::vector<LayerSpec>& specs);
-Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options, const std::vector<LayerSpec>& specs,
-                    std::int64_t vllm_unit_hint);
+Layout vllm_layout(const model::ModelDesc& desc, const PlanOptions& options,
+                   const std::vector<LayerSpec>& specs);
+Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
+                    const std::vector<LayerSpec>& specs, std::int64_t vllm_unit_hint);
 
 // 16-token granularity of the physical limit.
 inline constexpr std::int64_t kTokenGranularity = 16;

@@ -42,7 +42,8 @@ struct ClassChoice {
 // can split into uniformly strided kernel pages: kernel page k of a layer sits at k * (B / r)
 // with r kernel pages per block, so B must be a multiple of r.
 std::optional<BlockChoice> best_block(std::int64_t unit, std::int64_t bytes_per_block_token,
-                                      const attn::KernelPageRule& rule, std::optional<std::int64_t> user_block) {
+                                      const attn::KernelPageRule& rule,
+                                      std::optional<std::int64_t> user_block) {
   const std::int64_t max_tokens = unit / bytes_per_block_token;
   if (user_block) {
     if (*user_block > max_tokens) return std::nullopt;
@@ -66,21 +67,24 @@ std::optional<BlockChoice> best_block(std::int64_t unit, std::int64_t bytes_per_
   return best;
 }
 
-std::optional<ClassChoice> choose_attention(const LayerClass& c, std::int64_t unit, std::int64_t request_len,
-                                            int spec_tokens, std::optional<std::int64_t> user_block) {
+std::optional<ClassChoice> choose_attention(const LayerClass& c, std::int64_t unit,
+                                            std::int64_t request_len, int spec_tokens,
+                                            std::optional<std::int64_t> user_block) {
   std::optional<ClassChoice> best;
   const auto n = static_cast<std::int64_t>(c.layers.size());
   for (std::int64_t per_group = 1; per_group <= n; ++per_group) {
     auto block = best_block(unit, per_group * c.bytes_per_token, c.rule, user_block);
     if (!block) break;  // more layers per group only shrink the block
     const std::int64_t groups = ceil_div(n, per_group);
-    const std::int64_t blocks = groups * blocks_for(*c.layers[0], block->block, request_len, spec_tokens);
+    const std::int64_t blocks =
+        groups * blocks_for(*c.layers[0], block->block, request_len, spec_tokens);
     if (!best || blocks <= best->blocks) best = ClassChoice{per_group, groups, *block, blocks};
   }
   return best;
 }
 
-std::optional<ClassChoice> choose_recurrent(const LayerClass& c, std::int64_t unit, int spec_tokens) {
+std::optional<ClassChoice> choose_recurrent(const LayerClass& c, std::int64_t unit,
+                                            int spec_tokens) {
   const auto n = static_cast<std::int64_t>(c.layers.size());
   const std::int64_t per_group = std::min(n, unit / c.state_bytes);
   if (per_group == 0) return std::nullopt;
@@ -96,18 +100,19 @@ struct Candidate {
   bool fits_max_len = false;
 };
 
-std::optional<Candidate> evaluate(const std::vector<LayerClass>& classes, std::int64_t unit, const PlanOptions& o,
-                                  int spec_tokens) {
+std::optional<Candidate> evaluate(const std::vector<LayerClass>& classes, std::int64_t unit,
+                                  const PlanOptions& o, int spec_tokens) {
   Candidate cand;
   cand.unit = unit;
   std::int64_t blocks_at_max = 0;
   for (const auto& c : classes) {
-    auto choice = c.attention() ? choose_attention(c, unit, o.request_len, spec_tokens, o.block_size)
-                                : choose_recurrent(c, unit, spec_tokens);
+    auto choice = c.attention()
+                      ? choose_attention(c, unit, o.request_len, spec_tokens, o.block_size)
+                      : choose_recurrent(c, unit, spec_tokens);
     if (!choice) return std::nullopt;
     cand.blocks += choice->blocks;
-    blocks_at_max += c.attention() ? choice->groups * blocks_for(*c.layers[0], choice->block.block, o.max_model_len,
-                                                                 spec_tokens)
+    blocks_at_max += c.attention() ? choice->groups * blocks_for(*c.layers[0], choice->block.block,
+                                                                 o.max_model_len, spec_tokens)
                                    : choice->blocks;
     cand.choices.push_back(*choice);
   }
@@ -124,11 +129,13 @@ std::vector<LayerClass> classify(const model::ModelDesc& desc, const PlanOptions
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const LayerSpec& s = specs[i];
     attn::KernelPageRule rule;
-    if (s.behaviour != Behaviour::kRecurrent) rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
+    if (s.behaviour != Behaviour::kRecurrent)
+      rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
     auto same = [&](const LayerClass& c) {
       const LayerSpec& f = *c.layers[0];
-      return c.behaviour == s.behaviour && c.bytes_per_token == s.bytes_per_token && c.state_bytes == s.state_bytes &&
-             f.window == s.window && f.chunk == s.chunk && c.rule == rule;
+      return c.behaviour == s.behaviour && c.bytes_per_token == s.bytes_per_token &&
+             c.state_bytes == s.state_bytes && f.window == s.window && f.chunk == s.chunk &&
+             c.rule == rule;
     };
     auto it = std::find_if(classes.begin(), classes.end(), same);
     if (it == classes.end()) {
@@ -158,7 +165,8 @@ std::set<std::int64_t> candidate_units(const std::vector<LayerClass>& classes, c
   if (largest_state > 0) {
     for (const auto& r : classes) {
       if (r.attention()) continue;
-      for (std::int64_t states = 1; states <= static_cast<std::int64_t>(r.layers.size()); ++states) {
+      for (std::int64_t states = 1; states <= static_cast<std::int64_t>(r.layers.size());
+           ++states) {
         const std::int64_t base = states * r.state_bytes;
         add(base);
         add(ceil_div(base, kAlign) * kAlign);
@@ -185,8 +193,8 @@ std::set<std::int64_t> candidate_units(const std::vector<LayerClass>& classes, c
 
 }  // namespace
 
-Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options, const std::vector<LayerSpec>& specs,
-                    std::int64_t vllm_unit_hint) {
+Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
+                    const std::vector<LayerSpec>& specs, std::int64_t vllm_unit_hint) {
   const std::vector<LayerClass> classes = classify(desc, options, specs);
   std::vector<Candidate> candidates;
   double hint_score = 0;
@@ -197,9 +205,10 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options, co
     candidates.push_back(std::move(*cand));
   }
   if (candidates.empty()) {
-    throw_invalid(fmt::format("--policy mixkv: no block size fits {} B of memory for this model with the {} backend; "
-                              "give more memory (every group needs at least one block per request)",
-                              options.memory_bytes, attn::to_string(options.backend)));
+    throw_invalid(fmt::format(
+        "--policy mixkv: no block size fits {} B of memory for this model with the {} backend; "
+        "give more memory (every group needs at least one block per request)",
+        options.memory_bytes, attn::to_string(options.backend)));
   }
   // Plans that hold a max_model_len request first; then the most requests. Within kScoreTolerance
   // of the best, prefer fewer blocks per request: the block tables the manager and kernels walk
@@ -209,7 +218,8 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options, co
   constexpr double kPhysicalFloor = 0.96;
   const double physical_limit =
       double(options.memory_bytes) / double(physical_bytes_per_request(desc, options.request_len));
-  const bool any_fits = std::any_of(candidates.begin(), candidates.end(), [](const Candidate& c) { return c.fits_max_len; });
+  const bool any_fits = std::any_of(candidates.begin(), candidates.end(),
+                                    [](const Candidate& c) { return c.fits_max_len; });
   double best_score = 0;
   for (const auto& c : candidates) {
     if (c.fits_max_len == any_fits) best_score = std::max(best_score, c.score);
@@ -237,10 +247,12 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options, co
       // Kernel pages of every layer interleave in r sub-rows of B / r bytes.
       const std::int64_t sub_rows = c.attention() ? choice.block.block / choice.block.kernel : 1;
       std::int64_t j = 0;
-      for (std::size_t li = gi; li < c.layers.size(); li += choice.groups, ++j) {  // strided, as vLLM
+      for (std::size_t li = gi; li < c.layers.size();
+           li += choice.groups, ++j) {  // strided, as vLLM
         PlannedLayer p;
         p.spec = c.layers[li];
-        p.real_page = p.padded_page = c.attention() ? choice.block.block * c.bytes_per_token : c.state_bytes;
+        p.real_page = p.padded_page =
+            c.attention() ? choice.block.block * c.bytes_per_token : c.state_bytes;
         p.tensor = 0;
         p.offset = c.attention() ? j * choice.block.kernel * c.bytes_per_token : j * c.state_bytes;
         p.kernel_stride = best->unit / sub_rows;

@@ -22,7 +22,8 @@ json waste_json(const Waste& w) {
 
 json to_json(const CachePlan& plan) {
   json pools = json::array();
-  for (const auto& p : plan.pools) pools.push_back({{"id", p.id}, {"page_bytes", p.page_bytes}, {"num_blocks", p.num_blocks}});
+  for (const auto& p : plan.pools)
+    pools.push_back({{"id", p.id}, {"page_bytes", p.page_bytes}, {"num_blocks", p.num_blocks}});
   json groups = json::array();
   for (const auto& g : plan.groups) {
     json placement = json::array();
@@ -48,13 +49,15 @@ json to_json(const CachePlan& plan) {
                       {"placement", std::move(placement)}});
   }
   json tensors = json::array();
-  for (const auto& t : plan.tensors) tensors.push_back({{"pool", t.pool}, {"bytes", t.bytes}, {"shared_by", t.shared_by}});
+  for (const auto& t : plan.tensors)
+    tensors.push_back({{"pool", t.pool}, {"bytes", t.bytes}, {"shared_by", t.shared_by}});
   const Concurrency& c = plan.concurrency;
   // Totals at full occupancy: per-request waste times the requests the pool holds.
   json waste = waste_json(plan.waste_per_request);
   json waste_total = json::object();
   for (auto& [key, value] : waste.items()) {
-    waste_total[key] = static_cast<std::int64_t>(double(value.get<std::int64_t>()) * c.max_concurrency);
+    waste_total[key] =
+        static_cast<std::int64_t>(double(value.get<std::int64_t>()) * c.max_concurrency);
   }
   waste_total["pool_remainder"] = plan.pool_remainder_bytes;
   return {{"schema_version", kPlanSchemaVersion},

@@ -32,7 +32,8 @@ TEST(AttentionGroups, SlidingAndFullLayersNeverShareAFlashinferBuilder) {
     const auto groups = build_attention_groups(desc, make(desc, policy));
     for (const auto& g : groups) {
       for (const auto& name : g.layers) {
-        const auto& layer = *std::find_if(desc.layers.begin(), desc.layers.end(), [&](const auto& l) { return l.name == name; });
+        const auto& layer = *std::find_if(desc.layers.begin(), desc.layers.end(),
+                                          [&](const auto& l) { return l.name == name; });
         EXPECT_EQ(attention_params(layer).window_left, g.params.window_left) << name;
         EXPECT_EQ(layer.sinks, g.params.sinks) << name;
       }
@@ -76,7 +77,8 @@ TEST(AttentionGroups, MhaDraftGetsAKernelPageFromItsOwnHeads) {
     EXPECT_EQ(draft.params.num_kv_heads, 10);
     EXPECT_NE(draft.id, target.id);
     const auto& draft_layer = desc.layers.back();
-    EXPECT_TRUE(kernel_page_rule(Backend::kFlashinfer, draft_layer, model_traits(desc)).accepts(draft.kernel_block_size));
+    EXPECT_TRUE(kernel_page_rule(Backend::kFlashinfer, draft_layer, model_traits(desc))
+                    .accepts(draft.kernel_block_size));
     EXPECT_NE(draft.kernel_path.find("GQA 1"), std::string::npos);
     EXPECT_NE(target.kernel_path.find("GQA 6"), std::string::npos);
   }
@@ -97,7 +99,8 @@ TEST(AttentionGroups, VllmGroupWithTwoDtypesFailsValidationNamingTheLayers) {
        "kv_dtype": "bfloat16"},
       {"name": "b", "owner": "target", "index": 1, "kind": "full", "num_q_heads": 8, "num_kv_heads": 2, "head_size": 64,
        "kv_dtype": "float16"}]})";
-  const auto desc = model::describe(model::parse_model_source("mixed", "mixed.json", text), std::nullopt, {});
+  const auto desc =
+      model::describe(model::parse_model_source("mixed", "mixed.json", text), std::nullopt, {});
   plan::PlanOptions o;
   o.policy = plan::Policy::kVllm;
   o.memory_bytes = kGiB;
@@ -147,7 +150,8 @@ TEST(AttentionGroupErrors, NonCausalLayerOnAnMlaOnlyBackendNamesTheLayer) {
        "head_size": 576, "head_size_v": 512},
       {"name": "d", "owner": "draft", "index": 0, "kind": "mla", "num_q_heads": 16, "num_kv_heads": 1,
        "head_size": 576, "head_size_v": 512, "causal": false}]})";
-  const auto desc = model::describe(model::parse_model_source("m", "m.json", text), std::nullopt, {});
+  const auto desc =
+      model::describe(model::parse_model_source("m", "m.json", text), std::nullopt, {});
   plan::PlanOptions o;
   o.backend = Backend::kFlashMla;
   o.memory_bytes = std::int64_t{1} << 30;

@@ -40,8 +40,8 @@ TEST(DescribeCommand, TableFoldsIdenticalLayersIntoOneRow) {
 }
 
 TEST(DescribeCommand, JsonOutputParsesAndHonoursOptions) {
-  Result r = run_cli({"describe", "qwen3-next-80b-a3b", "--tp", "4", "--num-spec-tokens", "2", "--kv-dtype",
-                      "fp8", "--json"});
+  Result r = run_cli({"describe", "qwen3-next-80b-a3b", "--tp", "4", "--num-spec-tokens", "2",
+                      "--kv-dtype", "fp8", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["tp"], 4);
@@ -52,8 +52,8 @@ TEST(DescribeCommand, JsonOutputParsesAndHonoursOptions) {
 }
 
 TEST(DescribeCommand, DraftAndLayerOverride) {
-  Result r = run_cli({"describe", "qwen3.5-27b", "--draft", "dflash-qwen3.5-27b", "--layer-kv-dtype",
-                      "draft.*=fp8", "--json"});
+  Result r = run_cli({"describe", "qwen3.5-27b", "--draft", "dflash-qwen3.5-27b",
+                      "--layer-kv-dtype", "draft.*=fp8", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layers"].back()["kv_dtype"], "fp8_e4m3");
@@ -91,7 +91,8 @@ TEST(ModelsCommand, ListsTargetsDraftersAndPairings) {
 }
 
 TEST(Cli, HelpForEveryCommandExitsZero) {
-  for (auto args : std::vector<std::vector<std::string>>{{"--help"}, {"describe", "--help"}, {"models", "--help"}}) {
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"describe", "--help"}, {"models", "--help"}}) {
     Result r = run_cli(args);
     EXPECT_EQ(r.status, 0);
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;

@@ -23,8 +23,8 @@ TEST(DType, AliasesParseToCanonicalTypes) {
 }
 
 TEST(DType, CanonicalNamesRoundTrip) {
-  for (DType d : {DType::kBfloat16, DType::kFloat16, DType::kFloat32, DType::kFp8E4m3, DType::kFp8E5m2,
-                  DType::kNvfp4}) {
+  for (DType d : {DType::kBfloat16, DType::kFloat16, DType::kFloat32, DType::kFp8E4m3,
+                  DType::kFp8E5m2, DType::kNvfp4}) {
     EXPECT_EQ(parse_dtype(to_string(d)), d);
   }
   EXPECT_EQ(to_string(DType::kFp8E4m3), "fp8_e4m3");

@@ -21,8 +21,8 @@ struct Built {
   Geometry geometry;
 };
 
-Built build(model::ModelDesc desc, plan::Policy policy, attn::Backend backend = attn::Backend::kFlashinfer,
-            std::int64_t memory = 40 * kGiB) {
+Built build(model::ModelDesc desc, plan::Policy policy,
+            attn::Backend backend = attn::Backend::kFlashinfer, std::int64_t memory = 40 * kGiB) {
   plan::PlanOptions o;
   o.policy = policy;
   o.backend = backend;
@@ -38,7 +38,8 @@ Built build(model::ModelDesc desc, plan::Policy policy, attn::Backend backend = 
 TEST(Geometry, PaddedQwen3NextPageSplitsIntoUniformKernelPages) {
   model::DescribeOptions d;
   d.num_spec_tokens = 2;
-  const Built b = build(testing::describe_builtin("qwen3-next-80b-a3b", {}, d), plan::Policy::kVllm);
+  const Built b =
+      build(testing::describe_builtin("qwen3-next-80b-a3b", {}, d), plan::Policy::kVllm);
   const LayerGeometry& full = b.geometry.layer("layers.3");
   EXPECT_EQ(b.geometry.tensors[full.tensor].page_stride, 1'146'880);
   EXPECT_EQ(full.kernel_tokens, 16);
@@ -65,7 +66,8 @@ TEST(Geometry, SlotMappingMatchesManagerBlockArithmetic) {
     const TokenLocation loc = locate_token(full, blocks, pos);
     EXPECT_EQ(loc.slot, blocks[static_cast<std::size_t>(pos / 544)] * 544 + pos % 544) << pos;
   }
-  testing::expect_error([&] { locate_token(full, blocks, 2 * 544); }, ErrorCode::kInvalidInput, {"outside"});
+  testing::expect_error([&] { locate_token(full, blocks, 2 * 544); }, ErrorCode::kInvalidInput,
+                        {"outside"});
 }
 
 // For every layer and token of random requests: distinct byte ranges inside the layer's tensor
@@ -84,20 +86,24 @@ void check_request_geometry(const Built& b, std::mt19937_64& rng, const std::str
     }
     std::vector<std::int64_t> blocks(chosen.begin(), chosen.end());
     std::shuffle(blocks.begin(), blocks.end(), rng);
-    const std::int64_t tokens =
-        recurrent ? 0 : std::uniform_int_distribution<std::int64_t>(1, n_blocks * kv_group.block_size)(rng);
-    std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> used;  // tensor -> byte ranges
+    const std::int64_t tokens = recurrent ? 0
+                                          : std::uniform_int_distribution<std::int64_t>(
+                                                1, n_blocks * kv_group.block_size)(rng);
+    std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>>
+        used;  // tensor -> byte ranges
     for (const auto& name : kv_group.layers) {
       const LayerGeometry& l = b.geometry.layer(name);
       const std::int64_t page = b.geometry.tensors[l.tensor].page_stride;
       std::vector<std::pair<std::int64_t, std::int64_t>> mine;
       if (recurrent) {
-        for (auto blk : blocks) mine.emplace_back(l.offset + blk * page, l.offset + blk * page + l.state_bytes);
+        for (auto blk : blocks)
+          mine.emplace_back(l.offset + blk * page, l.offset + blk * page + l.state_bytes);
       } else {
         for (std::int64_t pos = 0; pos < tokens; ++pos) {
           const TokenLocation loc = locate_token(l, blocks, pos);
           const std::int64_t blk = blocks[static_cast<std::size_t>(pos / l.block_tokens)];
-          for (auto [begin, len] : {std::pair{loc.k_offset, l.k_token_bytes}, std::pair{loc.v_offset, l.v_token_bytes}}) {
+          for (auto [begin, len] : {std::pair{loc.k_offset, l.k_token_bytes},
+                                    std::pair{loc.v_offset, l.v_token_bytes}}) {
             if (len == 0) continue;
             EXPECT_GE(begin, blk * page);
             EXPECT_LE(begin + len, (blk + 1) * page);  // inside its manager page
@@ -110,7 +116,8 @@ void check_request_geometry(const Built& b, std::mt19937_64& rng, const std::str
       std::vector<std::pair<std::int64_t, std::int64_t>> sent;
       for (const auto& d : transfer_descriptors(l, blocks, tokens)) {
         EXPECT_EQ(d.tensor, l.tensor);
-        for (std::int64_t i = 0; i < d.count; ++i) sent.emplace_back(d.base + i * d.stride, d.base + i * d.stride + d.length);
+        for (std::int64_t i = 0; i < d.count; ++i)
+          sent.emplace_back(d.base + i * d.stride, d.base + i * d.stride + d.length);
       }
       auto merge = [](std::vector<std::pair<std::int64_t, std::int64_t>> v) {
         std::sort(v.begin(), v.end());
@@ -142,8 +149,9 @@ TEST(GeometryProperties, EveryTokenHasItsOwnBytesAndTransfersMatchKernels) {
     for (auto policy : {plan::Policy::kVllm, plan::Policy::kMixkv}) {
       for (auto backend : {attn::Backend::kFlashinfer, attn::Backend::kCpu}) {
         const Built b = build(plan::testing::describe_pair(pair), policy, backend, 80 * kGiB);
-        check_request_geometry(b, rng, pair.label() + " " + std::string(plan::to_string(policy)) + " " +
-                                           std::string(attn::to_string(backend)));
+        check_request_geometry(b, rng,
+                               pair.label() + " " + std::string(plan::to_string(policy)) + " " +
+                                   std::string(attn::to_string(backend)));
       }
     }
   }
@@ -164,8 +172,9 @@ TEST(GeometryErrors, PaddingThatDoesNotDivideIntoKernelPagesIsAClearError) {
   const auto groups = attn::build_attention_groups(desc, plan);
   // Pad every page by 8 bytes: 544 tokens in 17 kernel pages of 32 no longer share one stride.
   for (auto& t : plan.tensors) t.bytes += 8 * plan.pools[0].num_blocks;
-  testing::expect_error([&] { make_geometry(desc, plan, groups); }, ErrorCode::kInvalidInput,
-                        {"layers.3", "does not split evenly into 17 kernel pages", "uneven padding"});
+  testing::expect_error(
+      [&] { make_geometry(desc, plan, groups); }, ErrorCode::kInvalidInput,
+      {"layers.3", "does not split evenly into 17 kernel pages", "uneven padding"});
 }
 
 }  // namespace

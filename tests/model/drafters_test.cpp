@@ -59,12 +59,13 @@ TEST(DflashDrafter, QwenEightBDrafterReadsBlockAndTargetLayers) {
 }
 
 ModelSource dflash_source(std::string_view extra_fields) {
-  const std::string text = std::string(R"({"model_type": "qwen3", "architectures": ["DFlashDraftModel"],
+  const std::string text =
+      std::string(R"({"model_type": "qwen3", "architectures": ["DFlashDraftModel"],
       "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
       "block_size": 8, "sliding_window": 2048,
       "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
       "dflash_config": {"target_layer_ids": [1, 2]})") +
-                           std::string(extra_fields) + "}";
+      std::string(extra_fields) + "}";
   return parse_model_source("dflash-test", "dflash-test.json", text);
 }
 
@@ -157,7 +158,8 @@ TEST(MtpDrafter, DeepseekDeclaresOneMlaLayerAfterItsLast) {
 }
 
 TEST(MtpDrafter, QwenAndGlmMtpLayersAreFullAttention) {
-  for (auto [target, index, q] : {std::tuple{"qwen3.5-27b", 64, 24}, std::tuple{"glm-4.5-air", 46, 96}}) {
+  for (auto [target, index, q] :
+       {std::tuple{"qwen3.5-27b", 64, 24}, std::tuple{"glm-4.5-air", 46, 96}}) {
     const ModelDesc d = describe_builtin(target, kMtpDraft);
     auto draft = draft_layers(d);
     ASSERT_EQ(draft.size(), 1u) << target;
@@ -169,7 +171,8 @@ TEST(MtpDrafter, QwenAndGlmMtpLayersAreFullAttention) {
 }
 
 TEST(MtpDrafter, TargetWithoutMtpLayersIsAnError) {
-  testing::expect_error([] { describe_builtin("llama-3.1-8b", kMtpDraft); }, ErrorCode::kInvalidInput,
+  testing::expect_error([] { describe_builtin("llama-3.1-8b", kMtpDraft); },
+                        ErrorCode::kInvalidInput,
                         {"declares no MTP layers", "num_nextn_predict_layers"});
 }
 
@@ -183,8 +186,8 @@ TEST(PlainDraftModel, AnySupportedModelCanDraft) {
 
 TEST(DrafterTargetLayers, MustExistInTheTarget) {
   // The Qwen3.5 DFlash drafter taps layers up to 61; Qwen3-8B has 36 layers.
-  testing::expect_error([] { describe_builtin("qwen3-8b", "dflash-qwen3.5-27b"); }, ErrorCode::kInvalidInput,
-                        {"target_layer_ids", "layer 46", "36 layers"});
+  testing::expect_error([] { describe_builtin("qwen3-8b", "dflash-qwen3.5-27b"); },
+                        ErrorCode::kInvalidInput, {"target_layer_ids", "layer 46", "36 layers"});
 }
 
 TEST(DrafterTensorParallel, DraftHeadsShardLikeTheTarget) {

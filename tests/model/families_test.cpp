@@ -145,7 +145,8 @@ TEST(Gemma3, FiveLocalOneGlobalWithScaleFromQueryPreAttnScalar) {
 }
 
 TEST(Gemma3, PatternRuleAppliesWithoutLayerTypes) {
-  const ModelDesc d = describe_text(R"({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
+  const ModelDesc d =
+      describe_text(R"({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text",
       "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
       "sliding_window": 512, "sliding_window_pattern": 6, "query_pre_attn_scalar": 64}})");
   EXPECT_EQ(indices(layers_of(d, LayerKind::kFull)), (std::vector<int>{5, 11}));
@@ -153,7 +154,8 @@ TEST(Gemma3, PatternRuleAppliesWithoutLayerTypes) {
 }
 
 TEST(Llama, AllFullAttentionWithHeadDimFromHiddenSize) {
-  for (auto [name, layers, q] : {std::tuple{"llama-3.1-8b", 32u, 32}, std::tuple{"llama-3.1-70b", 80u, 64}}) {
+  for (auto [name, layers, q] :
+       {std::tuple{"llama-3.1-8b", 32u, 32}, std::tuple{"llama-3.1-70b", 80u, 64}}) {
     const ModelDesc d = describe_builtin(name);
     ASSERT_EQ(d.layers.size(), layers) << name;
     for (const auto& l : d.layers) {
@@ -263,7 +265,8 @@ TEST(KimiLinear, OneBasedFullLayersAreMlaAndTheRestKda) {
   auto kda = layers_of(d, LayerKind::kKda);
   ASSERT_EQ(kda.size(), 20u);
   EXPECT_EQ(state_named(*kda.front(), "q_conv").shape, (std::vector<std::int64_t>{3, 4096}));
-  EXPECT_EQ(state_named(*kda.front(), "recurrent").shape, (std::vector<std::int64_t>{32, 128, 128}));
+  EXPECT_EQ(state_named(*kda.front(), "recurrent").shape,
+            (std::vector<std::int64_t>{32, 128, 128}));
   EXPECT_NEAR(layers_of(d, LayerKind::kMla).front()->scale, 1.0 / std::sqrt(192.0), 1e-12);
 }
 
@@ -277,9 +280,10 @@ TEST(Glm45Air, FullAttentionGqa96Over8) {
 
 TEST(SupportedTypes, IncludeEveryRequiredFamily) {
   auto types = supported_model_types();
-  for (std::string_view family : {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt_oss",
-                                  "qwen3_next", "qwen3_5", "nemotron_h", "granitemoehybrid", "jamba",
-                                  "deepseek_v3", "kimi_linear", "glm4_moe"}) {
+  for (std::string_view family :
+       {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "gpt_oss", "qwen3_next",
+        "qwen3_5", "nemotron_h", "granitemoehybrid", "jamba", "deepseek_v3", "kimi_linear",
+        "glm4_moe"}) {
     EXPECT_NE(std::find(types.begin(), types.end(), family), types.end()) << family;
   }
 }

@@ -29,9 +29,9 @@ TEST(ModelJson, ContractKeysArePresentWithTheirTypes) {
   ASSERT_EQ(j["layers"].size(), 48u);
   const json& gdn = j["layers"][0];
   const json& full = j["layers"][3];
-  for (const char* key : {"name", "owner", "index", "kind", "num_q_heads", "num_kv_heads", "head_size",
-                          "head_size_v", "window", "chunk", "soft_cap", "scale", "sinks", "causal", "kv_dtype",
-                          "state"}) {
+  for (const char* key :
+       {"name", "owner", "index", "kind", "num_q_heads", "num_kv_heads", "head_size", "head_size_v",
+        "window", "chunk", "soft_cap", "scale", "sinks", "causal", "kv_dtype", "state"}) {
     EXPECT_TRUE(full.contains(key)) << key;
   }
   EXPECT_EQ(full["owner"], "target");
@@ -43,7 +43,8 @@ TEST(ModelJson, ContractKeysArePresentWithTheirTypes) {
   EXPECT_EQ(full["kv_dtype"], "bfloat16");
   EXPECT_EQ(gdn["kind"], "gdn");
   EXPECT_EQ(gdn["state"][0], (json{{"name", "conv"}, {"shape", {3, 8192}}, {"dtype", "bfloat16"}}));
-  EXPECT_EQ(gdn["state"][1], (json{{"name", "temporal"}, {"shape", {32, 128, 128}}, {"dtype", "bfloat16"}}));
+  EXPECT_EQ(gdn["state"][1],
+            (json{{"name", "temporal"}, {"shape", {32, 128, 128}}, {"dtype", "bfloat16"}}));
 }
 
 TEST(ModelJson, DrafterFieldsAreReported) {
@@ -71,7 +72,8 @@ TEST(ModelJson, EveryBuiltinPairRoundTripsThroughTheNativeFile) {
       std::optional<std::string_view> draft_ref;
       if (draft) draft_ref = *draft;
       const ModelDesc desc = describe_refs(target, draft_ref, options);
-      EXPECT_EQ(round_trip(desc), desc) << target << " + " << draft.value_or("none") << " tp " << tp;
+      EXPECT_EQ(round_trip(desc), desc)
+          << target << " + " << draft.value_or("none") << " tp " << tp;
     }
   }
 }
@@ -85,7 +87,8 @@ TEST(ModelJson, SyntheticNativeFileDescribesAnyMix) {
                                  {"name": "ssm", "shape": [8, 64, 16], "dtype": "float32"}]},
       {"name": "c", "owner": "draft", "index": 0, "kind": "full", "num_q_heads": 8, "num_kv_heads": 8,
        "head_size": 128, "head_size_v": 64, "causal": false, "sinks": true, "soft_cap": 30.0}]})";
-  const ModelDesc d = describe(parse_model_source("synthetic", "synthetic.json", text), std::nullopt, {});
+  const ModelDesc d =
+      describe(parse_model_source("synthetic", "synthetic.json", text), std::nullopt, {});
   ASSERT_EQ(d.layers.size(), 3u);
   EXPECT_EQ(d.layers[0].kind, LayerKind::kChunked);
   EXPECT_EQ(d.layers[0].kv_dtype, DType::kFp8E4m3);

@@ -29,17 +29,18 @@ TEST(TensorParallel, KvHeadsReplicatedWhenFewerThanRanks) {
 }
 
 TEST(TensorParallel, QueryHeadsThatDoNotDivideAreAnError) {
-  testing::expect_error([] { describe_builtin("qwen3.5-27b", {}, tp(16)); }, ErrorCode::kInvalidInput,
-                        {"layers.3", "num_q_heads = 24", "--tp 16"});
+  testing::expect_error([] { describe_builtin("qwen3.5-27b", {}, tp(16)); },
+                        ErrorCode::kInvalidInput, {"layers.3", "num_q_heads = 24", "--tp 16"});
 }
 
 TEST(TensorParallel, KvHeadsThatCannotBeReplicatedAreAnError) {
   // 8 query heads over 8 ranks fit, but 3 KV heads can be neither split nor replicated.
   testing::expect_error(
       [] {
-        testing::describe_text(R"({"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 24,
+        testing::describe_text(
+            R"({"model_type": "llama", "num_hidden_layers": 1, "num_attention_heads": 24,
             "num_key_value_heads": 3, "head_dim": 64})",
-                               tp(8));
+            tp(8));
       },
       ErrorCode::kInvalidInput, {"3 KV heads", "--tp 8"});
 }
@@ -66,13 +67,14 @@ TEST(TensorParallel, SingleMamba2GroupIsReplicatedOnEveryRank) {
 }
 
 TEST(TensorParallel, Mamba2GroupsThatDoNotSplitAreAnError) {
-  testing::expect_error([] { describe_builtin("nemotron-h-8b", {}, tp(16)); }, ErrorCode::kInvalidInput,
-                        {"n_groups = 8", "--tp 16"});
+  testing::expect_error([] { describe_builtin("nemotron-h-8b", {}, tp(16)); },
+                        ErrorCode::kInvalidInput, {"n_groups = 8", "--tp 16"});
 }
 
 TEST(TensorParallel, GdnHeadsThatDoNotDivideAreAnError) {
   // Qwen3-Next has 16 query heads, so tp 32 fails on the first attention layer or GDN layer.
-  testing::expect_error([] { describe_builtin("qwen3-next-80b-a3b", {}, tp(32)); }, ErrorCode::kInvalidInput,
+  testing::expect_error([] { describe_builtin("qwen3-next-80b-a3b", {}, tp(32)); },
+                        ErrorCode::kInvalidInput,
                         {"layers.0", "linear_num_key_heads = 16", "--tp 32"});
 }
 

@@ -18,7 +18,8 @@ TEST(MemorySize, UnitsAreBinaryOrDecimalAsWritten) {
 
 TEST(MemorySize, NonsenseIsAnErrorWithAnExample) {
   for (const char* bad : {"", "GiB", "40XB", "4.0.0G", "-5GiB", "0", "1e30"}) {
-    mixkv::testing::expect_error([&] { parse_memory_size(bad); }, ErrorCode::kInvalidInput, {"memory size"});
+    mixkv::testing::expect_error([&] { parse_memory_size(bad); }, ErrorCode::kInvalidInput,
+                                 {"memory size"});
   }
 }
 
@@ -34,11 +35,12 @@ TEST(GpuBudget, SubtractsTheWeightEstimatePerRank) {
 
 TEST(GpuBudget, ModelThatDoesNotFitAndUnknownGpuAreErrors) {
   const auto desc = mixkv::testing::describe_builtin("deepseek-v3");
-  mixkv::testing::expect_error([&] { budget_for_gpu(find_gpu("h100"), 0.9, desc); }, ErrorCode::kInvalidInput,
-                               {"does not fit", "--tp"});
-  mixkv::testing::expect_error([] { find_gpu("a100"); }, ErrorCode::kInvalidInput, {"unknown GPU 'a100'", "h200"});
-  mixkv::testing::expect_error([&] { budget_for_gpu(find_gpu("h100"), 1.5, desc); }, ErrorCode::kInvalidInput,
-                               {"utilization"});
+  mixkv::testing::expect_error([&] { budget_for_gpu(find_gpu("h100"), 0.9, desc); },
+                               ErrorCode::kInvalidInput, {"does not fit", "--tp"});
+  mixkv::testing::expect_error([] { find_gpu("a100"); }, ErrorCode::kInvalidInput,
+                               {"unknown GPU 'a100'", "h200"});
+  mixkv::testing::expect_error([&] { budget_for_gpu(find_gpu("h100"), 1.5, desc); },
+                               ErrorCode::kInvalidInput, {"utilization"});
 }
 
 }  // namespace

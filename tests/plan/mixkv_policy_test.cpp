@@ -56,8 +56,8 @@ TEST(MixkvPolicy, FlashmlaServesOnlyMlaLayers) {
   o.backend = attn::Backend::kFlashMla;
   const CachePlan plan = make_plan(desc, o);
   for (const auto& g : plan.groups) EXPECT_EQ(g.kernel_block_size, 64);
-  mixkv::testing::expect_error([&] { make_plan(mixkv::testing::describe_builtin("qwen3-8b"), o); }, ErrorCode::kInvalidInput,
-                        {"flashmla", "layers.0"});
+  mixkv::testing::expect_error([&] { make_plan(mixkv::testing::describe_builtin("qwen3-8b"), o); },
+                               ErrorCode::kInvalidInput, {"flashmla", "layers.0"});
 }
 
 TEST(MixkvPolicy, UserBlockSizeIsHonoured) {
@@ -67,19 +67,23 @@ TEST(MixkvPolicy, UserBlockSizeIsHonoured) {
   const CachePlan plan = make_plan(desc, o);
   for (const auto& g : plan.groups) EXPECT_EQ(g.block_size, 64);
   o.block_size = 24;
-  mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput, {"--block-size 24"});
+  mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput,
+                               {"--block-size 24"});
   o.block_size = 16;
   o.backend = attn::Backend::kFlashMla;
-  mixkv::testing::expect_error([&] { make_plan(mixkv::testing::describe_builtin("deepseek-v3"), o); },
-                               ErrorCode::kInvalidInput, {"--block-size 16", "flashmla", "layers.0", "64"});
+  mixkv::testing::expect_error(
+      [&] { make_plan(mixkv::testing::describe_builtin("deepseek-v3"), o); },
+      ErrorCode::kInvalidInput, {"--block-size 16", "flashmla", "layers.0", "64"});
 }
 
 TEST(PlanOptionsCheck, BadMemoryAndLengthsAreErrors) {
   const auto desc = mixkv::testing::describe_builtin("qwen3-8b");
-  mixkv::testing::expect_error([&] { make_plan(desc, options(Policy::kMixkv, 0)); }, ErrorCode::kInvalidInput, {"--memory"});
+  mixkv::testing::expect_error([&] { make_plan(desc, options(Policy::kMixkv, 0)); },
+                               ErrorCode::kInvalidInput, {"--memory"});
   PlanOptions o = options(Policy::kMixkv);
   o.request_len = 0;
-  mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput, {"--request-len"});
+  mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput,
+                               {"--request-len"});
 }
 
 }  // namespace

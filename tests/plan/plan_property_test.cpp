@@ -13,7 +13,9 @@ namespace mixkv::plan {
 namespace {
 
 model::ModelDesc random_model(std::mt19937_64& rng) {
-  auto pick = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
   model::ModelDesc desc;
   desc.model = "random";
   desc.num_spec_tokens = static_cast<int>(pick(0, 4));
@@ -31,11 +33,13 @@ model::ModelDesc random_model(std::mt19937_64& rng) {
     if (choice == 0) l.kind = model::LayerKind::kFull;
     if (choice == 1) l.kind = model::LayerKind::kSliding, l.window = pick(64, 4096);
     if (choice == 2) l.kind = model::LayerKind::kChunked, l.chunk = pick(256, 8192);
-    if (choice == 3) l.kind = model::LayerKind::kMla, l.num_kv_heads = 1, l.head_size = 576, l.head_size_v = 512;
+    if (choice == 3)
+      l.kind = model::LayerKind::kMla, l.num_kv_heads = 1, l.head_size = 576, l.head_size_v = 512;
     if (choice == 4) {
       l.kind = model::LayerKind::kGdn;
-      l.state = {{"conv", {3 + desc.num_spec_tokens, 64 * pick(8, 128)}, DType::kBfloat16},
-                 {"temporal", {pick(1, 32), 128, 128}, pick(0, 1) ? DType::kFloat32 : DType::kBfloat16}};
+      l.state = {
+          {"conv", {3 + desc.num_spec_tokens, 64 * pick(8, 128)}, DType::kBfloat16},
+          {"temporal", {pick(1, 32), 128, 128}, pick(0, 1) ? DType::kFloat32 : DType::kBfloat16}};
     }
     shapes.push_back(l);
   }
@@ -59,8 +63,10 @@ TEST(PlanProperties, RandomModelsGiveExecutablePlansUnderBothPolicies) {
     const model::ModelDesc desc = random_model(rng);
     PlanOptions o;
     o.memory_bytes = std::int64_t{1} << std::uniform_int_distribution<int>(28, 36)(rng);
-    o.request_len = std::uniform_int_distribution<std::int64_t>(1, *desc.facts.max_position_embeddings)(rng);
-    o.backend = std::array{attn::Backend::kFlashinfer, attn::Backend::kFlashAttn, attn::Backend::kCpu}[iteration % 3];
+    o.request_len =
+        std::uniform_int_distribution<std::int64_t>(1, *desc.facts.max_position_embeddings)(rng);
+    o.backend = std::array{attn::Backend::kFlashinfer, attn::Backend::kFlashAttn,
+                           attn::Backend::kCpu}[iteration % 3];
     for (Policy policy : {Policy::kVllm, Policy::kMixkv}) {
       o.policy = policy;
       const std::string label = fmt::format("iteration {} {}: {}", iteration, to_string(policy),

@@ -47,7 +47,8 @@ inline model::ModelDesc describe_pair(const Pair& p) {
 }
 
 // Invariants every plan keeps, whatever the policy.
-inline void expect_plan_invariants(const model::ModelDesc& desc, const CachePlan& plan, const std::string& label) {
+inline void expect_plan_invariants(const model::ModelDesc& desc, const CachePlan& plan,
+                                   const std::string& label) {
   SCOPED_TRACE(label);
   std::int64_t tensor_bytes = 0;
   for (const auto& t : plan.tensors) tensor_bytes += t.bytes;
@@ -74,7 +75,8 @@ inline void expect_plan_invariants(const model::ModelDesc& desc, const CachePlan
   EXPECT_GT((c.max_requests + 1) * c.blocks_per_request, plan.pools[0].num_blocks - 1);
 
   // Allocated bytes per request = physical bytes + named waste.
-  EXPECT_EQ(c.blocks_per_request * plan.block_unit_bytes, c.physical_bytes_per_request + plan.waste_per_request.total());
+  EXPECT_EQ(c.blocks_per_request * plan.block_unit_bytes,
+            c.physical_bytes_per_request + plan.waste_per_request.total());
   EXPECT_EQ(c.physical_bytes_per_request, physical_bytes_per_request(desc, plan.request_len));
 
   // Layers of one group never overlap inside a block, and stay inside it: kernel page k of a layer
@@ -85,7 +87,8 @@ inline void expect_plan_invariants(const model::ModelDesc& desc, const CachePlan
     if (!recurrent) {
       EXPECT_EQ(g.block_size % g.kernel_block_size, 0) << "group " << g.id;
     }
-    std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>> ranges;  // tensor -> [begin, end)
+    std::map<int, std::vector<std::pair<std::int64_t, std::int64_t>>>
+        ranges;  // tensor -> [begin, end)
     for (const auto& p : g.placement) {
       const std::int64_t piece = p.bytes / sub_pages;
       EXPECT_EQ(piece * sub_pages, p.bytes);
@@ -94,7 +97,8 @@ inline void expect_plan_invariants(const model::ModelDesc& desc, const CachePlan
                                       p.offset_bytes + k * p.kernel_page_stride_bytes + piece);
       }
       const std::int64_t tensor_page = plan.tensors.at(p.tensor).bytes / plan.pools[0].num_blocks;
-      EXPECT_EQ(p.kernel_page_stride_bytes * sub_pages, tensor_page) << p.layer << " kernel pages are not uniformly strided";
+      EXPECT_EQ(p.kernel_page_stride_bytes * sub_pages, tensor_page)
+          << p.layer << " kernel pages are not uniformly strided";
     }
     for (auto& [tensor, rs] : ranges) {
       std::sort(rs.begin(), rs.end());

@@ -12,7 +12,8 @@ namespace mixkv::plan {
 namespace {
 
 constexpr std::int64_t kGiB = std::int64_t{1} << 30;
-// Enough for one max-length request of every built-in (Llama 3.1 70B at 131,072 tokens needs 40 GiB).
+// Enough for one max-length request of every built-in (Llama 3.1 70B at 131,072 tokens needs 40
+// GiB).
 constexpr std::int64_t kMemory = 80 * kGiB;
 
 class PolicySweep : public ::testing::TestWithParam<attn::Backend> {};
@@ -23,7 +24,8 @@ TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
     const model::ModelDesc desc = testing::describe_pair(pair);
     const std::int64_t max_len = *desc.facts.max_position_embeddings;
     for (std::int64_t len : {std::int64_t{256}, std::int64_t{2500}, std::int64_t{32768}, max_len}) {
-      const std::string label = fmt::format("{} on {} at {} tokens", pair.label(), attn::to_string(backend), len);
+      const std::string label =
+          fmt::format("{} on {} at {} tokens", pair.label(), attn::to_string(backend), len);
       PlanOptions o;
       o.backend = backend;
       o.memory_bytes = kMemory;
@@ -36,7 +38,9 @@ TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
       try {
         vllm = make_plan(desc, o);
       } catch (const Error& e) {
-        ADD_FAILURE() << label << ": vllm policy failed (allowed, but none of the built-ins should): " << e.what();
+        ADD_FAILURE() << label
+                      << ": vllm policy failed (allowed, but none of the built-ins should): "
+                      << e.what();
       }
       if (vllm) {
         testing::expect_plan_invariants(desc, *vllm, label + " (vllm)");
@@ -50,7 +54,8 @@ TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PolicySweep,
-                         ::testing::Values(attn::Backend::kFlashinfer, attn::Backend::kFlashAttn, attn::Backend::kCpu),
+                         ::testing::Values(attn::Backend::kFlashinfer, attn::Backend::kFlashAttn,
+                                           attn::Backend::kCpu),
                          [](const auto& info) {
                            std::string name(attn::to_string(info.param));
                            std::erase(name, '-');

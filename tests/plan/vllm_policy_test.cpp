@@ -46,7 +46,8 @@ TEST(VllmPolicy, Qwen3NextAttentionBlockIs544TokensAndPage1114112) {
   EXPECT_EQ(gdn.real_page_bytes, 1'097'728);
   // 16,384 B of padding on 1,097,728 B: 1.49%.
   bool padding_reported = false;
-  for (const auto& w : plan.warnings) padding_reported = padding_reported || w.find("1.49%") != std::string::npos;
+  for (const auto& w : plan.warnings)
+    padding_reported = padding_reported || w.find("1.49%") != std::string::npos;
   EXPECT_TRUE(padding_reported);
   ASSERT_EQ(plan.groups.size(), 4u);
   for (const auto& g : plan.groups) EXPECT_EQ(g.layers.size(), 12u);
@@ -87,7 +88,8 @@ TEST(VllmPolicy, MtpLayerMakesGroupsOfThirteenWithThreePaddingLayers) {
     doc["num_nextn_predict_layers"] = 1;
     model::DescribeOptions d;
     d.num_spec_tokens = 1;
-    return model::describe_mtp(model::parse_model_source("qwen3-next+mtp", "qwen3-next+mtp", doc.dump()), d);
+    return model::describe_mtp(
+        model::parse_model_source("qwen3-next+mtp", "qwen3-next+mtp", doc.dump()), d);
   }();
   const CachePlan plan = make_plan(desc, vllm_options());
   EXPECT_EQ(first_group(plan, Behaviour::kAllTokens).page_bytes, 1'114'112);
@@ -95,7 +97,8 @@ TEST(VllmPolicy, MtpLayerMakesGroupsOfThirteenWithThreePaddingLayers) {
   EXPECT_EQ(plan.tensors.size(), 13u);
   EXPECT_EQ(plan.pools[0].num_blocks, 2965);
   bool padding_warned = false;
-  for (const auto& w : plan.warnings) padding_warned = padding_warned || w.find("3 padding layers") != std::string::npos;
+  for (const auto& w : plan.warnings)
+    padding_warned = padding_warned || w.find("3 padding layers") != std::string::npos;
   EXPECT_TRUE(padding_warned);
   // 3 GDN groups of 12 leave one empty slot each in every block.
   EXPECT_GT(plan.waste_per_request.padding_layers, 0);
@@ -110,7 +113,8 @@ TEST(VllmPolicy, MhaDraftSetsTheCommonPageAndPadsRecurrentPagesSeveralFold) {
   EXPECT_GE(gdn.page_bytes, 4 * gdn.real_page_bytes);
   bool factor_printed = false;
   for (const auto& w : plan.warnings) {
-    factor_printed = factor_printed || (w.find("factor") != std::string::npos && w.find("draft.layers.0") != std::string::npos);
+    factor_printed = factor_printed || (w.find("factor") != std::string::npos &&
+                                        w.find("draft.layers.0") != std::string::npos);
   }
   EXPECT_TRUE(factor_printed);
 }
@@ -133,8 +137,9 @@ TEST(VllmPolicy, OneMoreDraftLayerKeepsGroupsWhole) {
 }
 
 TEST(VllmPolicy, MemoryTooSmallNamesTheLongestRequestThatFits) {
-  mixkv::testing::expect_error([] { make_plan(qwen3_next(), vllm_options(2 * kGiB)); }, ErrorCode::kInvalidInput,
-                        {"max_model_len 262144", "longest request that fits is"});
+  mixkv::testing::expect_error([] { make_plan(qwen3_next(), vllm_options(2 * kGiB)); },
+                               ErrorCode::kInvalidInput,
+                               {"max_model_len 262144", "longest request that fits is"});
 }
 
 TEST(VllmPolicy, PagesThatDoNotDivideNameBothLayers) {
@@ -142,10 +147,12 @@ TEST(VllmPolicy, PagesThatDoNotDivideNameBothLayers) {
       {"name": "a", "owner": "target", "index": 0, "kind": "full", "num_q_heads": 8, "num_kv_heads": 2, "head_size": 64},
       {"name": "b", "owner": "target", "index": 1, "kind": "sliding", "window": 512, "num_q_heads": 9, "num_kv_heads": 3,
        "head_size": 64}]})";
-  const auto desc = model::describe(model::parse_model_source("odd", "odd.json", text), std::nullopt, {});
+  const auto desc =
+      model::describe(model::parse_model_source("odd", "odd.json", text), std::nullopt, {});
   PlanOptions o = vllm_options();
   o.max_model_len = 4096;
-  mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput, {"layer a", "layer b", "does not divide"});
+  mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput,
+                               {"layer a", "layer b", "does not divide"});
 }
 
 }  // namespace
