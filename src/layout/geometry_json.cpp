@@ -1,5 +1,7 @@
 #include "mixkv/geometry_json.hpp"
 
+#include "core/json_optional.hpp"
+
 namespace mixkv::layout {
 
 using nlohmann::json;
@@ -15,7 +17,7 @@ json to_json(const std::vector<attn::AttentionGroup>& groups) {
                    {"kernel_block_size", g.kernel_block_size},
                    {"kv_dtype", to_string(p.kv_dtype)},
                    {"window_left", p.window_left},
-                   {"soft_cap", p.soft_cap ? json(*p.soft_cap) : json(nullptr)},
+                   {"soft_cap", json_or_null(p.soft_cap)},
                    {"scale", p.scale},
                    {"sinks", p.sinks},
                    {"causal", p.causal},

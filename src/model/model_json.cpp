@@ -2,6 +2,8 @@
 // new keys may be added, never renamed.
 #include "mixkv/model_json.hpp"
 
+#include "core/json_optional.hpp"
+
 #include <cmath>
 #include <limits>
 
@@ -16,11 +18,6 @@ namespace {
 
 using nlohmann::json;
 
-template <typename T>
-json nullable(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
-}
-
 json layer_to_json(const LayerDesc& l) {
   json state = json::array();
   for (const auto& t : l.state) {
@@ -34,9 +31,9 @@ json layer_to_json(const LayerDesc& l) {
           {"num_kv_heads", l.num_kv_heads},
           {"head_size", l.head_size},
           {"head_size_v", l.head_size_v},
-          {"window", nullable(l.window)},
-          {"chunk", nullable(l.chunk)},
-          {"soft_cap", nullable(l.soft_cap)},
+          {"window", json_or_null(l.window)},
+          {"chunk", json_or_null(l.chunk)},
+          {"soft_cap", json_or_null(l.soft_cap)},
           {"scale", l.scale},
           {"sinks", l.sinks},
           {"causal", l.causal},
@@ -138,20 +135,20 @@ json to_json(const ModelDesc& desc) {
   for (const auto& l : desc.layers) layers.push_back(layer_to_json(l));
   json out = {{"format", kModelFileFormat},
               {"model", desc.model},
-              {"draft", nullable(desc.draft)},
+              {"draft", json_or_null(desc.draft)},
               {"tp", desc.tp},
               {"num_spec_tokens", desc.num_spec_tokens}};
   if (desc.draft_info) {
     out["draft_info"] = {{"kind", to_string(desc.draft_info->kind)},
-                         {"block_size", nullable(desc.draft_info->block_size)},
+                         {"block_size", json_or_null(desc.draft_info->block_size)},
                          {"target_layer_ids", desc.draft_info->target_layer_ids}};
   } else {
     out["draft_info"] = nullptr;
   }
-  out["facts"] = {{"max_position_embeddings", nullable(desc.facts.max_position_embeddings)},
-                  {"hidden_size", nullable(desc.facts.hidden_size)},
-                  {"vocab_size", nullable(desc.facts.vocab_size)},
-                  {"weight_bytes", nullable(desc.facts.weight_bytes)},
+  out["facts"] = {{"max_position_embeddings", json_or_null(desc.facts.max_position_embeddings)},
+                  {"hidden_size", json_or_null(desc.facts.hidden_size)},
+                  {"vocab_size", json_or_null(desc.facts.vocab_size)},
+                  {"weight_bytes", json_or_null(desc.facts.weight_bytes)},
                   {"weight_estimate", desc.facts.weight_estimate}};
   out["layers"] = std::move(layers);
   return out;

@@ -1,14 +1,11 @@
 #include "mixkv/plan_json.hpp"
 
+#include "core/json_optional.hpp"
+
 namespace mixkv::plan {
 namespace {
 
 using nlohmann::json;
-
-template <typename T>
-json nullable(const std::optional<T>& v) {
-  return v ? json(*v) : json(nullptr);
-}
 
 json waste_json(const Waste& w) {
   return {{"padding_layers", w.padding_layers},
@@ -42,8 +39,8 @@ json to_json(const CachePlan& plan) {
                       {"block_size", g.block_size},
                       {"page_bytes", g.page_bytes},
                       {"real_page_bytes", g.real_page_bytes},
-                      {"window", nullable(g.window)},
-                      {"chunk", nullable(g.chunk)},
+                      {"window", json_or_null(g.window)},
+                      {"chunk", json_or_null(g.chunk)},
                       {"kernel_block_size", g.kernel_block_size},
                       {"blocks_per_request", g.blocks_per_request},
                       {"placement", std::move(placement)}});
