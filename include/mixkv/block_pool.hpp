@@ -97,6 +97,8 @@ class BlockPool {
 
   // The block holding (hash, group), free or not. Counts a query, and a hit when found.
   std::optional<BlockId> lookup(const BlockHash& hash, GroupId group);
+  // Like lookup(), without counting a query: for planning a hit before taking it.
+  std::optional<BlockId> peek(const BlockHash& hash, GroupId group) const;
 
   // Inspection, for tests and debugging. Throw kInternal for an id outside the pool.
   std::int32_t ref_count(BlockId block) const;

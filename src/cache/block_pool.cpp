@@ -119,6 +119,12 @@ bool BlockPool::cache_block(BlockId block, const BlockHash& hash, GroupId group)
   return true;
 }
 
+std::optional<BlockId> BlockPool::peek(const BlockHash& hash, GroupId group) const {
+  const std::int32_t b = find(hash, group.value());
+  if (b == kEnd) return std::nullopt;
+  return BlockId{b};
+}
+
 std::optional<BlockId> BlockPool::lookup(const BlockHash& hash, GroupId group) {
   ++counters_.queries;
   const std::int32_t b = find(hash, group.value());

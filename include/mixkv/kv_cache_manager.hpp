@@ -1,0 +1,129 @@
+// The run-time KV-cache manager: one block pool per plan, a block table per request and
+// KV-cache group, prefix caching valid across every group, all-or-nothing slot allocation for
+// new and speculative look-ahead tokens, and rollback of rejected draft tokens.
+//
+// Lifecycle of a request: add_request() registers its prompt; admit() takes the longest prefix
+// hit valid for all groups and allocates the rest of the prompt plus look-ahead (all or nothing);
+// each step, allocate() makes room for the step's tokens plus look-ahead and commit() records the
+// tokens the target verified — only those are ever cached; rejected look-ahead slots stay
+// allocated and are overwritten next step. free() returns everything.
+//
+// Prefix hits on recurrent groups are not taken in this increment (their state is not kept at
+// block boundaries), so a model with recurrent layers admits without a hit; see docs/cache.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "mixkv/block_hash.hpp"
+#include "mixkv/block_pool.hpp"
+#include "mixkv/plan.hpp"
+
+namespace mixkv::cache {
+
+class RequestId {
+ public:
+  constexpr RequestId() = default;
+  constexpr explicit RequestId(std::int64_t value) : value_(value) {}
+  constexpr std::int64_t value() const { return value_; }
+  friend constexpr auto operator<=>(const RequestId&, const RequestId&) = default;
+
+ private:
+  std::int64_t value_ = 0;
+};
+
+struct ManagerOptions {
+  bool enable_prefix_caching = true;
+  std::uint64_t hash_seed = 0;
+};
+
+// What one KV-cache group holds right now; a metrics endpoint can export it as is.
+struct GroupStats {
+  int group = 0;
+  plan::Behaviour behaviour = plan::Behaviour::kAllTokens;
+  std::int64_t blocks_held = 0;   // non-null table entries over all requests
+  std::int64_t hit_queries = 0;   // admissions that looked for a prefix in this group
+  std::int64_t hit_tokens = 0;    // tokens this group could have served from the cache
+  std::int64_t padding_bytes = 0;  // bytes held but not holding data (page padding)
+  bool operator==(const GroupStats&) const = default;
+};
+
+class KvCacheManager {
+ public:
+  KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens, ManagerOptions options = {});
+
+  void add_request(RequestId id, std::vector<TokenId> prompt, SequenceKeys keys = {});
+
+  // Prefix tokens all groups can serve from the cache (a multiple of every group's block size,
+  // at most prompt length - 1 so the last prompt token is computed). Pure.
+  std::int64_t find_prefix_hit(RequestId id) const;
+
+  // Takes the prefix hit and allocates blocks for the rest of the prompt plus `lookahead`
+  // tokens, in every group or none. Returns the hit length, or nullopt when the blocks do not
+  // fit (nothing changed).
+  std::optional<std::int64_t> admit(RequestId id, int lookahead);
+
+  // Makes room for `num_new` tokens beyond the verified ones plus `lookahead`, in every group or
+  // none. Returns false (nothing changed) when the pool is too small.
+  [[nodiscard]] bool allocate(RequestId id, std::int64_t num_new, int lookahead);
+
+  // After a step: `new_tokens` (accepted drafts and the sampled bonus token) join the request,
+  // and `newly_computed` more of its tokens have verified KV in the cache (a speculative step:
+  // the last known token plus the accepted drafts). Full verified blocks are cached, blocks that
+  // left every window are freed, and recurrent groups make checkpoint `accepted_drafts` (the
+  // state after the last accepted draft) their live state.
+  void commit(RequestId id, std::int64_t newly_computed, std::span<const TokenId> new_tokens,
+              int accepted_drafts = 0);
+
+  void free(RequestId id);
+
+  std::int64_t num_computed(RequestId id) const;
+  std::span<const BlockId> block_table(RequestId id, int group) const;
+  std::vector<GroupStats> stats() const;
+  const BlockPool& pool() const { return pool_; }
+  std::size_t num_requests() const { return requests_.size(); }
+
+  // "" when every invariant holds, else what broke (tests call it after every operation).
+  std::string check_invariants() const;
+
+ private:
+  struct Group {
+    int id = 0;
+    plan::Behaviour behaviour = plan::Behaviour::kAllTokens;
+    std::int64_t block_size = 0;
+    std::int64_t window = 0;  // sliding: tokens a query sees; chunked: chunk size
+    std::int64_t padding_per_block = 0;
+    int hasher = -1;  // index into hashers_ (attention groups)
+    GroupStats stats;
+  };
+  struct Request {
+    std::vector<TokenId> tokens;  // verified tokens: the prompt, then accepted outputs
+    std::int64_t prompt_len = 0;
+    SequenceKeys keys;
+    std::int64_t num_computed = 0;
+    std::vector<std::vector<BlockHash>> hashes;  // per hasher, of full verified blocks
+    std::vector<std::vector<BlockId>> tables;    // per group
+    std::vector<std::int64_t> num_cached;        // per group: leading blocks in the prefix map
+  };
+
+  Request& request(RequestId id);
+  const Request& request(RequestId id) const;
+  std::int64_t blocks_wanted(const Group& g, const Request& r, std::int64_t tokens) const;
+  std::int64_t first_needed_token(const Group& g, std::int64_t num_computed) const;
+  std::int64_t longest_hit(const Group& g, const Request& r, std::int64_t limit) const;
+  void update_hashes(Request& r);
+  void drop_out_of_window(const Group& g, std::vector<BlockId>& table, std::int64_t num_computed);
+
+  BlockPool pool_;
+  int num_spec_tokens_;
+  ManagerOptions options_;
+  std::vector<Group> groups_;
+  std::vector<BlockHasher> hashers_;
+  std::unordered_map<std::int64_t, Request> requests_;
+};
+
+}  // namespace mixkv::cache

@@ -1,0 +1,317 @@
+#include "mixkv/kv_cache_manager.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "mixkv/checked_math.hpp"
+#include "mixkv/error.hpp"
+
+namespace mixkv::cache {
+namespace {
+
+bool is_attention(plan::Behaviour b) { return b != plan::Behaviour::kRecurrent; }
+
+}  // namespace
+
+KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens, ManagerOptions options)
+    : pool_(plan.pools.at(0).num_blocks), num_spec_tokens_(num_spec_tokens), options_(options) {
+  if (num_spec_tokens < 0) throw_invalid(fmt::format("num_spec_tokens is {}, expected >= 0", num_spec_tokens));
+  std::map<std::int64_t, int> hasher_of_block_size;
+  for (const auto& pg : plan.groups) {
+    Group g;
+    g.id = pg.id;
+    g.behaviour = pg.behaviour;
+    g.block_size = pg.block_size;
+    g.window = pg.window.value_or(pg.chunk.value_or(0));
+    std::int64_t data = 0;
+    for (const auto& p : pg.placement) data += p.bytes;
+    g.padding_per_block = plan.block_unit_bytes - data;
+    g.stats.group = pg.id;
+    g.stats.behaviour = pg.behaviour;
+    if (is_attention(g.behaviour)) {
+      auto [it, inserted] = hasher_of_block_size.emplace(g.block_size, static_cast<int>(hashers_.size()));
+      if (inserted) hashers_.emplace_back(static_cast<std::int32_t>(g.block_size), options_.hash_seed);
+      g.hasher = it->second;
+    }
+    groups_.push_back(g);
+  }
+}
+
+KvCacheManager::Request& KvCacheManager::request(RequestId id) {
+  auto it = requests_.find(id.value());
+  if (it == requests_.end()) throw_invalid(fmt::format("no request {}", id.value()));
+  return it->second;
+}
+
+const KvCacheManager::Request& KvCacheManager::request(RequestId id) const {
+  auto it = requests_.find(id.value());
+  if (it == requests_.end()) throw_invalid(fmt::format("no request {}", id.value()));
+  return it->second;
+}
+
+void KvCacheManager::add_request(RequestId id, std::vector<TokenId> prompt, SequenceKeys keys) {
+  if (prompt.empty()) throw_invalid(fmt::format("request {} has an empty prompt", id.value()));
+  if (requests_.contains(id.value())) throw_invalid(fmt::format("request {} already exists", id.value()));
+  Request r;
+  r.prompt_len = static_cast<std::int64_t>(prompt.size());
+  r.tokens = std::move(prompt);
+  r.keys = std::move(keys);
+  r.hashes.resize(hashers_.size());
+  r.tables.resize(groups_.size());
+  r.num_cached.assign(groups_.size(), 0);
+  update_hashes(r);
+  requests_.emplace(id.value(), std::move(r));
+}
+
+void KvCacheManager::update_hashes(Request& r) {
+  if (!options_.enable_prefix_caching) return;
+  for (std::size_t h = 0; h < hashers_.size(); ++h) hashers_[h].extend(r.tokens, r.keys, r.hashes[h]);
+}
+
+std::int64_t KvCacheManager::first_needed_token(const Group& g, std::int64_t num_computed) const {
+  switch (g.behaviour) {
+    case plan::Behaviour::kSliding:
+      // The next query, at position num_computed, sees the window - 1 tokens before it.
+      return std::max<std::int64_t>(0, num_computed - (g.window - 1));
+    case plan::Behaviour::kChunked:
+      return num_computed / g.window * g.window;
+    default:
+      return 0;
+  }
+}
+
+std::int64_t KvCacheManager::blocks_wanted(const Group& g, const Request& /*r*/, std::int64_t tokens) const {
+  if (!is_attention(g.behaviour)) return 1 + num_spec_tokens_;  // live state + checkpoints
+  return ceil_div(tokens, g.block_size);
+}
+
+std::int64_t KvCacheManager::longest_hit(const Group& g, const Request& r, std::int64_t limit) const {
+  if (!is_attention(g.behaviour)) return 0;  // recurrent states are not kept at block boundaries yet
+  const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
+  const GroupId group{g.id};
+  const std::int64_t max_blocks = std::min<std::int64_t>(limit / g.block_size, static_cast<std::int64_t>(hashes.size()));
+  auto cached = [&](std::int64_t i) { return pool_.peek(hashes[static_cast<std::size_t>(i)], group).has_value(); };
+  if (g.behaviour == plan::Behaviour::kAllTokens) {
+    std::int64_t n = 0;
+    while (n < max_blocks && cached(n)) ++n;
+    return n * g.block_size;
+  }
+  // Windowed groups: a hit at n blocks needs only the blocks its next query sees.
+  for (std::int64_t n = max_blocks; n > 0; --n) {
+    const std::int64_t first = first_needed_token(g, n * g.block_size) / g.block_size;
+    bool all = true;
+    for (std::int64_t i = n - 1; i >= first && all; --i) all = cached(i);
+    if (all) return n * g.block_size;
+  }
+  return 0;
+}
+
+std::int64_t KvCacheManager::find_prefix_hit(RequestId id) const {
+  if (!options_.enable_prefix_caching) return 0;
+  const Request& r = request(id);
+  // The last known token is always computed: its logits pick the next token.
+  std::int64_t hit = static_cast<std::int64_t>(r.tokens.size()) - 1;
+  // Fixed point: each group can only lower the hit; stop when every group accepts it.
+  for (bool changed = true; changed && hit > 0;) {
+    changed = false;
+    for (const auto& g : groups_) {
+      const std::int64_t h = longest_hit(g, r, hit);
+      if (h < hit) {
+        hit = h;
+        changed = true;
+      }
+    }
+  }
+  return std::max<std::int64_t>(hit, 0);
+}
+
+std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
+  Request& r = request(id);
+  if (r.num_computed != 0 || !r.tables[0].empty()) {
+    throw_invalid(fmt::format("request {} is already admitted", id.value()));
+  }
+  const std::int64_t hit = find_prefix_hit(id);
+  const std::int64_t total = static_cast<std::int64_t>(r.tokens.size()) + lookahead;
+  // Plan the whole admission first, so a failure changes nothing.
+  std::vector<std::vector<BlockId>> hit_tables(groups_.size());
+  std::int64_t needed = 0;
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = groups_[gi];
+    if (is_attention(g.behaviour)) {
+      const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
+      const std::int64_t hit_blocks = hit / g.block_size;
+      const std::int64_t first = first_needed_token(g, hit) / g.block_size;
+      for (std::int64_t i = 0; i < hit_blocks; ++i) {
+        const BlockId b = i < first ? kNullBlock : *pool_.peek(hashes[static_cast<std::size_t>(i)], GroupId{g.id});
+        if (!b.is_null() && pool_.is_free(b)) ++needed;  // leaves the free queue when taken
+        hit_tables[gi].push_back(b);
+      }
+      needed += blocks_wanted(g, r, total) - hit_blocks;
+    } else {
+      needed += blocks_wanted(g, r, total);
+    }
+  }
+  if (needed > pool_.num_free()) return std::nullopt;
+
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    auto& table = r.tables[gi];
+    table = std::move(hit_tables[gi]);
+    pool_.touch(table);
+    const std::int64_t extra = blocks_wanted(g, r, total) - static_cast<std::int64_t>(table.size());
+    if (!pool_.allocate(static_cast<std::int32_t>(extra), table)) throw_internal("admission lost blocks it counted");
+    if (is_attention(g.behaviour)) {
+      r.num_cached[gi] = hit / g.block_size;
+      ++g.stats.hit_queries;
+      g.stats.hit_tokens += longest_hit(g, r, static_cast<std::int64_t>(r.tokens.size()) - 1);
+    }
+  }
+  r.num_computed = hit;
+  return hit;
+}
+
+bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead) {
+  Request& r = request(id);
+  if (num_new < 0 || lookahead < 0) throw_invalid("allocate() takes non-negative token counts");
+  const std::int64_t total = r.num_computed + num_new + lookahead;
+  std::int64_t needed = 0;
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    needed += std::max<std::int64_t>(0, blocks_wanted(groups_[gi], r, total) -
+                                            static_cast<std::int64_t>(r.tables[gi].size()));
+  }
+  if (needed > pool_.num_free()) return false;
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const std::int64_t extra = blocks_wanted(groups_[gi], r, total) - static_cast<std::int64_t>(r.tables[gi].size());
+    if (extra > 0 && !pool_.allocate(static_cast<std::int32_t>(extra), r.tables[gi])) {
+      throw_internal("allocation lost blocks it counted");
+    }
+  }
+  return true;
+}
+
+void KvCacheManager::drop_out_of_window(const Group& g, std::vector<BlockId>& table, std::int64_t num_computed) {
+  const std::int64_t first = first_needed_token(g, num_computed) / g.block_size;
+  for (std::int64_t i = std::min<std::int64_t>(first, static_cast<std::int64_t>(table.size())) - 1; i >= 0; --i) {
+    BlockId& b = table[static_cast<std::size_t>(i)];
+    if (b.is_null()) break;  // everything before is dropped already
+    pool_.free(std::span<const BlockId>(&b, 1));
+    b = kNullBlock;
+  }
+}
+
+void KvCacheManager::commit(RequestId id, std::int64_t newly_computed, std::span<const TokenId> new_tokens,
+                            int accepted_drafts) {
+  Request& r = request(id);
+  const std::int64_t known = static_cast<std::int64_t>(r.tokens.size() + new_tokens.size());
+  if (newly_computed < 0 || r.num_computed + newly_computed > known) {
+    throw_invalid(fmt::format("request {}: {} tokens computed, but only {} are known", id.value(),
+                              r.num_computed + newly_computed, known));
+  }
+  if (accepted_drafts < 0 || accepted_drafts > num_spec_tokens_) {
+    throw_invalid(fmt::format("request {}: {} accepted drafts, at most {} speculative tokens", id.value(),
+                              accepted_drafts, num_spec_tokens_));
+  }
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = groups_[gi];
+    if (is_attention(g.behaviour) &&
+        static_cast<std::int64_t>(r.tables[gi].size()) * g.block_size < r.num_computed + newly_computed) {
+      throw_invalid(fmt::format("request {}: {} computed tokens exceed the slots allocated in group {}", id.value(),
+                                r.num_computed + newly_computed, g.id));
+    }
+  }
+  r.tokens.insert(r.tokens.end(), new_tokens.begin(), new_tokens.end());
+  r.num_computed += newly_computed;
+  update_hashes(r);
+
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    Group& g = groups_[gi];
+    auto& table = r.tables[gi];
+    if (!is_attention(g.behaviour)) {
+      // The state after the last accepted draft becomes the live one; the other checkpoints are
+      // overwritten by the next step's drafts.
+      if (!table.empty()) std::swap(table[0], table[static_cast<std::size_t>(accepted_drafts)]);
+      continue;
+    }
+    if (options_.enable_prefix_caching) {
+      const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
+      const std::int64_t full = std::min<std::int64_t>(r.num_computed / g.block_size, static_cast<std::int64_t>(hashes.size()));
+      for (std::int64_t i = r.num_cached[gi]; i < full; ++i) {
+        const BlockId b = table[static_cast<std::size_t>(i)];
+        if (!b.is_null()) pool_.cache_block(b, hashes[static_cast<std::size_t>(i)], GroupId{g.id});
+      }
+      r.num_cached[gi] = std::max(r.num_cached[gi], full);
+    }
+    drop_out_of_window(g, table, r.num_computed);
+  }
+}
+
+void KvCacheManager::free(RequestId id) {
+  Request& r = request(id);
+  for (auto& table : r.tables) pool_.free(table);
+  requests_.erase(id.value());
+}
+
+std::int64_t KvCacheManager::num_computed(RequestId id) const { return request(id).num_computed; }
+
+std::span<const BlockId> KvCacheManager::block_table(RequestId id, int group) const {
+  return request(id).tables.at(static_cast<std::size_t>(group));
+}
+
+std::vector<GroupStats> KvCacheManager::stats() const {
+  std::vector<GroupStats> out;
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    GroupStats s = groups_[gi].stats;
+    for (const auto& [id, r] : requests_) {
+      for (BlockId b : r.tables[gi]) s.blocks_held += b.is_null() ? 0 : 1;
+    }
+    s.padding_bytes = s.blocks_held * groups_[gi].padding_per_block;
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::string KvCacheManager::check_invariants() const {
+  if (auto pool = pool_.check_invariants(); !pool.empty()) return "pool: " + pool;
+  std::vector<std::int32_t> refs(static_cast<std::size_t>(pool_.num_blocks()), 0);
+  for (const auto& [id, r] : requests_) {
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+      const Group& g = groups_[gi];
+      const auto& table = r.tables[gi];
+      for (BlockId b : table) ++refs[static_cast<std::size_t>(b.value())];
+      if (!is_attention(g.behaviour)) {
+        if (!table.empty() && static_cast<std::int64_t>(table.size()) != 1 + num_spec_tokens_) {
+          return fmt::format("request {} group {}: {} state blocks, expected {}", id, g.id, table.size(),
+                             1 + num_spec_tokens_);
+        }
+        continue;
+      }
+      if (!table.empty() && static_cast<std::int64_t>(table.size()) * g.block_size < r.num_computed) {
+        return fmt::format("request {} group {}: {} computed tokens in {} blocks", id, g.id, r.num_computed,
+                           table.size());
+      }
+      // Windowed groups never drop a block their next query sees.
+      const std::int64_t first = first_needed_token(g, r.num_computed) / g.block_size;
+      for (std::size_t i = static_cast<std::size_t>(first); i < table.size(); ++i) {
+        if (table[i].is_null()) return fmt::format("request {} group {}: in-window block {} dropped", id, g.id, i);
+      }
+      // Nothing is cached beyond the verified, computed tokens.
+      for (std::size_t i = static_cast<std::size_t>(r.num_computed / g.block_size); i < table.size(); ++i) {
+        if (!table[i].is_null() && pool_.cached_hash(table[i]).has_value()) {
+          return fmt::format("request {} group {}: block {} cached beyond its {} verified tokens", id, g.id, i,
+                             r.num_computed);
+        }
+      }
+    }
+  }
+  for (std::int32_t b = 1; b < pool_.num_blocks(); ++b) {
+    if (refs[static_cast<std::size_t>(b)] != pool_.ref_count(BlockId{b})) {
+      return fmt::format("block {}: {} tables hold it but its reference count is {}", b,
+                         refs[static_cast<std::size_t>(b)], pool_.ref_count(BlockId{b}));
+    }
+  }
+  return "";
+}
+
+}  // namespace mixkv::cache
