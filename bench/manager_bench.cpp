@@ -13,7 +13,8 @@ namespace {
 
 using namespace mixkv;
 
-plan::CachePlan plan_for(std::string_view target, std::optional<std::string_view> draft, std::int64_t blocks) {
+plan::CachePlan plan_for(std::string_view target, std::optional<std::string_view> draft,
+                         std::int64_t blocks) {
   model::DescribeOptions d;
   d.num_spec_tokens = 4;
   const auto desc = model::describe_refs(target, draft, d);
@@ -61,16 +62,24 @@ void decode_steps(benchmark::State& state, std::string_view target) {
   }
   // Seconds per request-step (printed with its SI prefix: 40n = 40 ns).
   state.counters["ns_per_request_step"] = benchmark::Counter(
-      static_cast<double>(requests), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+      static_cast<double>(requests),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 void BM_DecodeStep(benchmark::State& state) { decode_steps(state, "llama-3.1-8b"); }
-BENCHMARK(BM_DecodeStep)->Arg(256)->Arg(1024)->Arg(10000)->Iterations(200)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeStep)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(10000)
+    ->Iterations(200)
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_DecodeStepFullPlusSliding(benchmark::State& state) { decode_steps(state, "gpt-oss-20b"); }
 BENCHMARK(BM_DecodeStepFullPlusSliding)->Arg(256)->Iterations(200)->Unit(benchmark::kMicrosecond);
 
-void BM_DecodeStepRecurrentHybrid(benchmark::State& state) { decode_steps(state, "qwen3-next-80b-a3b"); }
+void BM_DecodeStepRecurrentHybrid(benchmark::State& state) {
+  decode_steps(state, "qwen3-next-80b-a3b");
+}
 BENCHMARK(BM_DecodeStepRecurrentHybrid)->Arg(256)->Iterations(200)->Unit(benchmark::kMicrosecond);
 
 // Admit a request whose 1,024-token prefix is cached, then free it.

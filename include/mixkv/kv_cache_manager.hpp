@@ -45,9 +45,9 @@ struct ManagerOptions {
 struct GroupStats {
   int group = 0;
   plan::Behaviour behaviour = plan::Behaviour::kAllTokens;
-  std::int64_t blocks_held = 0;   // non-null table entries over all requests
-  std::int64_t hit_queries = 0;   // admissions that looked for a prefix in this group
-  std::int64_t hit_tokens = 0;    // tokens this group could have served from the cache
+  std::int64_t blocks_held = 0;    // non-null table entries over all requests
+  std::int64_t hit_queries = 0;    // admissions that looked for a prefix in this group
+  std::int64_t hit_tokens = 0;     // tokens this group could have served from the cache
   std::int64_t padding_bytes = 0;  // bytes held but not holding data (page padding)
   bool operator==(const GroupStats&) const = default;
 };
@@ -112,7 +112,7 @@ class KvCacheManager {
 
   Request& request(RequestId id);
   const Request& request(RequestId id) const;
-  std::int64_t blocks_wanted(const Group& g, const Request& r, std::int64_t tokens) const;
+  std::int64_t blocks_wanted(const Group& g, std::int64_t tokens) const;
   std::int64_t first_needed_token(const Group& g, std::int64_t num_computed) const;
   std::int64_t longest_hit(const Group& g, const Request& r, std::int64_t limit) const;
   void update_hashes(Request& r);

@@ -15,9 +15,11 @@ bool is_attention(plan::Behaviour b) { return b != plan::Behaviour::kRecurrent; 
 
 }  // namespace
 
-KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens, ManagerOptions options)
+KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens,
+                               ManagerOptions options)
     : pool_(plan.pools.at(0).num_blocks), num_spec_tokens_(num_spec_tokens), options_(options) {
-  if (num_spec_tokens < 0) throw_invalid(fmt::format("num_spec_tokens is {}, expected >= 0", num_spec_tokens));
+  if (num_spec_tokens < 0)
+    throw_invalid(fmt::format("num_spec_tokens is {}, expected >= 0", num_spec_tokens));
   std::map<std::int64_t, int> hasher_of_block_size;
   for (const auto& pg : plan.groups) {
     Group g;
@@ -31,8 +33,10 @@ KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens,
     g.stats.group = pg.id;
     g.stats.behaviour = pg.behaviour;
     if (is_attention(g.behaviour)) {
-      auto [it, inserted] = hasher_of_block_size.emplace(g.block_size, static_cast<int>(hashers_.size()));
-      if (inserted) hashers_.emplace_back(static_cast<std::int32_t>(g.block_size), options_.hash_seed);
+      auto [it, inserted] =
+          hasher_of_block_size.emplace(g.block_size, static_cast<int>(hashers_.size()));
+      if (inserted)
+        hashers_.emplace_back(static_cast<std::int32_t>(g.block_size), options_.hash_seed);
       g.hasher = it->second;
     }
     groups_.push_back(g);
@@ -53,7 +57,8 @@ const KvCacheManager::Request& KvCacheManager::request(RequestId id) const {
 
 void KvCacheManager::add_request(RequestId id, std::vector<TokenId> prompt, SequenceKeys keys) {
   if (prompt.empty()) throw_invalid(fmt::format("request {} has an empty prompt", id.value()));
-  if (requests_.contains(id.value())) throw_invalid(fmt::format("request {} already exists", id.value()));
+  if (requests_.contains(id.value()))
+    throw_invalid(fmt::format("request {} already exists", id.value()));
   Request r;
   r.prompt_len = static_cast<std::int64_t>(prompt.size());
   r.tokens = std::move(prompt);
@@ -67,7 +72,8 @@ void KvCacheManager::add_request(RequestId id, std::vector<TokenId> prompt, Sequ
 
 void KvCacheManager::update_hashes(Request& r) {
   if (!options_.enable_prefix_caching) return;
-  for (std::size_t h = 0; h < hashers_.size(); ++h) hashers_[h].extend(r.tokens, r.keys, r.hashes[h]);
+  for (std::size_t h = 0; h < hashers_.size(); ++h)
+    hashers_[h].extend(r.tokens, r.keys, r.hashes[h]);
 }
 
 std::int64_t KvCacheManager::first_needed_token(const Group& g, std::int64_t num_computed) const {
@@ -82,17 +88,22 @@ std::int64_t KvCacheManager::first_needed_token(const Group& g, std::int64_t num
   }
 }
 
-std::int64_t KvCacheManager::blocks_wanted(const Group& g, const Request& /*r*/, std::int64_t tokens) const {
+std::int64_t KvCacheManager::blocks_wanted(const Group& g, std::int64_t tokens) const {
   if (!is_attention(g.behaviour)) return 1 + num_spec_tokens_;  // live state + checkpoints
   return ceil_div(tokens, g.block_size);
 }
 
-std::int64_t KvCacheManager::longest_hit(const Group& g, const Request& r, std::int64_t limit) const {
-  if (!is_attention(g.behaviour)) return 0;  // recurrent states are not kept at block boundaries yet
+std::int64_t KvCacheManager::longest_hit(const Group& g, const Request& r,
+                                         std::int64_t limit) const {
+  if (!is_attention(g.behaviour))
+    return 0;  // recurrent states are not kept at block boundaries yet
   const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
   const GroupId group{g.id};
-  const std::int64_t max_blocks = std::min<std::int64_t>(limit / g.block_size, static_cast<std::int64_t>(hashes.size()));
-  auto cached = [&](std::int64_t i) { return pool_.peek(hashes[static_cast<std::size_t>(i)], group).has_value(); };
+  const std::int64_t max_blocks =
+      std::min<std::int64_t>(limit / g.block_size, static_cast<std::int64_t>(hashes.size()));
+  auto cached = [&](std::int64_t i) {
+    return pool_.peek(hashes[static_cast<std::size_t>(i)], group).has_value();
+  };
   if (g.behaviour == plan::Behaviour::kAllTokens) {
     std::int64_t n = 0;
     while (n < max_blocks && cached(n)) ++n;
@@ -144,13 +155,15 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
       const std::int64_t hit_blocks = hit / g.block_size;
       const std::int64_t first = first_needed_token(g, hit) / g.block_size;
       for (std::int64_t i = 0; i < hit_blocks; ++i) {
-        const BlockId b = i < first ? kNullBlock : *pool_.peek(hashes[static_cast<std::size_t>(i)], GroupId{g.id});
+        const BlockId b = i < first
+                              ? kNullBlock
+                              : *pool_.peek(hashes[static_cast<std::size_t>(i)], GroupId{g.id});
         if (!b.is_null() && pool_.is_free(b)) ++needed;  // leaves the free queue when taken
         hit_tables[gi].push_back(b);
       }
-      needed += blocks_wanted(g, r, total) - hit_blocks;
+      needed += blocks_wanted(g, total) - hit_blocks;
     } else {
-      needed += blocks_wanted(g, r, total);
+      needed += blocks_wanted(g, total);
     }
   }
   if (needed > pool_.num_free()) return std::nullopt;
@@ -160,8 +173,9 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
     auto& table = r.tables[gi];
     table = std::move(hit_tables[gi]);
     pool_.touch(table);
-    const std::int64_t extra = blocks_wanted(g, r, total) - static_cast<std::int64_t>(table.size());
-    if (!pool_.allocate(static_cast<std::int32_t>(extra), table)) throw_internal("admission lost blocks it counted");
+    const std::int64_t extra = blocks_wanted(g, total) - static_cast<std::int64_t>(table.size());
+    if (!pool_.allocate(static_cast<std::int32_t>(extra), table))
+      throw_internal("admission lost blocks it counted");
     if (is_attention(g.behaviour)) {
       r.num_cached[gi] = hit / g.block_size;
       ++g.stats.hit_queries;
@@ -178,12 +192,13 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
   const std::int64_t total = r.num_computed + num_new + lookahead;
   std::int64_t needed = 0;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    needed += std::max<std::int64_t>(0, blocks_wanted(groups_[gi], r, total) -
-                                            static_cast<std::int64_t>(r.tables[gi].size()));
+    needed += std::max<std::int64_t>(
+        0, blocks_wanted(groups_[gi], total) - static_cast<std::int64_t>(r.tables[gi].size()));
   }
   if (needed > pool_.num_free()) return false;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    const std::int64_t extra = blocks_wanted(groups_[gi], r, total) - static_cast<std::int64_t>(r.tables[gi].size());
+    const std::int64_t extra =
+        blocks_wanted(groups_[gi], total) - static_cast<std::int64_t>(r.tables[gi].size());
     if (extra > 0 && !pool_.allocate(static_cast<std::int32_t>(extra), r.tables[gi])) {
       throw_internal("allocation lost blocks it counted");
     }
@@ -191,9 +206,11 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
   return true;
 }
 
-void KvCacheManager::drop_out_of_window(const Group& g, std::vector<BlockId>& table, std::int64_t num_computed) {
+void KvCacheManager::drop_out_of_window(const Group& g, std::vector<BlockId>& table,
+                                        std::int64_t num_computed) {
   const std::int64_t first = first_needed_token(g, num_computed) / g.block_size;
-  for (std::int64_t i = std::min<std::int64_t>(first, static_cast<std::int64_t>(table.size())) - 1; i >= 0; --i) {
+  for (std::int64_t i = std::min<std::int64_t>(first, static_cast<std::int64_t>(table.size())) - 1;
+       i >= 0; --i) {
     BlockId& b = table[static_cast<std::size_t>(i)];
     if (b.is_null()) break;  // everything before is dropped already
     pool_.free(std::span<const BlockId>(&b, 1));
@@ -201,8 +218,8 @@ void KvCacheManager::drop_out_of_window(const Group& g, std::vector<BlockId>& ta
   }
 }
 
-void KvCacheManager::commit(RequestId id, std::int64_t newly_computed, std::span<const TokenId> new_tokens,
-                            int accepted_drafts) {
+void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
+                            std::span<const TokenId> new_tokens, int accepted_drafts) {
   Request& r = request(id);
   const std::int64_t known = static_cast<std::int64_t>(r.tokens.size() + new_tokens.size());
   if (newly_computed < 0 || r.num_computed + newly_computed > known) {
@@ -210,15 +227,16 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed, std::span
                               r.num_computed + newly_computed, known));
   }
   if (accepted_drafts < 0 || accepted_drafts > num_spec_tokens_) {
-    throw_invalid(fmt::format("request {}: {} accepted drafts, at most {} speculative tokens", id.value(),
-                              accepted_drafts, num_spec_tokens_));
+    throw_invalid(fmt::format("request {}: {} accepted drafts, at most {} speculative tokens",
+                              id.value(), accepted_drafts, num_spec_tokens_));
   }
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = groups_[gi];
-    if (is_attention(g.behaviour) &&
-        static_cast<std::int64_t>(r.tables[gi].size()) * g.block_size < r.num_computed + newly_computed) {
-      throw_invalid(fmt::format("request {}: {} computed tokens exceed the slots allocated in group {}", id.value(),
-                                r.num_computed + newly_computed, g.id));
+    if (is_attention(g.behaviour) && static_cast<std::int64_t>(r.tables[gi].size()) * g.block_size <
+                                         r.num_computed + newly_computed) {
+      throw_invalid(
+          fmt::format("request {}: {} computed tokens exceed the slots allocated in group {}",
+                      id.value(), r.num_computed + newly_computed, g.id));
     }
   }
   r.tokens.insert(r.tokens.end(), new_tokens.begin(), new_tokens.end());
@@ -236,7 +254,8 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed, std::span
     }
     if (options_.enable_prefix_caching) {
       const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
-      const std::int64_t full = std::min<std::int64_t>(r.num_computed / g.block_size, static_cast<std::int64_t>(hashes.size()));
+      const std::int64_t full = std::min<std::int64_t>(r.num_computed / g.block_size,
+                                                       static_cast<std::int64_t>(hashes.size()));
       for (std::int64_t i = r.num_cached[gi]; i < full; ++i) {
         const BlockId b = table[static_cast<std::size_t>(i)];
         if (!b.is_null()) pool_.cache_block(b, hashes[static_cast<std::size_t>(i)], GroupId{g.id});
@@ -282,25 +301,28 @@ std::string KvCacheManager::check_invariants() const {
       for (BlockId b : table) ++refs[static_cast<std::size_t>(b.value())];
       if (!is_attention(g.behaviour)) {
         if (!table.empty() && static_cast<std::int64_t>(table.size()) != 1 + num_spec_tokens_) {
-          return fmt::format("request {} group {}: {} state blocks, expected {}", id, g.id, table.size(),
-                             1 + num_spec_tokens_);
+          return fmt::format("request {} group {}: {} state blocks, expected {}", id, g.id,
+                             table.size(), 1 + num_spec_tokens_);
         }
         continue;
       }
-      if (!table.empty() && static_cast<std::int64_t>(table.size()) * g.block_size < r.num_computed) {
-        return fmt::format("request {} group {}: {} computed tokens in {} blocks", id, g.id, r.num_computed,
-                           table.size());
+      if (!table.empty() &&
+          static_cast<std::int64_t>(table.size()) * g.block_size < r.num_computed) {
+        return fmt::format("request {} group {}: {} computed tokens in {} blocks", id, g.id,
+                           r.num_computed, table.size());
       }
       // Windowed groups never drop a block their next query sees.
       const std::int64_t first = first_needed_token(g, r.num_computed) / g.block_size;
       for (std::size_t i = static_cast<std::size_t>(first); i < table.size(); ++i) {
-        if (table[i].is_null()) return fmt::format("request {} group {}: in-window block {} dropped", id, g.id, i);
+        if (table[i].is_null())
+          return fmt::format("request {} group {}: in-window block {} dropped", id, g.id, i);
       }
       // Nothing is cached beyond the verified, computed tokens.
-      for (std::size_t i = static_cast<std::size_t>(r.num_computed / g.block_size); i < table.size(); ++i) {
+      for (std::size_t i = static_cast<std::size_t>(r.num_computed / g.block_size);
+           i < table.size(); ++i) {
         if (!table[i].is_null() && pool_.cached_hash(table[i]).has_value()) {
-          return fmt::format("request {} group {}: block {} cached beyond its {} verified tokens", id, g.id, i,
-                             r.num_computed);
+          return fmt::format("request {} group {}: block {} cached beyond its {} verified tokens",
+                             id, g.id, i, r.num_computed);
         }
       }
     }

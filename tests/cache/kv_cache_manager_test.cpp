@@ -61,7 +61,8 @@ TEST(KvCacheManager, SecondRequestWithTheSamePrefixHitsEveryFullBlock) {
 
 TEST(KvCacheManager, FailedAdmissionAndAllocationChangeNothing) {
   const auto desc = testing::describe_builtin("llama-3.1-8b");
-  const auto plan = small_plan(desc, plan::Policy::kVllm, 20, 256);  // 19 usable blocks of 16 tokens
+  const auto plan =
+      small_plan(desc, plan::Policy::kVllm, 20, 256);  // 19 usable blocks of 16 tokens
   KvCacheManager m(plan, 0);
   m.add_request(RequestId{1}, tokens(200));
   ASSERT_TRUE(m.admit(RequestId{1}, 0).has_value());  // 13 blocks
@@ -70,9 +71,12 @@ TEST(KvCacheManager, FailedAdmissionAndAllocationChangeNothing) {
   EXPECT_FALSE(m.admit(RequestId{2}, 0).has_value());
   EXPECT_EQ(m.pool().num_free(), free_before);
   EXPECT_TRUE(m.block_table(RequestId{2}, 0).empty());
-  const auto table_before = std::vector<BlockId>(m.block_table(RequestId{1}, 0).begin(), m.block_table(RequestId{1}, 0).end());
+  const auto table_before = std::vector<BlockId>(m.block_table(RequestId{1}, 0).begin(),
+                                                 m.block_table(RequestId{1}, 0).end());
   EXPECT_FALSE(m.allocate(RequestId{1}, 400, 0));  // 25 blocks, 12 more than free
-  EXPECT_EQ(std::vector<BlockId>(m.block_table(RequestId{1}, 0).begin(), m.block_table(RequestId{1}, 0).end()), table_before);
+  EXPECT_EQ(std::vector<BlockId>(m.block_table(RequestId{1}, 0).begin(),
+                                 m.block_table(RequestId{1}, 0).end()),
+            table_before);
   EXPECT_EQ(m.check_invariants(), "");
 }
 
@@ -118,7 +122,8 @@ TEST(KvCacheManager, HitOnAFullPlusSlidingModelIsValidForBothGroups) {
   m.add_request(RequestId{2}, tokens(700));
   const std::int64_t hit = *m.admit(RequestId{2}, desc.num_spec_tokens);
   EXPECT_GT(hit, 600);
-  for (const auto& g : plan.groups) EXPECT_EQ(hit % g.block_size, 0) << "hit not aligned to group " << g.id;
+  for (const auto& g : plan.groups)
+    EXPECT_EQ(hit % g.block_size, 0) << "hit not aligned to group " << g.id;
   EXPECT_EQ(m.check_invariants(), "");
 }
 
@@ -161,13 +166,15 @@ TEST(KvCacheManager, StatsCountBlocksPaddingAndHits) {
 TEST(KvCacheManager, BadCallsAreClearErrors) {
   const auto desc = testing::describe_builtin("llama-3.1-8b");
   KvCacheManager m(small_plan(desc, plan::Policy::kVllm, 100, 1024), 0);
-  testing::expect_error([&] { m.add_request(RequestId{1}, {}); }, ErrorCode::kInvalidInput, {"empty prompt"});
+  testing::expect_error([&] { m.add_request(RequestId{1}, {}); }, ErrorCode::kInvalidInput,
+                        {"empty prompt"});
   m.add_request(RequestId{1}, tokens(10));
-  testing::expect_error([&] { m.add_request(RequestId{1}, tokens(10)); }, ErrorCode::kInvalidInput, {"already exists"});
+  testing::expect_error([&] { m.add_request(RequestId{1}, tokens(10)); }, ErrorCode::kInvalidInput,
+                        {"already exists"});
   testing::expect_error([&] { m.free(RequestId{9}); }, ErrorCode::kInvalidInput, {"no request 9"});
   ASSERT_TRUE(m.admit(RequestId{1}, 0).has_value());
-  testing::expect_error([&] { m.commit(RequestId{1}, 40, std::vector<TokenId>{1}); }, ErrorCode::kInvalidInput,
-                        {"only 11 are known"});
+  testing::expect_error([&] { m.commit(RequestId{1}, 40, std::vector<TokenId>{1}); },
+                        ErrorCode::kInvalidInput, {"only 11 are known"});
 }
 
 // Random admissions with shared prefixes, speculative steps with random acceptance, frees and
@@ -189,14 +196,17 @@ TEST(KvCacheManagerProperty, RandomSpeculativeWorkloadsKeepEveryInvariant) {
     const auto plan = small_plan(desc, c.policy, 300, 1024);
     KvCacheManager m(plan, 3);
     std::mt19937_64 rng(42);
-    auto pick = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+    auto pick = [&](std::int64_t lo, std::int64_t hi) {
+      return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+    };
     std::vector<std::int64_t> running;
     std::int64_t next_id = 1, failed = 0, hits = 0;
     for (int op = 0; op < 1500; ++op) {
       const auto choice = pick(0, 9);
       if (choice < 3 || running.empty()) {
         // Admit: prompts share one of three prefixes.
-        auto prompt = tokens(pick(16, 300) * (1 + pick(0, 1)), static_cast<TokenId>(1000 * pick(0, 2)));
+        auto prompt =
+            tokens(pick(16, 300) * (1 + pick(0, 1)), static_cast<TokenId>(1000 * pick(0, 2)));
         const RequestId id{next_id++};
         m.add_request(id, prompt);
         const auto free_before = m.pool().num_free();
@@ -212,7 +222,8 @@ TEST(KvCacheManagerProperty, RandomSpeculativeWorkloadsKeepEveryInvariant) {
         }
       } else if (choice < 8) {
         // A speculative step: verify the last token + 3 drafts, accept some.
-        const RequestId id{running[static_cast<std::size_t>(pick(0, static_cast<std::int64_t>(running.size()) - 1))]};
+        const RequestId id{running[static_cast<std::size_t>(
+            pick(0, static_cast<std::int64_t>(running.size()) - 1))]};
         if (m.allocate(id, 1, 3)) {
           const int accepted = static_cast<int>(pick(0, 3));
           std::vector<TokenId> out(static_cast<std::size_t>(accepted + 1), 11);
@@ -223,7 +234,8 @@ TEST(KvCacheManagerProperty, RandomSpeculativeWorkloadsKeepEveryInvariant) {
           std::erase(running, id.value());
         }
       } else {
-        const auto idx = static_cast<std::size_t>(pick(0, static_cast<std::int64_t>(running.size()) - 1));
+        const auto idx =
+            static_cast<std::size_t>(pick(0, static_cast<std::int64_t>(running.size()) - 1));
         m.free(RequestId{running[idx]});
         running.erase(running.begin() + static_cast<std::ptrdiff_t>(idx));
       }
@@ -239,7 +251,8 @@ TEST(KvCacheManagerProperty, RandomSpeculativeWorkloadsKeepEveryInvariant) {
     bool recurrent = false;
     for (const auto& g : plan.groups) {
       recurrent = recurrent || g.behaviour == plan::Behaviour::kRecurrent;
-      if (g.behaviour != plan::Behaviour::kRecurrent) largest_block = std::max(largest_block, g.block_size);
+      if (g.behaviour != plan::Behaviour::kRecurrent)
+        largest_block = std::max(largest_block, g.block_size);
     }
     if (!recurrent && largest_block <= 128) {
       EXPECT_GT(hits, 0);
