@@ -5,25 +5,22 @@
 
 #include <fmt/format.h>
 
+#include "core/enum_names.hpp"
 #include "mixkv/error.hpp"
 
 namespace mixkv::attn {
 namespace {
 
-struct BackendName {
-  std::string_view name;
-  Backend backend;
-};
 constexpr std::array kBackendNames = {
-    BackendName{"flashinfer", Backend::kFlashinfer},
-    BackendName{"flashinfer-trtllm", Backend::kFlashinferTrtllm},
-    BackendName{"flash-attn", Backend::kFlashAttn},
-    BackendName{"flash-attn3", Backend::kFlashAttn3},
-    BackendName{"triton", Backend::kTriton},
-    BackendName{"flex", Backend::kFlex},
-    BackendName{"flashmla", Backend::kFlashMla},
-    BackendName{"cutlass-mla", Backend::kCutlassMla},
-    BackendName{"cpu", Backend::kCpu},
+    Named<Backend>{"flashinfer", Backend::kFlashinfer},
+    Named<Backend>{"flashinfer-trtllm", Backend::kFlashinferTrtllm},
+    Named<Backend>{"flash-attn", Backend::kFlashAttn},
+    Named<Backend>{"flash-attn3", Backend::kFlashAttn3},
+    Named<Backend>{"triton", Backend::kTriton},
+    Named<Backend>{"flex", Backend::kFlex},
+    Named<Backend>{"flashmla", Backend::kFlashMla},
+    Named<Backend>{"cutlass-mla", Backend::kCutlassMla},
+    Named<Backend>{"cpu", Backend::kCpu},
 };
 constexpr std::array<std::string_view, kBackendNames.size()> kNames = [] {
   std::array<std::string_view, kBackendNames.size()> names{};
@@ -32,7 +29,7 @@ constexpr std::array<std::string_view, kBackendNames.size()> kNames = [] {
 }();
 constexpr std::array<Backend, kBackendNames.size()> kAll = [] {
   std::array<Backend, kBackendNames.size()> all{};
-  for (std::size_t i = 0; i < kBackendNames.size(); ++i) all[i] = kBackendNames[i].backend;
+  for (std::size_t i = 0; i < kBackendNames.size(); ++i) all[i] = kBackendNames[i].value;
   return all;
 }();
 
@@ -46,17 +43,10 @@ KernelPageRule multiple(std::int64_t base, std::string_view kernel) {
 
 }  // namespace
 
-std::string_view to_string(Backend backend) {
-  for (const auto& e : kBackendNames) {
-    if (e.backend == backend) return e.name;
-  }
-  return "unknown";
-}
+std::string_view to_string(Backend backend) { return name_of(kBackendNames, backend); }
 
 std::optional<Backend> parse_backend(std::string_view text) {
-  for (const auto& e : kBackendNames) {
-    if (e.name == text) return e.backend;
-  }
+  if (auto backend = value_of(kBackendNames, text)) return backend;
   if (text == "flash_attn" || text == "flash-attention") return Backend::kFlashAttn;
   return std::nullopt;
 }

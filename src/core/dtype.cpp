@@ -3,35 +3,31 @@
 #include <array>
 #include <string>
 
+#include "core/enum_names.hpp"
 #include "mixkv/checked_math.hpp"
 #include "mixkv/error.hpp"
 
 namespace mixkv {
 namespace {
 
-struct DTypeName {
-  std::string_view name;
-  DType dtype;
-};
-
 // Canonical spelling first for each type; later entries are accepted aliases (HF torch_dtype
 // strings, vLLM's --kv-cache-dtype values and PyTorch names).
 constexpr std::array kNames = {
-    DTypeName{"bfloat16", DType::kBfloat16},
-    DTypeName{"float16", DType::kFloat16},
-    DTypeName{"float32", DType::kFloat32},
-    DTypeName{"fp8_e4m3", DType::kFp8E4m3},
-    DTypeName{"fp8_e5m2", DType::kFp8E5m2},
-    DTypeName{"nvfp4", DType::kNvfp4},
-    DTypeName{"fp8", DType::kFp8E4m3},
-    DTypeName{"bf16", DType::kBfloat16},
-    DTypeName{"fp16", DType::kFloat16},
-    DTypeName{"half", DType::kFloat16},
-    DTypeName{"fp32", DType::kFloat32},
-    DTypeName{"float", DType::kFloat32},
-    DTypeName{"float8_e4m3fn", DType::kFp8E4m3},
-    DTypeName{"float8_e5m2", DType::kFp8E5m2},
-    DTypeName{"fp4", DType::kNvfp4},
+    Named<DType>{"bfloat16", DType::kBfloat16},
+    Named<DType>{"float16", DType::kFloat16},
+    Named<DType>{"float32", DType::kFloat32},
+    Named<DType>{"fp8_e4m3", DType::kFp8E4m3},
+    Named<DType>{"fp8_e5m2", DType::kFp8E5m2},
+    Named<DType>{"nvfp4", DType::kNvfp4},
+    Named<DType>{"fp8", DType::kFp8E4m3},
+    Named<DType>{"bf16", DType::kBfloat16},
+    Named<DType>{"fp16", DType::kFloat16},
+    Named<DType>{"half", DType::kFloat16},
+    Named<DType>{"fp32", DType::kFloat32},
+    Named<DType>{"float", DType::kFloat32},
+    Named<DType>{"float8_e4m3fn", DType::kFp8E4m3},
+    Named<DType>{"float8_e5m2", DType::kFp8E5m2},
+    Named<DType>{"fp4", DType::kNvfp4},
 };
 
 constexpr std::array<std::string_view, 7> kAdvertised = {"bfloat16", "float16",  "float32", "fp8",
@@ -42,21 +38,13 @@ constexpr std::int64_t kNvfp4ScaleBlock = 16;
 
 }  // namespace
 
-std::string_view to_string(DType dtype) {
-  for (const auto& entry : kNames) {
-    if (entry.dtype == dtype) return entry.name;  // the first match is canonical
-  }
-  return "unknown";
-}
+std::string_view to_string(DType dtype) { return name_of(kNames, dtype); }
 
 std::optional<DType> parse_dtype(std::string_view text) {
   std::string lower(text);
   for (char& c : lower) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   if (lower.starts_with("torch.")) lower.erase(0, 6);
-  for (const auto& entry : kNames) {
-    if (entry.name == lower) return entry.dtype;
-  }
-  return std::nullopt;
+  return value_of(kNames, std::string_view(lower));
 }
 
 std::span<const std::string_view> dtype_names() { return kAdvertised; }

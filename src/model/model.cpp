@@ -7,17 +7,12 @@
 #include <fmt/format.h>
 
 #include "config_reader.hpp"
+#include "core/enum_names.hpp"
 #include "mixkv/checked_math.hpp"
 #include "mixkv/error.hpp"
 
 namespace mixkv::model {
 namespace {
-
-template <typename Enum>
-struct Named {
-  std::string_view name;
-  Enum value;
-};
 
 constexpr std::array kLayerKinds = {
     Named<LayerKind>{"full", LayerKind::kFull},
@@ -36,22 +31,6 @@ constexpr std::array kDraftKinds = {
     Named<DraftKind>{"mtp", DraftKind::kMtp},     Named<DraftKind>{"dflash", DraftKind::kDflash},
     Named<DraftKind>{"model", DraftKind::kModel},
 };
-
-template <typename Enum, std::size_t N>
-std::string_view name_of(const std::array<Named<Enum>, N>& table, Enum value) {
-  for (const auto& entry : table) {
-    if (entry.value == value) return entry.name;
-  }
-  return "unknown";
-}
-
-template <typename Enum, std::size_t N>
-std::optional<Enum> value_of(const std::array<Named<Enum>, N>& table, std::string_view name) {
-  for (const auto& entry : table) {
-    if (entry.name == name) return entry.value;
-  }
-  return std::nullopt;
-}
 
 void check(bool ok, const LayerDesc& layer, std::string_view field, const std::string& problem) {
   if (!ok) {
