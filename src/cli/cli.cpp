@@ -22,6 +22,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   add(add_models_command);
   add(add_describe_command);
   add(add_plan_command);
+  add(add_verify_command);
 
   try {
     std::vector<std::string> reversed(args.rbegin(),
@@ -46,6 +47,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
       if (sub->parsed()) action(out);
     }
     return 0;
+  } catch (const ExitStatus& e) {
+    return e.code;
   } catch (const Error& e) {
     err << "mixkv: error: " << e.what() << '\n';
     return e.exit_code();

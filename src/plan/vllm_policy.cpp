@@ -58,6 +58,8 @@ Layout vllm_layout(const model::ModelDesc& desc, const PlanOptions& options,
       l.rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
     layers.push_back(std::move(l));
   }
+  // vLLM aligns with the target model's attention shape: the first target attention layer, or
+  // the first drafter one when the target has none.
   const VllmLayer* first_attention = nullptr;
   for (const auto& l : layers) {
     if (is_attention(*l.spec) &&
