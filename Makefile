@@ -27,6 +27,8 @@ demo: build
 	./$(BUILD_DIR)/mixkv plan qwen3.5-27b --draft mha-draft-qwen3.5-27b --tp 4 --gpu b300 --compare
 	@echo
 	./$(BUILD_DIR)/mixkv plan qwen3.5-27b --draft dflash-qwen3.5-27b --tp 2 --gpu h200 --compare
+	@echo
+	./$(BUILD_DIR)/mixkv verify qwen3.5-27b --draft mha-draft-qwen3.5-27b --tp 4 --memory-scale 512MiB
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

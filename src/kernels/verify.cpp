@@ -1,0 +1,539 @@
+#include "mixkv/verify.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "mixkv/dense_reference.hpp"
+#include "mixkv/error.hpp"
+#include "mixkv/kernels_convert.hpp"
+
+namespace mixkv::kernels {
+
+std::vector<float> stored_values(DType dtype, std::span<const float> values, float scale) {
+  std::vector<std::byte> bytes(values.size() * static_cast<std::size_t>(element_bytes(dtype)));
+  encode_row(dtype, values, scale, bytes);
+  std::vector<float> back(values.size());
+  decode_row(dtype, bytes, scale, back);
+  return back;
+}
+
+void Comparison::merge(const Comparison& o) {
+  max_error_stored = std::max(max_error_stored, o.max_error_stored);
+  tolerance_stored = std::max(tolerance_stored, o.tolerance_stored);
+  max_error_original = std::max(max_error_original, o.max_error_original);
+  tolerance_original = std::max(tolerance_original, o.tolerance_original);
+  max_reference = std::max(max_reference, o.max_reference);
+}
+
+std::string Comparison::to_string() const {
+  return fmt::format(
+      "max error {:.3g} (tolerance {:.3g}) over stored values, {:.3g} (tolerance {:.3g}) over the "
+      "originals",
+      max_error_stored, tolerance_stored, max_error_original, tolerance_original);
+}
+
+Comparison compare_with_reference(const AttentionSpec& spec, const AttentionSpec& reference_spec,
+                                  const layout::LayerGeometry& layer, KvScales scales,
+                                  std::span<const std::byte> cache,
+                                  std::span<const CheckedSequence> sequences,
+                                  std::span<const float> sinks) {
+  const std::int64_t hq = spec.params.num_q_heads;
+  const std::int64_t hkv = spec.params.num_kv_heads;
+  const std::int64_t d = spec.head_size;
+  const std::int64_t dv = spec.head_size_v;
+  std::vector<PagedSequence> batch;
+  std::vector<float> queries;
+  for (const CheckedSequence& s : sequences) {
+    batch.push_back({s.kernel_pages, s.kv_len, s.num_queries});
+    queries.insert(queries.end(), s.q.begin(), s.q.end());
+  }
+  std::vector<float> out(queries.size() / static_cast<std::size_t>(d) *
+                         static_cast<std::size_t>(dv));
+  paged_attention(spec, layer, AttentionInputs{cache, batch, queries, sinks, scales}, out);
+
+  const DType dtype = reference_spec.params.kv_dtype;
+  const RoundingBound rb = rounding_bound(dtype);
+  const double eps = std::ldexp(1.0, -24);
+  Comparison c;
+  std::size_t row = 0;
+  for (const CheckedSequence& r : sequences) {
+    const std::vector<float> ks = stored_values(dtype, r.k, scales.k);
+    const std::vector<float> vs = stored_values(dtype, r.v, scales.v);
+    const DenseSequence original{r.k, r.v, r.q, r.kv_len, r.num_queries};
+    const DenseSequence cached{ks, vs, r.q, r.kv_len, r.num_queries};
+    const std::vector<double> want = dense_attention(reference_spec, original, sinks);
+    const std::vector<double> want_stored = dense_attention(reference_spec, cached, sinks);
+
+    // Bounds from the data: max |v|, max over query heads and keys of sum |q||k|.
+    const std::span<const float> values = reference_spec.mla ? r.k : r.v;
+    double max_v = 0;
+    for (float x : values) max_v = std::max(max_v, static_cast<double>(std::fabs(x)));
+    double qk = 0, delta = 0;
+    for (std::int64_t i = 0; i < r.num_queries; ++i) {
+      for (std::int64_t h = 0; h < hq; ++h) {
+        const float* q = r.q.data() + (i * hq + h) * d;
+        const std::int64_t kh = h / (hq / hkv);
+        for (std::int64_t t = 0; t < r.kv_len; ++t) {
+          const float* k = r.k.data() + (t * hkv + kh) * d;
+          double s = 0, e = 0;
+          for (std::int64_t j = 0; j < d; ++j) {
+            s += std::fabs(q[j] * k[j]);
+            e += std::fabs(q[j]) * (rb.relative * std::fabs(k[j]) + rb.absolute * scales.k);
+          }
+          qk = std::max(qk, s);
+          delta = std::max(delta, e);
+        }
+      }
+    }
+    const double scale = std::fabs(reference_spec.params.scale);
+    const double arithmetic = 64 * eps * (1 + scale * qk) * max_v;
+    const double weights = std::expm1(2 * scale * delta);
+    const double max_v_stored = (1 + rb.relative) * max_v + rb.absolute * scales.v;
+    const double rounding = weights * max_v_stored + rb.relative * max_v + rb.absolute * scales.v;
+    c.tolerance_stored = std::max(c.tolerance_stored, arithmetic);
+    c.tolerance_original = std::max(c.tolerance_original, arithmetic + rounding);
+    for (std::size_t j = 0; j < want.size(); ++j) {
+      const double got = out[row + j];
+      // NaN (a read of poisoned bytes) must count as a failure.
+      const double e1 = std::isfinite(got) ? std::fabs(got - want_stored[j]) : INFINITY;
+      const double e2 = std::isfinite(got) ? std::fabs(got - want[j]) : INFINITY;
+      c.max_error_stored = std::max(c.max_error_stored, e1);
+      c.max_error_original = std::max(c.max_error_original, e2);
+      c.max_reference = std::max(c.max_reference, std::fabs(want_stored[j]));
+    }
+    row += want.size();
+  }
+  return c;
+}
+
+std::string_view to_string(GroupStatus status) {
+  switch (status) {
+    case GroupStatus::kPass:
+      return "pass";
+    case GroupStatus::kMismatch:
+      return "MISMATCH";
+    case GroupStatus::kSkipped:
+      return "skipped";
+    case GroupStatus::kNotVerified:
+      return "not verified";
+  }
+  return "?";
+}
+
+bool VerifyReport::mismatch() const {
+  return std::any_of(groups.begin(), groups.end(),
+                     [](const GroupResult& g) { return g.status == GroupStatus::kMismatch; });
+}
+
+namespace {
+
+// Default longest request of the scaled plan, before it is shrunk to fit the memory.
+constexpr std::int64_t kDefaultMaxModelLen = 2048;
+// Multiply-adds of dense reference work allowed per attention group; groups whose layers cost
+// more are checked on their first and last layer and an even sample between.
+constexpr double kReferenceBudget = 4e8;
+
+// The scaled-down plan. Memory only sets how many blocks the pools get: block sizes, page
+// bytes, padding, kernel pages, tensor sharing and layer offsets follow from the model's layers,
+// the backend, the policy's alignment rules and max_model_len/request_len, so planning the same
+// model and options with `memory_bytes` = the memory scale (64 MiB by default) yields the same
+// geometry over fewer blocks. max_model_len must then be small enough for one request to fit
+// those blocks: unless the user fixed it, start at min(2048, the model's own) and halve until the
+// plan fits (down to 16 tokens); the last error explains when nothing fits.
+plan::CachePlan scaled_plan(const model::ModelDesc& desc, plan::PlanOptions options) {
+  if (options.memory_bytes <= 0) {
+    throw_invalid(fmt::format("--memory-scale {} B is not positive", options.memory_bytes));
+  }
+  if (options.max_model_len != 0) return plan::make_plan(desc, options);
+  std::int64_t len = std::min(kDefaultMaxModelLen,
+                              desc.facts.max_position_embeddings.value_or(kDefaultMaxModelLen));
+  for (;;) {
+    options.max_model_len = len;
+    try {
+      return plan::make_plan(desc, options);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kInvalidInput || len <= 16) {
+        throw Error(e.code(), fmt::format("{} (verify plans with --memory-scale {} B; give a "
+                                          "larger --memory-scale)",
+                                          e.what(), options.memory_bytes));
+      }
+      len /= 2;
+    }
+  }
+}
+
+struct GroupBlocks {
+  std::int64_t block_tokens = 0;
+  std::int64_t window_left = -1;  // the widest of its layers; -1: none
+  bool share = false;             // full attention: requests with a shared prefix share blocks
+  std::vector<std::vector<std::int64_t>> tables;  // per request; 0 = the null block (freed)
+};
+
+// The first position any query of a request can see in a layer with `window_left`.
+std::int64_t first_visible(std::int64_t window_left, std::int64_t kv_len, std::int64_t queries) {
+  if (window_left < 0) return 0;
+  return std::max<std::int64_t>(0, kv_len - queries - window_left);
+}
+
+std::string describe_params(const attn::AttentionParams& p, bool mla) {
+  std::string s = fmt::format("{} q{}/kv{}", to_string(p.kv_dtype), p.num_q_heads, p.num_kv_heads);
+  if (mla) s += " mla";
+  if (p.window_left >= 0) s += fmt::format(" window {}", p.window_left);
+  if (!p.causal) s += " non-causal";
+  if (p.soft_cap) s += fmt::format(" cap {}", *p.soft_cap);
+  if (p.sinks) s += " sinks";
+  return s;
+}
+
+// What the kernel of `layer` is given: the group's parameters where its backend's builder fixes
+// them for the whole group, the layer's own elsewhere (a cpu group may mix layers with and
+// without sinks, say).
+attn::AttentionParams given_params(const attn::AttentionGroup& g, const model::LayerDesc& layer) {
+  const attn::BackendCaps& caps = attn::capabilities(g.backend);
+  attn::AttentionParams p = attn::attention_params(layer);
+  if (caps.uniform_window) p.window_left = g.params.window_left;
+  if (caps.uniform_soft_cap) p.soft_cap = g.params.soft_cap;
+  if (caps.uniform_scale) p.scale = g.params.scale;
+  if (caps.uniform_sinks) p.sinks = g.params.sinks;
+  if (caps.uniform_causal) p.causal = g.params.causal;
+  p.kv_dtype = g.params.kv_dtype;
+  return p;
+}
+
+}  // namespace
+
+VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) {
+  if (options.requests < 1 || options.requests > 64) {
+    throw_invalid(fmt::format("--requests {} is out of range; use 1 to 64", options.requests));
+  }
+  VerifyReport report;
+  report.plan = scaled_plan(desc, options.plan);
+  const plan::CachePlan& plan = report.plan;
+  const std::vector<attn::AttentionGroup> groups = attn::build_attention_groups(desc, plan);
+  const layout::Geometry geometry = layout::make_geometry(desc, plan, groups);
+  std::mt19937_64 rng(options.seed);
+  auto layer_desc = [&](std::string_view name) -> const model::LayerDesc& {
+    for (const auto& l : desc.layers) {
+      if (l.name == name) return l;
+    }
+    throw_internal(fmt::format("layer {} of the plan is not in the model", name));
+  };
+
+  // Results in attention-group order; recurrent KV-cache groups after them.
+  for (const attn::AttentionGroup& g : groups) {
+    GroupResult r;
+    r.attention_group = g.id;
+    r.kv_cache_group = g.kv_cache_group;
+    r.layers = g.layers;
+    r.kind = std::string(model::to_string(layer_desc(g.layers.front()).kind));
+    r.params = describe_params(g.params, false);
+    for (const auto& name : g.layers) {
+      try {
+        const AttentionSpec s = attention_spec(given_params(g, layer_desc(name)), layer_desc(name));
+        r.params = describe_params(g.params, s.mla);
+      } catch (const Error& e) {
+        r.status = GroupStatus::kSkipped;
+        r.reason = e.what();
+        break;
+      }
+    }
+    report.groups.push_back(std::move(r));
+  }
+  for (const plan::KvCacheGroup& kv : plan.groups) {
+    if (kv.behaviour != plan::Behaviour::kRecurrent) continue;
+    GroupResult r;
+    r.kv_cache_group = kv.id;
+    r.layers = kv.layers;
+    r.kind = std::string(model::to_string(kv.kind));
+    r.params = "recurrent state";
+    r.status = GroupStatus::kNotVerified;
+    r.reason = "not verified yet (no recurrent kernels)";
+    report.groups.push_back(std::move(r));
+  }
+
+  // The batch: request 0 as long as the plan allows (longer than any window), the others random;
+  // every odd request shares a prefix with the one before it. Extends are short, except in a
+  // non-causal group, whose queries are a whole draft block.
+  if (options.longest_request < 1) {
+    throw_invalid(fmt::format("longest request {} is not positive", options.longest_request));
+  }
+  const std::int64_t longest = std::min(plan.max_model_len, options.longest_request);
+  const std::int64_t draft_block = std::max(1, desc.num_spec_tokens + 1);
+  std::uniform_int_distribution<std::int64_t> len_dist(std::max<std::int64_t>(1, longest / 8),
+                                                       longest);
+  for (int i = 0; i < options.requests; ++i) {
+    VerifyRequest q;
+    q.kv_len = i == 0 ? longest : len_dist(rng);
+    q.extend_queries = std::uniform_int_distribution<std::int64_t>(2, 8)(rng);
+    if (i % 2 == 1) {
+      q.shares_prefix_with = i - 1;
+      const std::int64_t most =
+          std::min(report.requests[static_cast<std::size_t>(i - 1)].kv_len, q.kv_len - 1);
+      q.shared_tokens =
+          most > 0 ? std::uniform_int_distribution<std::int64_t>(most / 2, most)(rng) : 0;
+    }
+    report.requests.push_back(q);
+  }
+  auto queries_for = [&](const attn::AttentionGroup& g, const VerifyRequest& q) {
+    return std::min(q.kv_len, g.params.causal ? q.extend_queries : draft_block);
+  };
+
+  // Block tables per KV-cache group from each pool's free blocks (block 0 is the null block).
+  // Blocks wholly before every query's window stay the null block, as after a sliding window
+  // freed them; a request that would not fit the pools is shortened.
+  std::map<int, std::vector<std::int64_t>> free;
+  for (const plan::Pool& p : plan.pools) {
+    auto& f = free[p.id];
+    f.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, p.num_blocks - 1)));
+    std::iota(f.begin(), f.end(), 1);
+    std::shuffle(f.begin(), f.end(), rng);
+  }
+  // Per KV-cache group: its block size and the widest window of its layers (their own
+  // parameters: the truth, not what a faulty group is given).
+  std::map<int, GroupBlocks> blocks;
+  for (const attn::AttentionGroup& g : groups) {
+    const plan::KvCacheGroup& kv = plan.groups.at(static_cast<std::size_t>(g.kv_cache_group));
+    auto [it, fresh] = blocks.try_emplace(g.kv_cache_group);
+    GroupBlocks& b = it->second;
+    b.block_tokens = kv.block_size;
+    b.share = kv.behaviour == plan::Behaviour::kAllTokens;
+    if (fresh) b.window_left = -2;  // unset
+    for (const auto& name : g.layers) {
+      const auto w = attn::attention_params(layer_desc(name)).window_left;
+      if (b.window_left == -2) {
+        b.window_left = w;
+      } else if (w < 0 || b.window_left < 0) {
+        b.window_left = -1;
+      } else {
+        b.window_left = std::max(b.window_left, w);
+      }
+    }
+  }
+  const std::int64_t most_queries = std::max(draft_block, std::int64_t{8});
+  for (std::size_t i = 0; i < report.requests.size(); ++i) {
+    VerifyRequest& q = report.requests[i];
+    if (q.shares_prefix_with >= 0) {
+      q.shared_tokens = std::min(
+          q.shared_tokens, report.requests[static_cast<std::size_t>(q.shares_prefix_with)].kv_len);
+    }
+    for (;;) {
+      // Blocks each pool must give this request.
+      std::map<int, std::int64_t> need;
+      for (auto& [id, b] : blocks) {
+        const std::int64_t n = (q.kv_len + b.block_tokens - 1) / b.block_tokens;
+        std::int64_t kept = first_visible(b.window_left, q.kv_len, most_queries) / b.block_tokens;
+        if (b.share && q.shares_prefix_with >= 0) kept = q.shared_tokens / b.block_tokens;
+        need[plan.groups.at(static_cast<std::size_t>(id)).pool] += n - kept;
+      }
+      bool fits = true;
+      for (auto [pool, n] : need) fits = fits && n <= static_cast<std::int64_t>(free[pool].size());
+      if (fits) break;
+      if (q.kv_len <= 1) throw_invalid("the scaled plan has no free block for verify's requests");
+      q.kv_len = std::max<std::int64_t>(1, q.kv_len / 2);
+      q.extend_queries = std::min(q.extend_queries, q.kv_len);
+      q.shared_tokens = std::min(q.shared_tokens, q.kv_len - 1);
+    }
+    for (auto& [id, b] : blocks) {
+      auto& f = free[plan.groups.at(static_cast<std::size_t>(id)).pool];
+      const std::int64_t n = (q.kv_len + b.block_tokens - 1) / b.block_tokens;
+      const std::int64_t dropped =
+          first_visible(b.window_left, q.kv_len, most_queries) / b.block_tokens;
+      const std::int64_t shared =
+          b.share && q.shares_prefix_with >= 0 ? q.shared_tokens / b.block_tokens : 0;
+      std::vector<std::int64_t> t;
+      for (std::int64_t k = 0; k < n; ++k) {
+        if (k < shared) {
+          t.push_back(b.tables[static_cast<std::size_t>(q.shares_prefix_with)]
+                              [static_cast<std::size_t>(k)]);
+        } else if (k < dropped) {
+          t.push_back(0);
+        } else {
+          t.push_back(f.back());
+          f.pop_back();
+        }
+      }
+      b.tables.push_back(std::move(t));
+    }
+  }
+
+  // The cache, allocated for real. 0xFF is NaN in every dtype: a read of bytes nobody wrote
+  // poisons the output.
+  std::vector<std::vector<std::byte>> tensors;
+  for (const plan::Tensor& t : plan.tensors) {
+    tensors.emplace_back(static_cast<std::size_t>(t.bytes), std::byte{0xFF});
+    report.bytes_allocated += t.bytes;
+  }
+
+  // The layers checked per group: all of them, or an even sample (first and last included) when
+  // the dense reference over all of them would take too long.
+  struct LayerCase {
+    std::size_t result = 0;  // index into report.groups
+    std::size_t layer_index = 0;
+    const model::LayerDesc* desc = nullptr;
+    const attn::AttentionGroup* group = nullptr;
+    layout::LayerGeometry geometry;
+    AttentionSpec spec;       // from the attention group's parameters: what the kernel is given
+    AttentionSpec reference;  // from the layer's own parameters: the truth
+    KvScales scales;
+  };
+  std::vector<LayerCase> cases;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const attn::AttentionGroup& g = groups[gi];
+    if (report.groups[gi].status != GroupStatus::kPass) continue;
+    const AttentionSpec first =
+        attention_spec(given_params(g, layer_desc(g.layers.front())), layer_desc(g.layers.front()));
+    double cost = 0;
+    for (const VerifyRequest& q : report.requests) {
+      cost += 3.0 * static_cast<double>(1 + queries_for(g, q)) * first.params.num_q_heads *
+              static_cast<double>(q.kv_len) * (first.head_size + first.head_size_v);
+    }
+    const std::size_t n = g.layers.size();
+    const auto sample = static_cast<std::size_t>(
+        std::clamp(kReferenceBudget / std::max(cost, 1.0), 2.0, static_cast<double>(n)));
+    std::set<std::size_t> picked;
+    for (std::size_t k = 0; k < sample; ++k) {
+      picked.insert(sample == 1 ? 0 : k * (n - 1) / (sample - 1));
+    }
+    for (std::size_t li : picked) {
+      LayerCase c;
+      c.result = gi;
+      c.desc = &layer_desc(g.layers[li]);
+      c.layer_index = static_cast<std::size_t>(c.desc - desc.layers.data());
+      c.group = &g;
+      c.geometry = geometry.layer(c.desc->name);
+      c.spec = attention_spec(given_params(g, *c.desc), *c.desc);
+      c.reference = attention_spec(attn::attention_params(*c.desc), *c.desc);
+      if (c.spec.params.kv_dtype == DType::kFp8E4m3 || c.spec.params.kv_dtype == DType::kFp8E5m2) {
+        c.scales = KvScales{0.05f, 0.02f};
+      }
+      cases.push_back(std::move(c));
+    }
+    report.groups[gi].layers_checked = static_cast<int>(picked.size());
+  }
+
+  // A layer's logical K/V for one request, the same every time it is asked for (so they need
+  // not be kept between the write and the check): random, except a shared prefix, which is the
+  // other request's.
+  struct Data {
+    std::vector<float> k, v;
+  };
+  std::function<Data(const LayerCase&, std::size_t)> data = [&](const LayerCase& c, std::size_t i) {
+    const VerifyRequest& q = report.requests[i];
+    std::mt19937_64 r(options.seed * 0x9E3779B97F4A7C15ull + c.layer_index * 1000003ull + i);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    Data d;
+    d.k.resize(static_cast<std::size_t>(q.kv_len * k_row_elements(c.reference)));
+    d.v.resize(static_cast<std::size_t>(q.kv_len * v_row_elements(c.reference)));
+    for (auto& x : d.k) x = dist(r);
+    for (auto& x : d.v) x = dist(r);
+    if (q.shares_prefix_with >= 0 && q.shared_tokens > 0) {
+      const Data p = data(c, static_cast<std::size_t>(q.shares_prefix_with));
+      std::copy_n(p.k.begin(), q.shared_tokens * k_row_elements(c.reference), d.k.begin());
+      std::copy_n(p.v.begin(), q.shared_tokens * v_row_elements(c.reference), d.v.begin());
+    }
+    return d;
+  };
+
+  // Every checked layer's K/V is written before any kernel runs, so layers whose pages overlap
+  // would clobber each other and show up. Each request is written from its first block that is
+  // neither freed (window) nor shared (the other request wrote it), in two pieces as a prefill
+  // and then an extend would.
+  for (const LayerCase& c : cases) {
+    const GroupBlocks& b = blocks.at(c.group->kv_cache_group);
+    std::span<std::byte> tensor = tensors.at(static_cast<std::size_t>(c.geometry.tensor));
+    const auto kr = static_cast<std::size_t>(k_row_elements(c.reference));
+    const auto vr = static_cast<std::size_t>(v_row_elements(c.reference));
+    for (std::size_t i = 0; i < report.requests.size(); ++i) {
+      const VerifyRequest& q = report.requests[i];
+      std::int64_t from = first_visible(b.window_left, q.kv_len, most_queries);
+      if (b.share && q.shares_prefix_with >= 0) from = q.shared_tokens;
+      from = from / b.block_tokens * b.block_tokens;
+      const Data d = data(c, i);
+      const std::int64_t split = std::uniform_int_distribution<std::int64_t>(from, q.kv_len)(rng);
+      for (auto [first, count] :
+           {std::pair{from, split - from}, std::pair{split, q.kv_len - split}}) {
+        const auto slots = slot_mapping(c.geometry, b.tables[i], first, count);
+        const auto f = static_cast<std::size_t>(first);
+        const auto n = static_cast<std::size_t>(count);
+        write_kv(c.reference, c.geometry, c.scales, tensor, slots,
+                 std::span<const float>(d.k).subspan(f * kr, n * kr),
+                 std::span<const float>(d.v).subspan(f * vr, n * vr));
+      }
+    }
+  }
+
+  // Run and compare: a decode batch (one query per request), then an extend batch.
+  int done = 0;
+  for (const LayerCase& c : cases) {
+    GroupResult& result = report.groups[c.result];
+    const GroupBlocks& b = blocks.at(c.group->kv_cache_group);
+    layout::LayerGeometry given = c.geometry;
+    AttentionSpec spec = c.spec;
+    const bool faulty = options.fault_group < 0 || options.fault_group == c.group->id;
+    if (faulty && options.fault == PlantedFault::kKernelPageStride) {
+      const std::int64_t page = given.kernel_page_stride * given.kernel_pages_per_block;
+      given.kernel_page_stride = page / (given.kernel_pages_per_block + 1);
+    }
+    if (faulty && options.fault == PlantedFault::kFullWindow) spec.params.window_left = -1;
+    std::vector<float> sinks;
+    std::mt19937_64 r(options.seed * 31 + c.layer_index);
+    if (spec.params.sinks) {
+      std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+      sinks.resize(static_cast<std::size_t>(spec.params.num_q_heads));
+      for (auto& x : sinks) x = dist(r);
+    }
+    Comparison total;
+    try {
+      std::vector<Data> datas;
+      std::vector<std::vector<std::int64_t>> pages;
+      for (std::size_t i = 0; i < report.requests.size(); ++i) {
+        datas.push_back(data(c, i));
+        pages.push_back(layout::kernel_block_table(given, b.tables[i]));
+      }
+      for (bool extend : {false, true}) {
+        std::vector<std::vector<float>> qs;
+        std::vector<CheckedSequence> batch;
+        for (std::size_t i = 0; i < report.requests.size(); ++i) {
+          const VerifyRequest& q = report.requests[i];
+          const std::int64_t nq = extend ? queries_for(*c.group, q) : 1;
+          std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+          qs.emplace_back(static_cast<std::size_t>(nq * spec.params.num_q_heads * spec.head_size));
+          for (auto& x : qs.back()) x = dist(r);
+          batch.push_back({pages[i], q.kv_len, nq, datas[i].k, datas[i].v, qs.back()});
+        }
+        total.merge(compare_with_reference(spec, c.reference, given, c.scales,
+                                           tensors.at(static_cast<std::size_t>(given.tensor)),
+                                           batch, sinks));
+      }
+      if (!total.ok() && result.status == GroupStatus::kPass) {
+        result.status = GroupStatus::kMismatch;
+        result.reason = fmt::format("layer {}: {}", c.desc->name, total.to_string());
+      }
+    } catch (const Error& e) {
+      total.max_error_stored = total.max_error_original = INFINITY;
+      if (result.status == GroupStatus::kPass) {
+        result.status = GroupStatus::kMismatch;
+        result.reason = fmt::format("layer {}: {}", c.desc->name, e.what());
+      }
+    }
+    result.max_abs_error = std::max(result.max_abs_error, total.max_error_stored);
+    result.max_abs_error_original =
+        std::max(result.max_abs_error_original, total.max_error_original);
+    result.tolerance = std::max(result.tolerance, total.tolerance_stored);
+    result.tolerance_original = std::max(result.tolerance_original, total.tolerance_original);
+    if (total.max_reference > 0) {
+      result.max_rel_error =
+          std::max(result.max_rel_error, total.max_error_stored / total.max_reference);
+    }
+    if (options.progress) options.progress(++done, static_cast<int>(cases.size()));
+  }
+  return report;
+}
+
+}  // namespace mixkv::kernels

@@ -1,0 +1,160 @@
+// `mixkv verify` as a library call: built-in pairs verify on the cpu and flashinfer geometries,
+// recurrent and refused layers are reported rather than passed, and planted faults show up as a
+// mismatch on the group they were planted in.
+#include "mixkv/verify.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "mixkv/plan.hpp"
+#include "test_support.hpp"
+
+namespace mixkv::kernels {
+namespace {
+
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+
+VerifyReport run_verify(std::string_view target, std::optional<std::string_view> draft,
+                        plan::Policy policy, attn::Backend backend, int requests = 2,
+                        PlantedFault fault = PlantedFault::kNone, int fault_group = -1) {
+  VerifyOptions o;
+  o.plan.policy = policy;
+  o.plan.backend = backend;
+  o.plan.memory_bytes = 64 * kMiB;
+  o.requests = requests;
+  o.seed = 7;
+  o.longest_request = 512;
+  o.fault = fault;
+  o.fault_group = fault_group;
+  return verify(mixkv::testing::describe_builtin(target, draft), o);
+}
+
+void expect_all_pass(const VerifyReport& r) {
+  ASSERT_FALSE(r.groups.empty());
+  int verified = 0;
+  for (const GroupResult& g : r.groups) {
+    if (g.status == GroupStatus::kNotVerified || g.status == GroupStatus::kSkipped) continue;
+    ++verified;
+    EXPECT_EQ(g.status, GroupStatus::kPass)
+        << "attention group " << g.attention_group << ": " << g.reason;
+    EXPECT_GT(g.layers_checked, 0);
+    EXPECT_LE(g.max_abs_error, g.tolerance);
+  }
+  EXPECT_GT(verified, 0);
+  EXPECT_FALSE(r.mismatch());
+}
+
+struct Pair {
+  const char* target;
+  const char* draft;  // nullptr: none
+  plan::Policy policy;
+};
+
+class VerifyPairs : public ::testing::TestWithParam<std::tuple<Pair, attn::Backend>> {};
+
+TEST_P(VerifyPairs, EveryAttentionGroupMatchesTheReference) {
+  const auto& [pair, backend] = GetParam();
+  const std::optional<std::string_view> draft =
+      pair.draft ? std::optional<std::string_view>(pair.draft) : std::nullopt;
+  const VerifyReport r = run_verify(pair.target, draft, pair.policy, backend);
+  expect_all_pass(r);
+  EXPECT_EQ(r.plan.memory_bytes, 64 * kMiB);
+  EXPECT_GT(r.bytes_allocated, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BuiltIn, VerifyPairs,
+    ::testing::Combine(
+        ::testing::Values(Pair{"gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv},
+                          Pair{"qwen3-next-80b-a3b", nullptr, plan::Policy::kVllm},
+                          Pair{"qwen3-8b", "dflash-qwen3-8b-b16", plan::Policy::kMixkv}),
+        ::testing::Values(attn::Backend::kCpu, attn::Backend::kFlashinfer)));
+
+TEST(Verify, BatchHasSharedPrefixesAndSpansLongerThanTheWindow) {
+  const VerifyReport r = run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv,
+                                    attn::Backend::kFlashinfer, 4);
+  ASSERT_EQ(r.requests.size(), 4u);
+  EXPECT_GT(r.requests[0].kv_len, 128);  // gpt-oss's window
+  EXPECT_EQ(r.requests[1].shares_prefix_with, 0);
+  EXPECT_GT(r.requests[1].shared_tokens, 0);
+  std::set<std::string> params;
+  for (const auto& g : r.groups) params.insert(g.params);
+  EXPECT_TRUE(std::any_of(params.begin(), params.end(), [](const std::string& p) {
+    return p.find("window 127") != std::string::npos && p.find("sinks") != std::string::npos;
+  }));
+}
+
+TEST(Verify, RecurrentGroupsAreReportedNotVerified) {
+  const VerifyReport r =
+      run_verify("qwen3-next-80b-a3b", std::nullopt, plan::Policy::kVllm, attn::Backend::kCpu, 2);
+  int recurrent = 0;
+  for (const auto& g : r.groups) {
+    if (g.status != GroupStatus::kNotVerified) continue;
+    ++recurrent;
+    EXPECT_EQ(g.attention_group, -1);
+    EXPECT_NE(g.reason.find("no recurrent kernels"), std::string::npos);
+  }
+  EXPECT_GT(recurrent, 0);
+  EXPECT_FALSE(r.mismatch());
+}
+
+TEST(Verify, MemoryTooSmallIsBadInput) {
+  VerifyOptions o;
+  o.plan.memory_bytes = 1024;
+  mixkv::testing::expect_error([&] { verify(mixkv::testing::describe_builtin("qwen3-8b"), o); },
+                               ErrorCode::kInvalidInput, {"--memory-scale"});
+  o.plan.memory_bytes = 64 * kMiB;
+  o.requests = 0;
+  mixkv::testing::expect_error([&] { verify(mixkv::testing::describe_builtin("qwen3-8b"), o); },
+                               ErrorCode::kInvalidInput, {"--requests"});
+}
+
+// The target's kernel-page stride off by one page (the manager page split into one kernel page
+// too many): only the group it was planted in mismatches.
+TEST(VerifyPlantedFault, OffByOneStrideOnTheTargetGroupIsCaughtThere) {
+  for (auto backend : {attn::Backend::kCpu, attn::Backend::kFlashinfer}) {
+    const VerifyReport clean =
+        run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv, backend, 2);
+    int target = -1;
+    for (const auto& g : clean.groups) {
+      if (g.attention_group >= 0 && g.layers.front().rfind("draft.", 0) != 0) {
+        target = g.attention_group;
+        break;
+      }
+    }
+    ASSERT_GE(target, 0);
+    const VerifyReport r = run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv,
+                                      backend, 2, PlantedFault::kKernelPageStride, target);
+    EXPECT_TRUE(r.mismatch());
+    for (const auto& g : r.groups) {
+      if (g.attention_group == target) {
+        EXPECT_EQ(g.status, GroupStatus::kMismatch) << g.reason;
+        EXPECT_GT(g.max_abs_error, g.tolerance);
+      } else if (g.attention_group >= 0) {
+        EXPECT_EQ(g.status, GroupStatus::kPass) << g.attention_group << ": " << g.reason;
+      }
+    }
+  }
+}
+
+TEST(VerifyPlantedFault, SlidingGroupGivenTheFullWindowIsCaught) {
+  const VerifyReport clean = run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv,
+                                        attn::Backend::kFlashinfer, 2);
+  int sliding = -1;
+  for (const auto& g : clean.groups) {
+    if (g.params.find("window") != std::string::npos) sliding = g.attention_group;
+  }
+  ASSERT_GE(sliding, 0);
+  const VerifyReport r =
+      run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv,
+                 attn::Backend::kFlashinfer, 2, PlantedFault::kFullWindow, sliding);
+  for (const auto& g : r.groups) {
+    if (g.attention_group < 0) continue;
+    EXPECT_EQ(g.status, g.attention_group == sliding ? GroupStatus::kMismatch : GroupStatus::kPass)
+        << g.attention_group << ": " << g.reason;
+  }
+}
+
+}  // namespace
+}  // namespace mixkv::kernels
