@@ -16,7 +16,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "mixkv/block_hash.hpp"
@@ -85,7 +84,7 @@ class KvCacheManager {
   std::span<const BlockId> block_table(RequestId id, int group) const;
   std::vector<GroupStats> stats() const;
   const BlockPool& pool() const { return pool_; }
-  std::size_t num_requests() const { return requests_.size(); }
+  std::size_t num_requests() const { return index_.size(); }
 
   // "" when every invariant holds, else what broke (tests call it after every operation).
   std::string check_invariants() const;
@@ -100,30 +99,70 @@ class KvCacheManager {
     int hasher = -1;  // index into hashers_ (attention groups)
     GroupStats stats;
   };
-  struct Request {
-    std::vector<TokenId> tokens;  // verified tokens: the prompt, then accepted outputs
+  // Per request and group. The cached-block count sits next to the table, so a step touches one
+  // line per group.
+  struct GroupState {
+    std::vector<BlockId> table;
+    std::int64_t num_cached = 0;  // leading blocks in the prefix map (attention groups)
+    // Windowed groups: every block before this index is null. A step whose window starts in the
+    // same block skips drop_out_of_window (and the cold front of the table) entirely.
+    std::int64_t window_start = 0;
+  };
+  // The first cache line holds all a decode step reads besides the vectors' contents.
+  struct alignas(64) Request {
+    std::int64_t num_computed = 0;
+    std::int64_t hash_at = 0;        // token count at which some hasher has a new full block
+    std::vector<TokenId> tokens;     // verified tokens: the prompt, then accepted outputs
+    std::vector<GroupState> groups;  // per group
+    std::vector<std::vector<BlockHash>> hashes;  // per hasher, of full verified blocks
+    std::int64_t id = 0;
+    bool live = false;  // false: a free slot, waiting in free_slots_
     std::int64_t prompt_len = 0;
     SequenceKeys keys;
-    std::int64_t num_computed = 0;
-    std::vector<std::vector<BlockHash>> hashes;  // per hasher, of full verified blocks
-    std::vector<std::vector<BlockId>> tables;    // per group
-    std::vector<std::int64_t> num_cached;        // per group: leading blocks in the prefix map
+  };
+
+  // Request id -> slot in requests_. Open addressing with linear probing over a power-of-two
+  // array kept at most half full: a lookup is a multiply and one or two probes of one flat
+  // array, where std::unordered_map costs a modulo and a pointer chase to a node per step.
+  class SlotIndex {
+   public:
+    SlotIndex();
+    std::int32_t find(std::int64_t id) const;         // -1 when absent
+    void insert(std::int64_t id, std::int32_t slot);  // `id` must be absent
+    void erase(std::int64_t id);
+    std::size_t size() const { return size_; }
+
+   private:
+    struct Entry {
+      std::int64_t id = 0;
+      std::int32_t slot = -1;  // -1: empty
+    };
+    std::size_t home(std::int64_t id) const;
+    void grow();
+    std::vector<Entry> entries_;
+    int shift_ = 0;  // 64 - log2(entries_.size()): home() keeps a product's top bits
+    std::size_t size_ = 0;
   };
 
   Request& request(RequestId id);
   const Request& request(RequestId id) const;
   std::int64_t blocks_wanted(const Group& g, std::int64_t tokens) const;
+  std::int64_t extra_blocks(const Group& g, std::size_t held, std::int64_t tokens) const;
   std::int64_t first_needed_token(const Group& g, std::int64_t num_computed) const;
   std::int64_t longest_hit(const Group& g, const Request& r, std::int64_t limit) const;
   void update_hashes(Request& r);
-  void drop_out_of_window(const Group& g, std::vector<BlockId>& table, std::int64_t num_computed);
+  void drop_out_of_window(const Group& g, GroupState& gs, std::int64_t num_computed);
 
   BlockPool pool_;
   int num_spec_tokens_;
   ManagerOptions options_;
   std::vector<Group> groups_;
   std::vector<BlockHasher> hashers_;
-  std::unordered_map<std::int64_t, Request> requests_;
+  // Dense storage: slots of freed requests are reused, so the vector stays as large as the
+  // peak number of requests and a step touches no map node.
+  std::vector<Request> requests_;
+  std::vector<std::int32_t> free_slots_;
+  SlotIndex index_;
 };
 
 }  // namespace mixkv::cache

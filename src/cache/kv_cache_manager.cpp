@@ -1,6 +1,7 @@
 #include "mixkv/kv_cache_manager.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -12,6 +13,13 @@ namespace mixkv::cache {
 namespace {
 
 bool is_attention(plan::Behaviour b) { return b != plan::Behaviour::kRecurrent; }
+
+// Grows `v` geometrically to hold `n`. BlockPool::allocate and BlockHasher::extend reserve exactly
+// what they append, which alone would copy a table or hash list every time a block is added.
+template <class T>
+void reserve_for(std::vector<T>& v, std::size_t n) {
+  if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
+}
 
 }  // namespace
 
@@ -43,37 +51,114 @@ KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens,
   }
 }
 
+KvCacheManager::SlotIndex::SlotIndex() : entries_(16), shift_(64 - 4) {}
+
+std::size_t KvCacheManager::SlotIndex::home(std::int64_t id) const {
+  // Fibonacci hashing: the top bits of the product depend on every bit of the id, so sequential
+  // ids spread over the array.
+  return static_cast<std::size_t>((static_cast<std::uint64_t>(id) * 0x9E3779B97F4A7C15ULL) >>
+                                  shift_);
+}
+
+std::int32_t KvCacheManager::SlotIndex::find(std::int64_t id) const {
+  const std::size_t mask = entries_.size() - 1;
+  for (std::size_t i = home(id);; i = (i + 1) & mask) {
+    const Entry& e = entries_[i];
+    if (e.slot < 0) return -1;  // the array is never full, so every probe ends
+    if (e.id == id) return e.slot;
+  }
+}
+
+void KvCacheManager::SlotIndex::insert(std::int64_t id, std::int32_t slot) {
+  if (2 * (size_ + 1) > entries_.size()) grow();
+  const std::size_t mask = entries_.size() - 1;
+  std::size_t i = home(id);
+  while (entries_[i].slot >= 0) i = (i + 1) & mask;
+  entries_[i] = {id, slot};
+  ++size_;
+}
+
+void KvCacheManager::SlotIndex::erase(std::int64_t id) {
+  const std::size_t mask = entries_.size() - 1;
+  std::size_t hole = home(id);
+  while (entries_[hole].slot >= 0 && entries_[hole].id != id) hole = (hole + 1) & mask;
+  if (entries_[hole].slot < 0) return;  // absent
+  entries_[hole].slot = -1;
+  --size_;
+  // Backward shift instead of tombstones: move later entries of the run into the hole when their
+  // home is not after it (cyclically), so every entry stays reachable from its home without a gap.
+  for (std::size_t j = (hole + 1) & mask; entries_[j].slot >= 0; j = (j + 1) & mask) {
+    const std::size_t h = home(entries_[j].id);
+    const bool stays = hole < j ? (hole < h && h <= j) : (hole < h || h <= j);
+    if (stays) continue;
+    entries_[hole] = entries_[j];
+    entries_[j].slot = -1;
+    hole = j;
+  }
+}
+
+void KvCacheManager::SlotIndex::grow() {
+  std::vector<Entry> old(entries_.size() * 2);
+  old.swap(entries_);
+  --shift_;
+  size_ = 0;
+  for (const Entry& e : old) {
+    if (e.slot >= 0) insert(e.id, e.slot);
+  }
+}
+
 KvCacheManager::Request& KvCacheManager::request(RequestId id) {
-  auto it = requests_.find(id.value());
-  if (it == requests_.end()) throw_invalid(fmt::format("no request {}", id.value()));
-  return it->second;
+  const std::int32_t slot = index_.find(id.value());
+  if (slot < 0) throw_invalid(fmt::format("no request {}", id.value()));
+  return requests_[static_cast<std::size_t>(slot)];
 }
 
 const KvCacheManager::Request& KvCacheManager::request(RequestId id) const {
-  auto it = requests_.find(id.value());
-  if (it == requests_.end()) throw_invalid(fmt::format("no request {}", id.value()));
-  return it->second;
+  const std::int32_t slot = index_.find(id.value());
+  if (slot < 0) throw_invalid(fmt::format("no request {}", id.value()));
+  return requests_[static_cast<std::size_t>(slot)];
 }
 
 void KvCacheManager::add_request(RequestId id, std::vector<TokenId> prompt, SequenceKeys keys) {
   if (prompt.empty()) throw_invalid(fmt::format("request {} has an empty prompt", id.value()));
-  if (requests_.contains(id.value()))
+  if (index_.find(id.value()) >= 0)
     throw_invalid(fmt::format("request {} already exists", id.value()));
   Request r;
+  r.id = id.value();
+  r.live = true;
   r.prompt_len = static_cast<std::int64_t>(prompt.size());
   r.tokens = std::move(prompt);
   r.keys = std::move(keys);
   r.hashes.resize(hashers_.size());
-  r.tables.resize(groups_.size());
-  r.num_cached.assign(groups_.size(), 0);
+  r.groups.resize(groups_.size());
   update_hashes(r);
-  requests_.emplace(id.value(), std::move(r));
+  std::int32_t slot = 0;
+  if (free_slots_.empty()) {
+    requests_.push_back(std::move(r));
+    slot = static_cast<std::int32_t>(requests_.size() - 1);
+  } else {
+    slot = free_slots_.back();
+    free_slots_.pop_back();
+    requests_[static_cast<std::size_t>(slot)] = std::move(r);
+  }
+  index_.insert(id.value(), slot);
 }
 
 void KvCacheManager::update_hashes(Request& r) {
   if (!options_.enable_prefix_caching) return;
-  for (std::size_t h = 0; h < hashers_.size(); ++h)
-    hashers_[h].extend(r.tokens, r.keys, r.hashes[h]);
+  // Most decode steps fill no block: decide without touching the hash lists.
+  const auto num_tokens = static_cast<std::int64_t>(r.tokens.size());
+  if (num_tokens < r.hash_at) return;
+  r.hash_at = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t h = 0; h < hashers_.size(); ++h) {
+    auto& hashes = r.hashes[h];
+    const std::int64_t block_size = hashers_[h].block_size();
+    if (static_cast<std::int64_t>(hashes.size() + 1) * block_size <= num_tokens) {
+      reserve_for(hashes, static_cast<std::size_t>(num_tokens / block_size));
+      hashers_[h].extend(r.tokens, r.keys, hashes);
+    }
+    r.hash_at = std::min(r.hash_at, static_cast<std::int64_t>(hashes.size() + 1) * block_size);
+  }
 }
 
 std::int64_t KvCacheManager::first_needed_token(const Group& g, std::int64_t num_computed) const {
@@ -91,6 +176,14 @@ std::int64_t KvCacheManager::first_needed_token(const Group& g, std::int64_t num
 std::int64_t KvCacheManager::blocks_wanted(const Group& g, std::int64_t tokens) const {
   if (!is_attention(g.behaviour)) return 1 + num_spec_tokens_;  // live state + checkpoints
   return ceil_div(tokens, g.block_size);
+}
+
+std::int64_t KvCacheManager::extra_blocks(const Group& g, std::size_t held,
+                                          std::int64_t tokens) const {
+  const auto h = static_cast<std::int64_t>(held);
+  // Multiply before dividing: most decode steps fit in the look-ahead blocks already held.
+  if (is_attention(g.behaviour) && h * g.block_size >= tokens) return 0;
+  return std::max<std::int64_t>(0, blocks_wanted(g, tokens) - h);
 }
 
 std::int64_t KvCacheManager::longest_hit(const Group& g, const Request& r,
@@ -140,7 +233,7 @@ std::int64_t KvCacheManager::find_prefix_hit(RequestId id) const {
 
 std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
   Request& r = request(id);
-  if (r.num_computed != 0 || !r.tables[0].empty()) {
+  if (r.num_computed != 0 || !r.groups[0].table.empty()) {
     throw_invalid(fmt::format("request {} is already admitted", id.value()));
   }
   const std::int64_t hit = find_prefix_hit(id);
@@ -170,14 +263,14 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
 
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = groups_[gi];
-    auto& table = r.tables[gi];
+    auto& table = r.groups[gi].table;
     table = std::move(hit_tables[gi]);
     pool_.touch(table);
     const std::int64_t extra = blocks_wanted(g, total) - static_cast<std::int64_t>(table.size());
     if (!pool_.allocate(static_cast<std::int32_t>(extra), table))
       throw_internal("admission lost blocks it counted");
     if (is_attention(g.behaviour)) {
-      r.num_cached[gi] = hit / g.block_size;
+      r.groups[gi].num_cached = hit / g.block_size;
       ++g.stats.hit_queries;
       g.stats.hit_tokens += longest_hit(g, r, static_cast<std::int64_t>(r.tokens.size()) - 1);
     }
@@ -191,24 +284,31 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
   if (num_new < 0 || lookahead < 0) throw_invalid("allocate() takes non-negative token counts");
   const std::int64_t total = r.num_computed + num_new + lookahead;
   std::int64_t needed = 0;
-  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    needed += std::max<std::int64_t>(
-        0, blocks_wanted(groups_[gi], total) - static_cast<std::int64_t>(r.tables[gi].size()));
-  }
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi)
+    needed += extra_blocks(groups_[gi], r.groups[gi].table.size(), total);
+  if (needed == 0) return true;
   if (needed > pool_.num_free()) return false;
+  // Reserve every table before taking any block, so nothing below throws halfway.
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    const std::int64_t extra =
-        blocks_wanted(groups_[gi], total) - static_cast<std::int64_t>(r.tables[gi].size());
-    if (extra > 0 && !pool_.allocate(static_cast<std::int32_t>(extra), r.tables[gi])) {
+    auto& table = r.groups[gi].table;
+    const std::int64_t extra = extra_blocks(groups_[gi], table.size(), total);
+    reserve_for(table, table.size() + static_cast<std::size_t>(extra));
+  }
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    auto& table = r.groups[gi].table;
+    const std::int64_t extra = extra_blocks(groups_[gi], table.size(), total);
+    if (extra > 0 && !pool_.allocate(static_cast<std::int32_t>(extra), table)) {
       throw_internal("allocation lost blocks it counted");
     }
   }
   return true;
 }
 
-void KvCacheManager::drop_out_of_window(const Group& g, std::vector<BlockId>& table,
-                                        std::int64_t num_computed) {
-  const std::int64_t first = first_needed_token(g, num_computed) / g.block_size;
+void KvCacheManager::drop_out_of_window(const Group& g, GroupState& gs, std::int64_t num_computed) {
+  const std::int64_t first_token = first_needed_token(g, num_computed);
+  if (first_token < (gs.window_start + 1) * g.block_size) return;  // no block left the window
+  auto& table = gs.table;
+  const std::int64_t first = first_token / g.block_size;
   for (std::int64_t i = std::min<std::int64_t>(first, static_cast<std::int64_t>(table.size())) - 1;
        i >= 0; --i) {
     BlockId& b = table[static_cast<std::size_t>(i)];
@@ -216,6 +316,7 @@ void KvCacheManager::drop_out_of_window(const Group& g, std::vector<BlockId>& ta
     pool_.free(std::span<const BlockId>(&b, 1));
     b = kNullBlock;
   }
+  gs.window_start = std::max(gs.window_start, first);
 }
 
 void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
@@ -232,58 +333,69 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
   }
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = groups_[gi];
-    if (is_attention(g.behaviour) && static_cast<std::int64_t>(r.tables[gi].size()) * g.block_size <
-                                         r.num_computed + newly_computed) {
+    if (is_attention(g.behaviour) &&
+        static_cast<std::int64_t>(r.groups[gi].table.size()) * g.block_size <
+            r.num_computed + newly_computed) {
       throw_invalid(
           fmt::format("request {}: {} computed tokens exceed the slots allocated in group {}",
                       id.value(), r.num_computed + newly_computed, g.id));
     }
   }
-  r.tokens.insert(r.tokens.end(), new_tokens.begin(), new_tokens.end());
+  // A step appends a token or a few: push_back beats insert's call to memmove.
+  reserve_for(r.tokens, r.tokens.size() + new_tokens.size());
+  for (const TokenId t : new_tokens) r.tokens.push_back(t);
   r.num_computed += newly_computed;
   update_hashes(r);
 
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    Group& g = groups_[gi];
-    auto& table = r.tables[gi];
+    const Group& g = groups_[gi];
+    GroupState& gs = r.groups[gi];
+    auto& table = gs.table;
     if (!is_attention(g.behaviour)) {
       // The state after the last accepted draft becomes the live one; the other checkpoints are
       // overwritten by the next step's drafts.
       if (!table.empty()) std::swap(table[0], table[static_cast<std::size_t>(accepted_drafts)]);
       continue;
     }
-    if (options_.enable_prefix_caching) {
+    // Multiply before dividing: a decode step fills a block only every few steps.
+    if (options_.enable_prefix_caching && (gs.num_cached + 1) * g.block_size <= r.num_computed) {
       const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
       const std::int64_t full = std::min<std::int64_t>(r.num_computed / g.block_size,
                                                        static_cast<std::int64_t>(hashes.size()));
-      for (std::int64_t i = r.num_cached[gi]; i < full; ++i) {
+      for (std::int64_t i = gs.num_cached; i < full; ++i) {
         const BlockId b = table[static_cast<std::size_t>(i)];
         if (!b.is_null()) pool_.cache_block(b, hashes[static_cast<std::size_t>(i)], GroupId{g.id});
       }
-      r.num_cached[gi] = std::max(r.num_cached[gi], full);
+      gs.num_cached = std::max(gs.num_cached, full);
     }
-    drop_out_of_window(g, table, r.num_computed);
+    // Full groups keep every block.
+    if (g.behaviour != plan::Behaviour::kAllTokens) drop_out_of_window(g, gs, r.num_computed);
   }
 }
 
 void KvCacheManager::free(RequestId id) {
-  Request& r = request(id);
-  for (auto& table : r.tables) pool_.free(table);
-  requests_.erase(id.value());
+  const std::int32_t slot = index_.find(id.value());
+  if (slot < 0) throw_invalid(fmt::format("no request {}", id.value()));
+  Request& r = requests_[static_cast<std::size_t>(slot)];
+  for (const auto& gs : r.groups) pool_.free(gs.table);
+  r = Request{};  // releases its memory; the slot is reused by a later request
+  index_.erase(id.value());
+  free_slots_.push_back(slot);
 }
 
 std::int64_t KvCacheManager::num_computed(RequestId id) const { return request(id).num_computed; }
 
 std::span<const BlockId> KvCacheManager::block_table(RequestId id, int group) const {
-  return request(id).tables.at(static_cast<std::size_t>(group));
+  return request(id).groups.at(static_cast<std::size_t>(group)).table;
 }
 
 std::vector<GroupStats> KvCacheManager::stats() const {
   std::vector<GroupStats> out;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     GroupStats s = groups_[gi].stats;
-    for (const auto& [id, r] : requests_) {
-      for (BlockId b : r.tables[gi]) s.blocks_held += b.is_null() ? 0 : 1;
+    for (const auto& r : requests_) {
+      if (!r.live) continue;
+      for (BlockId b : r.groups[gi].table) s.blocks_held += b.is_null() ? 0 : 1;
     }
     s.padding_bytes = s.blocks_held * groups_[gi].padding_per_block;
     out.push_back(s);
@@ -294,10 +406,17 @@ std::vector<GroupStats> KvCacheManager::stats() const {
 std::string KvCacheManager::check_invariants() const {
   if (auto pool = pool_.check_invariants(); !pool.empty()) return "pool: " + pool;
   std::vector<std::int32_t> refs(static_cast<std::size_t>(pool_.num_blocks()), 0);
-  for (const auto& [id, r] : requests_) {
+  std::size_t live = 0;
+  for (std::size_t slot = 0; slot < requests_.size(); ++slot) {
+    const Request& r = requests_[slot];
+    if (!r.live) continue;
+    ++live;
+    const std::int64_t id = r.id;
+    if (index_.find(id) != static_cast<std::int32_t>(slot))
+      return fmt::format("request {} in slot {} is indexed at slot {}", id, slot, index_.find(id));
     for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
       const Group& g = groups_[gi];
-      const auto& table = r.tables[gi];
+      const auto& table = r.groups[gi].table;
       for (BlockId b : table) ++refs[static_cast<std::size_t>(b.value())];
       if (!is_attention(g.behaviour)) {
         if (!table.empty() && static_cast<std::int64_t>(table.size()) != 1 + num_spec_tokens_) {
@@ -326,6 +445,10 @@ std::string KvCacheManager::check_invariants() const {
         }
       }
     }
+  }
+  if (live != index_.size() || live + free_slots_.size() != requests_.size()) {
+    return fmt::format("{} live requests, {} indexed, {} free slots of {}", live, index_.size(),
+                       free_slots_.size(), requests_.size());
   }
   for (std::int32_t b = 1; b < pool_.num_blocks(); ++b) {
     if (refs[static_cast<std::size_t>(b)] != pool_.ref_count(BlockId{b})) {
