@@ -28,6 +28,8 @@ demo: build
 	@echo
 	./$(BUILD_DIR)/mixkv plan qwen3.5-27b --draft dflash-qwen3.5-27b --tp 2 --gpu h200 --compare
 	@echo
+	./$(BUILD_DIR)/mixkv simulate gpt-oss-20b --draft eagle3-gpt-oss-20b --requests 200
+	@echo
 	./$(BUILD_DIR)/mixkv verify qwen3.5-27b --draft mha-draft-qwen3.5-27b --tp 4 --memory-scale 512MiB
 
 test: build

@@ -23,6 +23,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   add(add_describe_command);
   add(add_plan_command);
   add(add_verify_command);
+  add(add_simulate_command);
 
   try {
     std::vector<std::string> reversed(args.rbegin(),

@@ -22,6 +22,7 @@ Action add_describe_command(CLI::App& app);
 Action add_models_command(CLI::App& app);
 Action add_plan_command(CLI::App& app);
 Action add_verify_command(CLI::App& app);
+Action add_simulate_command(CLI::App& app);
 
 // Thrown by an action whose output is complete but whose exit status is not 0 (`verify`: 3 on a
 // mismatch).

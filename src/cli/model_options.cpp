@@ -6,6 +6,7 @@
 
 #include "mixkv/describe.hpp"
 #include "mixkv/error.hpp"
+#include "mixkv/memory_budget.hpp"
 
 namespace mixkv::cli {
 namespace {
@@ -61,6 +62,57 @@ model::ModelDesc describe_from_args(const ModelArgs& args) {
   std::optional<std::string_view> draft;
   if (!args.draft.empty()) draft = args.draft;
   return model::describe_refs(args.model, draft, options);
+}
+
+void add_plan_options(CLI::App& cmd, PlanArgs& args) {
+  auto* memory =
+      cmd.add_option("--memory", args.memory, "Bytes for the KV cache per rank (e.g. 40GiB, 80GB)");
+  cmd.add_option("--gpu", args.gpu, "GPU: h100|h200|b200|b300 (memory minus estimated weights)")
+      ->excludes(memory);
+  cmd.add_option("--gpu-memory-utilization", args.utilization, "Share of GPU memory mixkv may use")
+      ->capture_default_str();
+  cmd.add_option("--block-size", args.block_size,
+                 "Attention block size in tokens (multiple of 16)");
+  cmd.add_option("--backend", args.backend,
+                 "Attention backend: "
+                 "flashinfer|flashinfer-trtllm|flash-attn|flash-attn3|triton|flex|flashmla|"
+                 "cutlass-mla|cpu")
+      ->capture_default_str();
+  cmd.add_option("--max-model-len", args.max_model_len,
+                 "Longest request (default: the model's max positions)");
+  cmd.add_option("--request-len", args.request_len, "Tokens per request of the workload")
+      ->capture_default_str();
+  cmd.add_option("--policy", args.policy, "Planning policy: mixkv|vllm")->capture_default_str();
+}
+
+plan::PlanOptions plan_options_from_args(const PlanArgs& args, const model::ModelDesc& desc,
+                                         std::string* memory_note) {
+  plan::PlanOptions options;
+  auto backend = attn::parse_backend(args.backend);
+  if (!backend) {
+    throw_invalid(fmt::format("--backend '{}' is unknown; use one of {}", args.backend,
+                              fmt::join(attn::backend_names(), ", ")));
+  }
+  options.backend = *backend;
+  auto policy = plan::parse_policy(args.policy);
+  if (!policy)
+    throw_invalid(fmt::format("--policy '{}' is unknown; use mixkv or vllm", args.policy));
+  options.policy = *policy;
+  options.block_size = args.block_size;
+  options.max_model_len = args.max_model_len;
+  options.request_len = args.request_len;
+  std::string note;
+  if (!args.memory.empty()) {
+    options.memory_bytes = plan::parse_memory_size(args.memory);
+    note = fmt::format("KV memory given: {} B", options.memory_bytes);
+  } else {
+    const plan::MemoryBudget budget = plan::budget_for_gpu(
+        plan::find_gpu(args.gpu.empty() ? "h100" : args.gpu), args.utilization, desc);
+    options.memory_bytes = budget.kv_bytes;
+    note = "KV memory: " + budget.explanation;
+  }
+  if (memory_note) *memory_note = note;
+  return options;
 }
 
 }  // namespace mixkv::cli

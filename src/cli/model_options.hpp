@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mixkv/model.hpp"
+#include "mixkv/plan.hpp"
 
 namespace CLI {
 class App;
@@ -26,5 +27,21 @@ struct ModelArgs {
 
 void add_model_options(CLI::App& cmd, ModelArgs& args);
 model::ModelDesc describe_from_args(const ModelArgs& args);
+
+// Plan options as `plan` reads them (memory, backend, block size, lengths, policy).
+struct PlanArgs {
+  std::string memory;
+  std::string gpu;
+  double utilization = 0.9;
+  std::optional<std::int64_t> block_size;
+  std::string backend = "flashinfer";
+  std::int64_t max_model_len = 0;
+  std::int64_t request_len = 2500;
+  std::string policy = "mixkv";
+};
+void add_plan_options(CLI::App& cmd, PlanArgs& args);
+// Resolves the options (default memory: --gpu h100); `memory_note` says where the memory came from.
+plan::PlanOptions plan_options_from_args(const PlanArgs& args, const model::ModelDesc& desc,
+                                         std::string* memory_note = nullptr);
 
 }  // namespace mixkv::cli

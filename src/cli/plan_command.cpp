@@ -1,5 +1,4 @@
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 #include <ostream>
 
@@ -8,7 +7,6 @@
 #include "mixkv/error.hpp"
 #include "mixkv/geometry.hpp"
 #include "mixkv/geometry_json.hpp"
-#include "mixkv/memory_budget.hpp"
 #include "mixkv/plan.hpp"
 #include "mixkv/plan_json.hpp"
 #include "model_options.hpp"
@@ -19,14 +17,7 @@ namespace mixkv::cli {
 Action add_plan_command(CLI::App& app) {
   struct Args {
     ModelArgs model;
-    std::string memory;
-    std::string gpu;
-    double utilization = 0.9;
-    std::optional<std::int64_t> block_size;
-    std::string backend = "flashinfer";
-    std::int64_t max_model_len = 0;
-    std::int64_t request_len = 2500;
-    std::string policy = "mixkv";
+    PlanArgs plan;
     bool compare = false;
     bool explain = false;
     bool json = false;
@@ -41,25 +32,7 @@ Action add_plan_command(CLI::App& app) {
       "both policies; "
       "docs/plan-json.md the --json schema.");
   add_model_options(*cmd, args->model);
-  auto* memory = cmd->add_option("--memory", args->memory,
-                                 "Bytes for the KV cache per rank (e.g. 40GiB, 80GB)");
-  cmd->add_option("--gpu", args->gpu, "GPU: h100|h200|b200|b300 (memory minus estimated weights)")
-      ->excludes(memory);
-  cmd->add_option("--gpu-memory-utilization", args->utilization,
-                  "Share of GPU memory mixkv may use")
-      ->capture_default_str();
-  cmd->add_option("--block-size", args->block_size,
-                  "Attention block size in tokens (multiple of 16)");
-  cmd->add_option("--backend", args->backend,
-                  "Attention backend: "
-                  "flashinfer|flashinfer-trtllm|flash-attn|flash-attn3|triton|flex|flashmla|"
-                  "cutlass-mla|cpu")
-      ->capture_default_str();
-  cmd->add_option("--max-model-len", args->max_model_len,
-                  "Longest request (default: the model's max positions)");
-  cmd->add_option("--request-len", args->request_len, "Tokens per request of the workload")
-      ->capture_default_str();
-  cmd->add_option("--policy", args->policy, "Planning policy: mixkv|vllm")->capture_default_str();
+  add_plan_options(*cmd, args->plan);
   cmd->add_flag("--compare", args->compare, "Plan with both policies and compare them");
   cmd->add_flag("--explain", args->explain, "Show the attention groups and why each was split");
   cmd->add_flag("--json", args->json, "Print the plan as JSON (docs/plan-json.md)");
@@ -77,30 +50,8 @@ Action add_plan_command(CLI::App& app) {
   };
   return [args, full_json, explained](std::ostream& out) {
     const model::ModelDesc desc = describe_from_args(args->model);
-    plan::PlanOptions options;
-    auto backend = attn::parse_backend(args->backend);
-    if (!backend) {
-      throw_invalid(fmt::format("--backend '{}' is unknown; use one of {}", args->backend,
-                                fmt::join(attn::backend_names(), ", ")));
-    }
-    options.backend = *backend;
-    auto policy = plan::parse_policy(args->policy);
-    if (!policy)
-      throw_invalid(fmt::format("--policy '{}' is unknown; use mixkv or vllm", args->policy));
-    options.policy = *policy;
-    options.block_size = args->block_size;
-    options.max_model_len = args->max_model_len;
-    options.request_len = args->request_len;
     std::string memory_note;
-    if (!args->memory.empty()) {
-      options.memory_bytes = plan::parse_memory_size(args->memory);
-      memory_note = fmt::format("KV memory given: {} B", options.memory_bytes);
-    } else {
-      const plan::MemoryBudget budget = plan::budget_for_gpu(
-          plan::find_gpu(args->gpu.empty() ? "h100" : args->gpu), args->utilization, desc);
-      options.memory_bytes = budget.kv_bytes;
-      memory_note = "KV memory: " + budget.explanation;
-    }
+    plan::PlanOptions options = plan_options_from_args(args->plan, desc, &memory_note);
 
     if (args->compare) {
       options.policy = plan::Policy::kVllm;
