@@ -4,22 +4,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "cli/cli.hpp"
 #include "cli/layer_table.hpp"
+#include "cli_test_support.hpp"
 
 namespace mixkv::cli {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-  std::string err;
-};
-
-Result run_cli(std::vector<std::string> args) {
-  std::ostringstream out, err;
-  int status = run(args, out, err);
-  return {status, out.str(), err.str()};
+testing::CliResult run_cli(std::vector<std::string> args) {
+  return testing::run_cli("", std::move(args));
 }
 
 TEST(CompactIndices, RunsAndProgressions) {
@@ -30,7 +22,7 @@ TEST(CompactIndices, RunsAndProgressions) {
 }
 
 TEST(DescribeCommand, TableFoldsIdenticalLayersIntoOneRow) {
-  Result r = run_cli({"describe", "qwen3-next-80b-a3b"});
+  testing::CliResult r = run_cli({"describe", "qwen3-next-80b-a3b"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(r.err.empty());
   EXPECT_NE(r.out.find("3..47 step 4"), std::string::npos) << r.out;
@@ -40,8 +32,8 @@ TEST(DescribeCommand, TableFoldsIdenticalLayersIntoOneRow) {
 }
 
 TEST(DescribeCommand, JsonOutputParsesAndHonoursOptions) {
-  Result r = run_cli({"describe", "qwen3-next-80b-a3b", "--tp", "4", "--num-spec-tokens", "2",
-                      "--kv-dtype", "fp8", "--json"});
+  testing::CliResult r = run_cli({"describe", "qwen3-next-80b-a3b", "--tp", "4",
+                                  "--num-spec-tokens", "2", "--kv-dtype", "fp8", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["tp"], 4);
@@ -52,8 +44,8 @@ TEST(DescribeCommand, JsonOutputParsesAndHonoursOptions) {
 }
 
 TEST(DescribeCommand, DraftAndLayerOverride) {
-  Result r = run_cli({"describe", "qwen3.5-27b", "--draft", "dflash-qwen3.5-27b",
-                      "--layer-kv-dtype", "draft.*=fp8", "--json"});
+  testing::CliResult r = run_cli({"describe", "qwen3.5-27b", "--draft", "dflash-qwen3.5-27b",
+                                  "--layer-kv-dtype", "draft.*=fp8", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["layers"].back()["kv_dtype"], "fp8_e4m3");
@@ -61,20 +53,20 @@ TEST(DescribeCommand, DraftAndLayerOverride) {
 }
 
 TEST(DescribeCommand, BadDtypeIsUsageErrorOnStderr) {
-  Result r = run_cli({"describe", "qwen3-8b", "--kv-dtype", "int3"});
+  testing::CliResult r = run_cli({"describe", "qwen3-8b", "--kv-dtype", "int3"});
   EXPECT_EQ(r.status, 2);
   EXPECT_TRUE(r.out.empty());
   EXPECT_NE(r.err.find("--kv-dtype 'int3'"), std::string::npos) << r.err;
 }
 
 TEST(DescribeCommand, UnknownModelIsUsageError) {
-  Result r = run_cli({"describe", "no-such-model"});
+  testing::CliResult r = run_cli({"describe", "no-such-model"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("mixkv models"), std::string::npos) << r.err;
 }
 
 TEST(ModelsCommand, ListsTargetsDraftersAndPairings) {
-  Result r = run_cli({"models", "--json"});
+  testing::CliResult r = run_cli({"models", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   bool found_pair = false;
@@ -93,7 +85,7 @@ TEST(ModelsCommand, ListsTargetsDraftersAndPairings) {
 TEST(Cli, HelpForEveryCommandExitsZero) {
   for (auto args : std::vector<std::vector<std::string>>{
            {"--help"}, {"describe", "--help"}, {"models", "--help"}}) {
-    Result r = run_cli(args);
+    testing::CliResult r = run_cli(args);
     EXPECT_EQ(r.status, 0);
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << r.out;
   }

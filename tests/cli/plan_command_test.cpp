@@ -4,26 +4,18 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "cli/cli.hpp"
+#include "cli_test_support.hpp"
 
 namespace mixkv::cli {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-  std::string err;
-};
-
-Result run_plan(std::vector<std::string> args) {
-  args.insert(args.begin(), "plan");
-  std::ostringstream out, err;
-  int status = run(args, out, err);
-  return {status, out.str(), err.str()};
+testing::CliResult run_plan(std::vector<std::string> args) {
+  return testing::run_cli("plan", std::move(args));
 }
 
 TEST(PlanCommand, JsonCarriesTheContractKeys) {
-  Result r = run_plan({"qwen3-next-80b-a3b", "--memory", "40GiB", "--policy", "vllm", "--json"});
+  testing::CliResult r =
+      run_plan({"qwen3-next-80b-a3b", "--memory", "40GiB", "--policy", "vllm", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   for (const char* key :
@@ -47,13 +39,13 @@ TEST(PlanCommand, JsonCarriesTheContractKeys) {
 }
 
 TEST(PlanCommand, CompareShowsBothPoliciesAndTheirRatio) {
-  Result r = run_plan({"qwen3.5-27b", "--draft", "mha-draft-qwen3.5-27b", "--tp", "4", "--gpu",
-                       "b300", "--compare"});
+  testing::CliResult r = run_plan({"qwen3.5-27b", "--draft", "mha-draft-qwen3.5-27b", "--tp", "4",
+                                   "--gpu", "b300", "--compare"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("mixkv/vllm"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("factor"), std::string::npos) << r.out;
-  Result j = run_plan({"qwen3.5-27b", "--draft", "mha-draft-qwen3.5-27b", "--tp", "4", "--gpu",
-                       "b300", "--compare", "--json"});
+  testing::CliResult j = run_plan({"qwen3.5-27b", "--draft", "mha-draft-qwen3.5-27b", "--tp", "4",
+                                   "--gpu", "b300", "--compare", "--json"});
   ASSERT_EQ(j.status, 0) << j.err;
   auto doc = nlohmann::json::parse(j.out);
   EXPECT_GT(doc["mixkv"]["concurrency"]["max_requests"].get<int>(),
@@ -72,7 +64,7 @@ TEST(PlanCommand, BadInputsExitTwoWithAClearMessage) {
            {{"qwen3-8b", "--memory", "40GiB", "--policy", "sglang"}, "--policy"},
            {{"qwen3-8b", "--memory", "40GiB", "--block-size", "20"}, "--block-size 20"},
            {{"qwen3-8b", "--memory", "1GiB"}, "longest request that fits"}}) {
-    Result r = run_plan(c.args);
+    testing::CliResult r = run_plan(c.args);
     EXPECT_EQ(r.status, 2) << c.needle;
     EXPECT_TRUE(r.out.empty());
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;

@@ -6,26 +6,18 @@
 #include <set>
 #include <sstream>
 
-#include "cli/cli.hpp"
+#include "cli_test_support.hpp"
 
 namespace mixkv::cli {
 namespace {
 
-struct Result {
-  int status;
-  std::string out;
-  std::string err;
-};
-
-Result run_verify(std::vector<std::string> args) {
-  args.insert(args.begin(), "verify");
-  std::ostringstream out, err;
-  int status = run(args, out, err);
-  return {status, out.str(), err.str()};
+testing::CliResult run_verify(std::vector<std::string> args) {
+  return testing::run_cli("verify", std::move(args));
 }
 
 TEST(VerifyCommand, TablePassesAndExitsZero) {
-  Result r = run_verify({"qwen3-8b", "--draft", "dflash-qwen3-8b-b16", "--requests", "2"});
+  testing::CliResult r =
+      run_verify({"qwen3-8b", "--draft", "dflash-qwen3-8b-b16", "--requests", "2"});
   ASSERT_EQ(r.status, 0) << r.err << r.out;
   EXPECT_NE(r.out.find("all verified groups pass"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("non-causal"), std::string::npos) << r.out;
@@ -34,8 +26,8 @@ TEST(VerifyCommand, TablePassesAndExitsZero) {
 }
 
 TEST(VerifyCommand, JsonReportsEveryGroup) {
-  Result r = run_verify({"qwen3-next-80b-a3b", "--policy", "vllm", "--backend", "cpu", "--requests",
-                         "2", "--seed", "3", "--json"});
+  testing::CliResult r = run_verify({"qwen3-next-80b-a3b", "--policy", "vllm", "--backend", "cpu",
+                                     "--requests", "2", "--seed", "3", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["passed"], true);
@@ -52,12 +44,13 @@ TEST(VerifyCommand, JsonReportsEveryGroup) {
 }
 
 TEST(VerifyCommand, PlantedMismatchExitsThree) {
-  Result r = run_verify({"gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests", "2",
-                         "--plant-fault", "stride", "--fault-group", "0"});
+  testing::CliResult r = run_verify({"gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests",
+                                     "2", "--plant-fault", "stride", "--fault-group", "0"});
   EXPECT_EQ(r.status, 3) << r.err << r.out;
   EXPECT_NE(r.out.find("MISMATCH"), std::string::npos) << r.out;
-  Result j = run_verify({"gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests", "2",
-                         "--plant-fault", "stride", "--fault-group", "0", "--json"});
+  testing::CliResult j =
+      run_verify({"gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests", "2",
+                  "--plant-fault", "stride", "--fault-group", "0", "--json"});
   EXPECT_EQ(j.status, 3);
   auto doc = nlohmann::json::parse(j.out);
   EXPECT_EQ(doc["passed"], false);

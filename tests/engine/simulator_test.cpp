@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "cli/cli.hpp"
+#include "cli_test_support.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::sim {
@@ -179,21 +179,12 @@ TEST(Simulator, RequestsThatCannotFitAreErrors) {
                         {"big.jsonl:1", "do not fit"});
 }
 
-struct Result {
-  int status;
-  std::string out;
-  std::string err;
-};
-
-Result run_simulate(std::vector<std::string> args) {
-  args.insert(args.begin(), "simulate");
-  std::ostringstream out, err;
-  const int status = cli::run(args, out, err);
-  return {status, out.str(), err.str()};
+testing::CliResult run_simulate(std::vector<std::string> args) {
+  return testing::run_cli("simulate", std::move(args));
 }
 
 TEST(SimulateCommand, JsonCarriesTheReportKeys) {
-  const Result r =
+  const testing::CliResult r =
       run_simulate({"gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests", "30", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
@@ -213,7 +204,8 @@ TEST(SimulateCommand, JsonCarriesTheReportKeys) {
 }
 
 TEST(SimulateCommand, HumanSummaryAndExitCodes) {
-  const Result ok = run_simulate({"llama-3.1-8b", "--requests", "10", "--memory", "20GiB"});
+  const testing::CliResult ok =
+      run_simulate({"llama-3.1-8b", "--requests", "10", "--memory", "20GiB"});
   ASSERT_EQ(ok.status, 0) << ok.err;
   EXPECT_NE(ok.out.find("prefix hit rate"), std::string::npos) << ok.out;
   EXPECT_NE(ok.out.find("request-steps/s"), std::string::npos) << ok.out;
@@ -228,7 +220,7 @@ TEST(SimulateCommand, HumanSummaryAndExitCodes) {
            {{"llama-3.1-8b", "--trace", "/nonexistent/t.jsonl"}, "/nonexistent/t.jsonl"},
            {{"llama-3.1-8b", "--policy", "sglang"}, "--policy"},
            {{"llama-3.1-8b", "--gpu", "a100"}, "unknown GPU"}}) {
-    const Result r = run_simulate(c.args);
+    const testing::CliResult r = run_simulate(c.args);
     EXPECT_EQ(r.status, 2) << c.needle;
     EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
   }
