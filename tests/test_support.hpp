@@ -5,15 +5,49 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "mixkv/builtin_models.hpp"
 #include "mixkv/describe.hpp"
 #include "mixkv/error.hpp"
 #include "mixkv/model.hpp"
 
 namespace mixkv::testing {
+
+struct Pair {
+  std::string target;
+  std::optional<std::string> draft;
+  std::string label() const { return target + (draft ? " + " + *draft : ""); }
+};
+
+// Every built-in target alone, with each built-in drafter made for it, and with its MTP layers.
+inline std::vector<Pair> builtin_pairs() {
+  std::vector<Pair> pairs;
+  for (const auto& m : builtin::builtin_models()) {
+    if (m.role != builtin::Role::kTarget) continue;
+    pairs.push_back({std::string(m.name), std::nullopt});
+    for (const auto& d : builtin::builtin_models()) {
+      for (auto t : d.targets) {
+        if (t == m.name) pairs.push_back({std::string(m.name), std::string(d.name)});
+      }
+    }
+    try {
+      model::describe_refs(m.name, model::kMtpDraft, {});
+      pairs.push_back({std::string(m.name), std::string(model::kMtpDraft)});
+    } catch (const Error&) {
+    }
+  }
+  return pairs;
+}
+
+inline model::ModelDesc describe_pair(const Pair& p, const model::DescribeOptions& options = {}) {
+  std::optional<std::string_view> draft;
+  if (p.draft) draft = *p.draft;
+  return model::describe_refs(p.target, draft, options);
+}
 
 inline model::ModelDesc describe_builtin(std::string_view target,
                                          std::optional<std::string_view> draft = {},

@@ -69,6 +69,10 @@ enum class PlantedFault {
   kNone,
   kKernelPageStride,  // the manager page split into one kernel page too many
   kFullWindow,        // a sliding-window group run with window_left = -1
+  // A drafter's group read with the target's kernel page size (the bug of an engine that picks
+  // one kernel page for the whole model): its geometry is rebuilt as if the draft's attention
+  // group had the first target attention group's kernel page.
+  kTargetKernelPage,
 };
 
 struct VerifyOptions {
@@ -77,6 +81,9 @@ struct VerifyOptions {
   int requests = 4;
   std::uint64_t seed = 1;
   std::int64_t longest_request = 1024;  // tokens of the first (longest) request, at most
+  // Layers checked per group, at most (first and last, then an even sample between); 0: as many
+  // as the dense reference's work budget allows.
+  int max_layers_per_group = 0;
   PlantedFault fault = PlantedFault::kNone;
   int fault_group = -1;  // attention group the fault applies to; -1: every group
   // Called after each layer is checked: (layers done, layers in all).

@@ -64,7 +64,7 @@ Action add_verify_command(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();
   cmd->add_flag("--json", args->json, "Print the results as JSON");
   // Testing aids (hidden): plant a fault in what the kernels are given, to see verify catch it.
-  cmd->add_option("--plant-fault", args->fault, "stride|window")->group("");
+  cmd->add_option("--plant-fault", args->fault, "stride|window|target-page")->group("");
   cmd->add_option("--fault-group", args->fault_group, "attention group of --plant-fault")
       ->group("");
 
@@ -91,9 +91,11 @@ Action add_verify_command(CLI::App& app) {
       options.fault = kernels::PlantedFault::kKernelPageStride;
     } else if (args->fault == "window") {
       options.fault = kernels::PlantedFault::kFullWindow;
+    } else if (args->fault == "target-page") {
+      options.fault = kernels::PlantedFault::kTargetKernelPage;
     } else if (!args->fault.empty()) {
-      throw_invalid(
-          fmt::format("--plant-fault '{}' is unknown; use stride or window", args->fault));
+      throw_invalid(fmt::format("--plant-fault '{}' is unknown; use stride, window or target-page",
+                                args->fault));
     }
     options.fault_group = args->fault_group;
     const bool progress = isatty(STDERR_FILENO) != 0;

@@ -260,6 +260,10 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   // The batch: request 0 as long as the plan allows (longer than any window), the others random;
   // every odd request shares a prefix with the one before it. Extends are short, except in a
   // non-causal group, whose queries are a whole draft block.
+  if (options.max_layers_per_group < 0) {
+    throw_invalid(fmt::format("max layers per group {} is negative; use 0 for the default",
+                              options.max_layers_per_group));
+  }
   if (options.longest_request < 1) {
     throw_invalid(fmt::format("longest request {} is not positive", options.longest_request));
   }
@@ -394,8 +398,12 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
               static_cast<double>(q.kv_len) * (first.head_size + first.head_size_v);
     }
     const std::size_t n = g.layers.size();
+    double most = static_cast<double>(n);
+    if (options.max_layers_per_group > 0) {
+      most = std::min(most, static_cast<double>(options.max_layers_per_group));
+    }
     const auto sample = static_cast<std::size_t>(
-        std::clamp(kReferenceBudget / std::max(cost, 1.0), 2.0, static_cast<double>(n)));
+        std::clamp(kReferenceBudget / std::max(cost, 1.0), std::min(2.0, most), most));
     std::set<std::size_t> picked;
     for (std::size_t k = 0; k < sample; ++k) {
       picked.insert(sample == 1 ? 0 : k * (n - 1) / (sample - 1));
@@ -468,6 +476,28 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     }
   }
 
+  // kTargetKernelPage: the geometry an engine would compute had it given every drafter group the
+  // target's kernel page. Built lazily: make_geometry may refuse it (then the group mismatches
+  // with that error).
+  const auto target_page_geometry = [&]() -> layout::Geometry {
+    std::int64_t target_page = 0;
+    for (const attn::AttentionGroup& g : groups) {
+      if (layer_desc(g.layers.front()).owner == model::Owner::kTarget) {
+        target_page = g.kernel_block_size;
+        break;
+      }
+    }
+    if (target_page == 0) throw_invalid("the target has no attention group to take a page from");
+    std::vector<attn::AttentionGroup> forced = groups;
+    for (attn::AttentionGroup& g : forced) {
+      const bool faulty = options.fault_group < 0 || options.fault_group == g.id;
+      if (faulty && layer_desc(g.layers.front()).owner == model::Owner::kDraft) {
+        g.kernel_block_size = target_page;
+      }
+    }
+    return layout::make_geometry(desc, plan, forced);
+  };
+
   // Run and compare: a decode batch (one query per request), then an extend batch.
   int done = 0;
   for (const LayerCase& c : cases) {
@@ -490,6 +520,9 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     }
     Comparison total;
     try {
+      if (faulty && options.fault == PlantedFault::kTargetKernelPage) {
+        given = target_page_geometry().layer(c.desc->name);
+      }
       std::vector<Data> datas;
       std::vector<std::vector<std::int64_t>> pages;
       for (std::size_t i = 0; i < report.requests.size(); ++i) {

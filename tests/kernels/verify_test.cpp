@@ -156,5 +156,39 @@ TEST(VerifyPlantedFault, SlidingGroupGivenTheFullWindowIsCaught) {
   }
 }
 
+// An engine that gives the whole model the target's kernel page reads the MHA drafter's pages
+// (16 tokens under flashinfer, from its 10 KV heads) as 32-token pages: verify catches it on the
+// drafter's group and nowhere else.
+TEST(VerifyPlantedFault, DraftGroupGivenTheTargetKernelPageIsCaught) {
+  model::DescribeOptions d;
+  d.tp = 8;
+  const model::ModelDesc desc =
+      mixkv::testing::describe_builtin("qwen3.5-27b", "mha-draft-qwen3.5-27b", d);
+  VerifyOptions o;
+  o.plan.backend = attn::Backend::kFlashinfer;
+  o.plan.memory_bytes = 128 * kMiB;
+  o.requests = 2;
+  o.seed = 5;
+  o.longest_request = 512;
+  const VerifyReport clean = verify(desc, o);
+  ASSERT_FALSE(clean.mismatch());
+  int draft = -1;
+  for (const auto& g : clean.groups) {
+    if (g.attention_group >= 0 && g.layers.front().rfind("draft.", 0) == 0) {
+      draft = g.attention_group;
+    }
+  }
+  ASSERT_GE(draft, 0);
+
+  o.fault = PlantedFault::kTargetKernelPage;
+  const VerifyReport r = verify(desc, o);
+  EXPECT_TRUE(r.mismatch());
+  for (const auto& g : r.groups) {
+    if (g.attention_group < 0) continue;
+    EXPECT_EQ(g.status, g.attention_group == draft ? GroupStatus::kMismatch : GroupStatus::kPass)
+        << g.attention_group << ": " << g.reason;
+  }
+}
+
 }  // namespace
 }  // namespace mixkv::kernels

@@ -7,44 +7,17 @@
 #include <map>
 #include <set>
 
-#include "mixkv/builtin_models.hpp"
 #include "mixkv/describe.hpp"
 #include "mixkv/error.hpp"
 #include "mixkv/plan.hpp"
+#include "test_support.hpp"
 
 namespace mixkv::plan::testing {
 
-struct Pair {
-  std::string target;
-  std::optional<std::string> draft;
-  std::string label() const { return target + (draft ? " + " + *draft : ""); }
-};
-
-// Every built-in target alone, with each built-in drafter made for it, and with its MTP layers.
-inline std::vector<Pair> builtin_pairs() {
-  std::vector<Pair> pairs;
-  for (const auto& m : builtin::builtin_models()) {
-    if (m.role != builtin::Role::kTarget) continue;
-    pairs.push_back({std::string(m.name), std::nullopt});
-    for (const auto& d : builtin::builtin_models()) {
-      for (auto t : d.targets) {
-        if (t == m.name) pairs.push_back({std::string(m.name), std::string(d.name)});
-      }
-    }
-    try {
-      model::describe_refs(m.name, model::kMtpDraft, {});
-      pairs.push_back({std::string(m.name), std::string(model::kMtpDraft)});
-    } catch (const Error&) {
-    }
-  }
-  return pairs;
-}
-
-inline model::ModelDesc describe_pair(const Pair& p) {
-  std::optional<std::string_view> draft;
-  if (p.draft) draft = *p.draft;
-  return model::describe_refs(p.target, draft, {});
-}
+// Built-in pairs live in the shared test support; the plan tests name them from here.
+using mixkv::testing::builtin_pairs;
+using mixkv::testing::describe_pair;
+using mixkv::testing::Pair;
 
 // Invariants every plan keeps, whatever the policy.
 inline void expect_plan_invariants(const model::ModelDesc& desc, const CachePlan& plan,
