@@ -13,6 +13,7 @@
 #include "mixkv/attention_groups.hpp"
 #include "mixkv/geometry.hpp"
 #include "mixkv/model.hpp"
+#include "mixkv/thread_pool.hpp"
 
 namespace mixkv::kernels {
 
@@ -75,6 +76,9 @@ struct AttentionInputs {
   std::span<const float> queries;  // [sum of num_queries, num_q_heads, head_size], batch order
   std::span<const float> sinks;    // [num_q_heads] when spec.params.sinks, else empty
   KvScales scales;
+  // Workers to spread requests and heads over; nullptr runs on the calling thread. Outputs are
+  // bit-identical whatever the pool's size and whatever else is in the batch.
+  ThreadPool* pool = nullptr;
 };
 
 // Attention of every query of `inputs.batch` over its paged context; out: [sum of num_queries,
