@@ -92,4 +92,8 @@ struct AttentionInputs {
 void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
                      const AttentionInputs& inputs, std::span<float> out);
 
+// The instruction set paged_attention's inner loops use on this CPU (Highway's target name, e.g.
+// "AVX3" for AVX-512, "AVX2"), chosen at run time.
+std::string simd_target();
+
 }  // namespace mixkv::kernels

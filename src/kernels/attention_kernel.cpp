@@ -200,6 +200,8 @@ void write_kv(const AttentionSpec& spec, const layout::LayerGeometry& layer, KvS
   }
 }
 
+std::string simd_target() { return detail::attend_target(); }
+
 void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
                      const AttentionInputs& inputs, std::span<float> out) {
   const PageLayout p = page_layout(spec, layer);

@@ -1,6 +1,7 @@
-// kernels::ThreadPool on its own, and paged attention's promise on top of it: outputs are
-// bit-identical whatever the pool's size and whatever else is in the batch (a batch-invariant
-// engine relies on it).
+// What the Highway kernels and the thread pool add: every stored code of every dtype is read
+// exactly (in registers for decode, through scratch otherwise); kernels::ThreadPool on its own;
+// and outputs bit-identical whatever the pool's size and whatever else is in the batch (a
+// batch-invariant engine relies on it).
 #include "mixkv/thread_pool.hpp"
 
 #include <gtest/gtest.h>
@@ -106,6 +107,70 @@ std::vector<std::vector<float>> run_batch(const Layer& l, const std::vector<test
 
 bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// One key per request: the softmax weight is exactly 1, so the output is the V row the kernel
+// decoded. Every code of the dtype is stored in V rows and must come back as decode_row gives it
+// (a zero may lose its sign: the accumulator starts at +0).
+void expect_every_code_read_exactly(DType dtype, int head_size_v) {
+  AttentionSpec spec;
+  spec.params.kv_dtype = dtype;
+  spec.params.num_q_heads = 2;
+  spec.params.num_kv_heads = 1;
+  spec.head_size = 32;
+  spec.head_size_v = head_size_v;
+  spec.params.scale = 1.0;
+  const int elem = element_bytes(dtype);
+  const std::int64_t codes = elem == 1 ? 256 : 65536;
+  const std::int64_t requests = (codes + head_size_v - 1) / head_size_v;
+  Layer l = make_layer(spec, requests);
+  const KvScales scales = elem == 1 ? KvScales{1.0f, 0.375f} : KvScales{};
+  std::vector<std::byte> v_bytes(static_cast<std::size_t>(requests * head_size_v * elem));
+  for (std::size_t i = 0; i < v_bytes.size() / static_cast<std::size_t>(elem); ++i) {
+    const auto code = static_cast<std::uint32_t>(i % static_cast<std::size_t>(codes));
+    for (int b = 0; b < elem; ++b)
+      v_bytes[i * static_cast<std::size_t>(elem) + static_cast<std::size_t>(b)] =
+          static_cast<std::byte>((code >> (8 * b)) & 0xFF);
+  }
+  std::vector<std::vector<std::int64_t>> pages(static_cast<std::size_t>(requests));
+  std::vector<PagedSequence> batch;
+  for (std::int64_t r = 0; r < requests; ++r) {
+    std::byte* page = l.cache.data() + r * l.geometry.kernel_page_stride;
+    std::fill(page, page + l.geometry.k_token_bytes, std::byte{0});  // K = 0
+    std::copy_n(v_bytes.begin() + r * head_size_v * elem, head_size_v * elem,
+                page + l.geometry.v_offset);
+    pages[static_cast<std::size_t>(r)] = {r};
+    batch.push_back({pages[static_cast<std::size_t>(r)], 1, 1});
+  }
+  const std::vector<float> q(static_cast<std::size_t>(requests * 2 * 32), 0.5f);
+  std::vector<float> out(static_cast<std::size_t>(requests * 2 * head_size_v));
+  paged_attention(spec, l.geometry, AttentionInputs{l.cache, batch, q, {}, scales}, out);
+  std::vector<float> expected(v_bytes.size() / static_cast<std::size_t>(elem));
+  decode_row(dtype, v_bytes, scales.v, expected);
+  int mismatches = 0;
+  for (std::int64_t r = 0; r < requests; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < head_size_v; ++e) {
+        const float want = expected[static_cast<std::size_t>(r * head_size_v + e)];
+        const float got = out[static_cast<std::size_t>((r * 2 + h) * head_size_v + e)];
+        const bool same = std::isnan(want) ? std::isnan(got) : got == want;
+        if (!same && ++mismatches <= 5) {
+          ADD_FAILURE() << to_string(dtype) << " dv " << head_size_v << ": element "
+                        << r * head_size_v + e << " reads " << got << ", stored " << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << to_string(dtype) << " dv " << head_size_v;
+}
+
+TEST(PagedDecode, ReadsEveryStoredCodeExactly) {
+  // 64: whole vectors, decoded in registers; 40: a tail, decoded through scratch.
+  for (int dv : {64, 40}) {
+    for (DType dtype : {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kFp8E5m2}) {
+      expect_every_code_read_exactly(dtype, dv);
+    }
+  }
 }
 
 struct Case {
