@@ -86,8 +86,9 @@ std::vector<detail::AttendTask> make_tasks(const AttentionSpec& spec,
   std::int64_t blocks = 0;
   for (const PagedSequence& seq : batch)
     blocks += (seq.num_queries + detail::kQueryBlock - 1) / detail::kQueryBlock;
-  // A few tasks per worker let the dynamic hand-out even out requests of different lengths.
-  const std::int64_t wanted = workers > 1 ? 4 * std::int64_t{workers} : 1;
+  // Two tasks per worker let the dynamic hand-out even out requests of different lengths while
+  // keeping each task's slice of a row long (several KV heads), which streams better.
+  const std::int64_t wanted = workers > 1 ? 2 * std::int64_t{workers} : 1;
   const std::int64_t chunks = std::clamp<std::int64_t>((wanted + blocks - 1) / blocks, 1, hq);
   const std::int64_t heads_per_task =
       chunks <= hkv ? (hkv + chunks - 1) / chunks * (hq / hkv) : (hq + chunks - 1) / chunks;
