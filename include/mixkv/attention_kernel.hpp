@@ -13,6 +13,7 @@
 #include "mixkv/attention_groups.hpp"
 #include "mixkv/geometry.hpp"
 #include "mixkv/model.hpp"
+#include "mixkv/thread_pool.hpp"
 
 namespace mixkv::kernels {
 
@@ -75,6 +76,9 @@ struct AttentionInputs {
   std::span<const float> queries;  // [sum of num_queries, num_q_heads, head_size], batch order
   std::span<const float> sinks;    // [num_q_heads] when spec.params.sinks, else empty
   KvScales scales;
+  // Workers to spread requests and heads over; nullptr runs on the calling thread. Outputs are
+  // bit-identical whatever the pool's size and whatever else is in the batch.
+  ThreadPool* pool = nullptr;
 };
 
 // Attention of every query of `inputs.batch` over its paged context; out: [sum of num_queries,
@@ -87,5 +91,9 @@ struct AttentionInputs {
 // match the spec, shapes that do not match, or a page outside `cache`.
 void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
                      const AttentionInputs& inputs, std::span<float> out);
+
+// The instruction set paged_attention's inner loops use on this CPU (Highway's target name, e.g.
+// "AVX3" for AVX-512, "AVX2"), chosen at run time.
+std::string simd_target();
 
 }  // namespace mixkv::kernels

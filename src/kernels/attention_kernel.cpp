@@ -6,17 +6,16 @@
 
 #include <fmt/format.h>
 
-#include "kernels/element_load.hpp"
+#include "kernels/attention_simd.hpp"
 #include "mixkv/error.hpp"
 #include "mixkv/kernels_convert.hpp"
 
 namespace mixkv::kernels {
 namespace {
 
-// Queries processed together share each K/V tile they read (prefill); the tile bounds the
-// float scratch rows converted from the cache at once.
-constexpr std::int64_t kQueryBlock = 16;
-constexpr std::int64_t kTileTokens = 16;
+using detail::key_range;
+using detail::KeyRange;
+using detail::PageLayout;
 
 bool is_fp8(DType dtype) { return dtype == DType::kFp8E4m3 || dtype == DType::kFp8E5m2; }
 
@@ -32,22 +31,6 @@ void check_scales(const AttentionSpec& spec, KvScales scales, const std::string&
     }
   }
 }
-
-// The layer's bytes as the kernel sees them, checked against the spec once per call.
-struct PageLayout {
-  DType dtype = DType::kBfloat16;
-  std::int64_t elem = 0;
-  std::int64_t kernel_tokens = 0;
-  std::int64_t stride = 0;
-  std::int64_t offset = 0;
-  std::int64_t k_token_bytes = 0;
-  std::int64_t v_token_bytes = 0;
-  std::int64_t v_offset = 0;
-  // Bytes of a page the kernel may touch, from the page's base.
-  std::int64_t span_bytes() const {
-    return std::max(kernel_tokens * k_token_bytes, v_offset + kernel_tokens * v_token_bytes);
-  }
-};
 
 PageLayout page_layout(const AttentionSpec& spec, const layout::LayerGeometry& layer) {
   const std::string where = fmt::format("layer {}", layer.layer);
@@ -92,171 +75,35 @@ void check_page(const PageLayout& p, std::int64_t page, std::int64_t size, const
   }
 }
 
-inline float dot(const float* a, const float* b, std::int64_t n) {
-  // Independent partial sums: the compiler keeps them in vector lanes (two registers' worth, so
-  // consecutive multiply-adds do not wait on each other).
-  float part[16] = {};
-  std::int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int j = 0; j < 16; ++j) part[j] += a[i + j] * b[i + j];
-  }
-  float s = 0;
-  for (; i < n; ++i) s += a[i] * b[i];
-  for (int j = 0; j < 8; ++j) part[j] += part[j + 8];
-  return s + ((part[0] + part[4]) + (part[1] + part[5])) +
-         ((part[2] + part[6]) + (part[3] + part[7]));
-}
-
-inline void prefetch(const std::byte* bytes, std::int64_t count) {
-  for (std::int64_t i = 0; i < count; i += 64) __builtin_prefetch(bytes + i);
-}
-
-inline void axpy(float alpha, const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
-}
-
-// Keys visible to the query at position `pos` of a sequence of `kv_len` tokens: [lo, hi].
-struct KeyRange {
-  std::int64_t lo = 0;
-  std::int64_t hi = 0;
-};
-inline KeyRange key_range(const attn::AttentionParams& params, std::int64_t pos,
-                          std::int64_t kv_len) {
-  KeyRange r;
-  r.hi = params.causal ? pos : kv_len - 1;
-  r.lo = params.window_left >= 0 ? std::max<std::int64_t>(0, pos - params.window_left) : 0;
-  return r;
-}
-
-// The inner loops, compiled for the baseline and for AVX2+FMA and AVX-512 machines; the loader
-// picks one at start-up (GCC function multiversioning), so one binary runs on any x86-64.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MIXKV_KERNEL_CLONES \
-  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define MIXKV_KERNEL_CLONES
-#endif
-
-MIXKV_KERNEL_CLONES
-void attend(const AttentionSpec& spec, const PageLayout& p, const AttentionInputs& inputs,
-            std::span<float> out) {
-  const attn::AttentionParams& params = spec.params;
-  const std::int64_t hq = params.num_q_heads;
-  const std::int64_t hkv = params.num_kv_heads;
-  const std::int64_t group = hq / hkv;
-  const std::int64_t d = spec.head_size;
-  const std::int64_t dv = spec.head_size_v;
-  const float* table = detail::fp8_table(p.dtype);
-  const auto scale = static_cast<float>(params.scale);
-  const bool capped = params.soft_cap.has_value();
-  const float cap = capped ? static_cast<float>(*params.soft_cap) : 1.0f;
-  const float inv_cap = 1.0f / cap;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const std::byte* cache = inputs.cache.data();
-
-  // A tile's K and V rows (all KV heads) are converted at once: the cache is read front to back
-  // in whole rows, which the hardware prefetcher follows.
-  const std::int64_t k_row = hkv * d;
-  const std::int64_t v_row = spec.mla ? 0 : hkv * dv;
-  std::vector<float> kbuf(static_cast<std::size_t>(kTileTokens * k_row));
-  std::vector<float> vbuf(static_cast<std::size_t>(kTileTokens * v_row));
-  std::vector<float> scores(static_cast<std::size_t>(kTileTokens));
-  std::vector<float> row_max(static_cast<std::size_t>(kQueryBlock * hq));
-  std::vector<float> row_sum(row_max.size());
-  std::vector<float> acc(static_cast<std::size_t>(kQueryBlock * hq * dv));
-
-  std::int64_t q_row0 = 0;  // first query row of the current request
-  for (const PagedSequence& seq : inputs.batch) {
-    const std::int64_t first_pos = seq.kv_len - seq.num_queries;
-    for (std::int64_t qb = 0; qb < seq.num_queries; qb += kQueryBlock) {
-      const std::int64_t qe = std::min(seq.num_queries, qb + kQueryBlock);
-      // Online-softmax state; a sink starts it as one extra logit with a zero value.
-      for (std::int64_t i = 0; i < (qe - qb) * hq; ++i) {
-        const bool sink = params.sinks;
-        row_max[static_cast<std::size_t>(i)] =
-            sink ? inputs.sinks[static_cast<std::size_t>(i % hq)] : neg_inf;
-        row_sum[static_cast<std::size_t>(i)] = sink ? 1.0f : 0.0f;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      // Ranges move right with the position, so the block's keys are [lo of first, hi of last].
-      const std::int64_t lo_all = key_range(params, first_pos + qb, seq.kv_len).lo;
-      const std::int64_t hi_all = key_range(params, first_pos + qe - 1, seq.kv_len).hi;
-      for (std::int64_t t0 = lo_all; t0 <= hi_all;) {
-        const std::int64_t in_page = t0 % p.kernel_tokens;
-        const std::int64_t tile =
-            std::min({kTileTokens, p.kernel_tokens - in_page, hi_all + 1 - t0});
-        const std::int64_t page = seq.kernel_pages[static_cast<std::size_t>(t0 / p.kernel_tokens)];
-        const std::byte* base = cache + p.offset + page * p.stride;
-        const std::byte* k_src = base + in_page * p.k_token_bytes;
-        const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
-        if (t0 + tile <= hi_all) {
-          // The next tile may sit on another page anywhere in the tensor: ask for it now, so its
-          // bytes arrive while this one is computed.
-          const std::int64_t next = t0 + tile;
-          const std::byte* next_base =
-              cache + p.offset +
-              seq.kernel_pages[static_cast<std::size_t>(next / p.kernel_tokens)] * p.stride;
-          const std::int64_t next_in = next % p.kernel_tokens;
-          const std::int64_t next_tile =
-              std::min({kTileTokens, p.kernel_tokens - next_in, hi_all + 1 - next});
-          prefetch(next_base + next_in * p.k_token_bytes, next_tile * p.k_token_bytes);
-          prefetch(next_base + p.v_offset + next_in * p.v_token_bytes, next_tile * p.v_token_bytes);
-        }
-        detail::load_row(p.dtype, table, k_src, static_cast<std::size_t>(tile * k_row),
-                         inputs.scales.k, kbuf.data());
-        detail::load_row(p.dtype, table, v_src, static_cast<std::size_t>(tile * v_row),
-                         inputs.scales.v, vbuf.data());
-        for (std::int64_t hk = 0; hk < hkv; ++hk) {
-          const float* k_rows = kbuf.data() + hk * d;
-          // MLA: the value is the latent's first dv elements.
-          const float* v_rows = spec.mla ? kbuf.data() : vbuf.data() + hk * dv;
-          const std::int64_t v_stride = spec.mla ? k_row : v_row;
-          for (std::int64_t i = qb; i < qe; ++i) {
-            const KeyRange range = key_range(params, first_pos + i, seq.kv_len);
-            const std::int64_t a = std::max(range.lo, t0) - t0;
-            const std::int64_t b = std::min(range.hi, t0 + tile - 1) - t0;
-            if (a > b) continue;
-            for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-              const float* q = inputs.queries.data() + ((q_row0 + i) * hq + h) * d;
-              const std::size_t state = static_cast<std::size_t>((i - qb) * hq + h);
-              float* o = acc.data() + static_cast<std::int64_t>(state) * dv;
-              float tile_max = neg_inf;
-              for (std::int64_t t = a; t <= b; ++t) {
-                float s = scale * dot(q, k_rows + t * k_row, d);
-                if (capped) s = cap * std::tanh(s * inv_cap);
-                scores[static_cast<std::size_t>(t)] = s;
-                tile_max = std::max(tile_max, s);
-              }
-              float& m = row_max[state];
-              float& l = row_sum[state];
-              if (tile_max > m) {
-                const float c = std::exp(m - tile_max);
-                l *= c;
-                for (std::int64_t e = 0; e < dv; ++e) o[e] *= c;
-                m = tile_max;
-              }
-              for (std::int64_t t = a; t <= b; ++t) {
-                const float w = std::exp(scores[static_cast<std::size_t>(t)] - m);
-                l += w;
-                axpy(w, v_rows + t * v_stride, o, dv);
-              }
-            }
-          }
-        }
-        t0 += tile;
-      }
-      for (std::int64_t i = qb; i < qe; ++i) {
-        for (std::int64_t h = 0; h < hq; ++h) {
-          const std::size_t state = static_cast<std::size_t>((i - qb) * hq + h);
-          const float inv = 1.0f / row_sum[state];
-          const float* o = acc.data() + static_cast<std::int64_t>(state) * dv;
-          float* dst = out.data() + ((q_row0 + i) * hq + h) * dv;
-          for (std::int64_t e = 0; e < dv; ++e) dst[e] = o[e] * inv;
-        }
+// Splits the batch into tasks: each request's queries in blocks of kQueryBlock (fixed by the
+// request alone), and, when a pool has several workers, the query heads into ranges so that even
+// one decode request keeps every worker busy. Whole KV heads per task where possible, so each K/V
+// row is read once; a task's outputs do not depend on the split (attention_simd.hpp).
+std::vector<detail::AttendTask> make_tasks(const AttentionSpec& spec,
+                                           std::span<const PagedSequence> batch, int workers) {
+  const std::int64_t hq = spec.params.num_q_heads;
+  const std::int64_t hkv = spec.params.num_kv_heads;
+  std::int64_t blocks = 0;
+  for (const PagedSequence& seq : batch)
+    blocks += (seq.num_queries + detail::kQueryBlock - 1) / detail::kQueryBlock;
+  // Two tasks per worker let the dynamic hand-out even out requests of different lengths while
+  // keeping each task's slice of a row long (several KV heads), which streams better.
+  const std::int64_t wanted = workers > 1 ? 2 * std::int64_t{workers} : 1;
+  const std::int64_t chunks = std::clamp<std::int64_t>((wanted + blocks - 1) / blocks, 1, hq);
+  const std::int64_t heads_per_task =
+      chunks <= hkv ? (hkv + chunks - 1) / chunks * (hq / hkv) : (hq + chunks - 1) / chunks;
+  std::vector<detail::AttendTask> tasks;
+  std::int64_t row0 = 0;
+  for (const PagedSequence& seq : batch) {
+    for (std::int64_t q = 0; q < seq.num_queries; q += detail::kQueryBlock) {
+      for (std::int64_t h = 0; h < hq; h += heads_per_task) {
+        tasks.push_back({&seq, row0, q, std::min(seq.num_queries, q + detail::kQueryBlock), h,
+                         std::min(hq, h + heads_per_task)});
       }
     }
-    q_row0 += seq.num_queries;
+    row0 += seq.num_queries;
   }
+  return tasks;
 }
 
 }  // namespace
@@ -354,6 +201,8 @@ void write_kv(const AttentionSpec& spec, const layout::LayerGeometry& layer, KvS
   }
 }
 
+std::string simd_target() { return detail::attend_target(); }
+
 void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
                      const AttentionInputs& inputs, std::span<float> out) {
   const PageLayout p = page_layout(spec, layer);
@@ -398,7 +247,26 @@ void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& lay
                     who, inputs.sinks.size(), sinks_expected));
   }
 
-  attend(spec, p, inputs, out);
+  detail::AttendCall call;
+  call.spec = &spec;
+  call.page = p;
+  call.cache = inputs.cache.data();
+  call.queries = inputs.queries.data();
+  call.sinks = inputs.sinks.data();
+  call.scales = inputs.scales;
+  call.out = out.data();
+  const int workers = inputs.pool != nullptr ? inputs.pool->size() : 1;
+  const std::vector<detail::AttendTask> tasks = make_tasks(spec, inputs.batch, workers);
+  std::vector<detail::AttendScratch> scratch(static_cast<std::size_t>(workers));
+  const auto run = [&](std::int64_t i, int worker) {
+    detail::attend_task(call, tasks[static_cast<std::size_t>(i)],
+                        scratch[static_cast<std::size_t>(worker)]);
+  };
+  if (inputs.pool != nullptr) {
+    inputs.pool->parallel_for(static_cast<std::int64_t>(tasks.size()), run);
+  } else {
+    for (std::size_t i = 0; i < tasks.size(); ++i) run(static_cast<std::int64_t>(i), 0);
+  }
 }
 
 }  // namespace mixkv::kernels

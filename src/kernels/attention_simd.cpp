@@ -1,0 +1,658 @@
+// The inner loops of paged attention with Highway: this file is compiled once per instruction set
+// (foreach_target.h re-includes it), and attend_task picks the best one the CPU has at run time
+// (HWY_DYNAMIC_DISPATCH), so one binary runs on any x86-64 (and any CPU Highway knows).
+#include "kernels/attention_simd.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "kernels/element_load.hpp"
+#include "mixkv/kernels_convert.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/attention_simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway's headers after foreach_target.h, as its documentation requires.
+#include <hwy/cache_control.h>
+#include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace mixkv::kernels::detail::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+std::int64_t round_up(std::int64_t x, std::int64_t n) { return (x + n - 1) / n * n; }
+
+// One vector of elements j.. of a cache row, as floats. Bit-exact like kernels_convert: bf16 is
+// a shift; fp16 and fp8 move exponent and mantissa into float position and rebias with one
+// exact multiply by a power of two (normal and subnormal codes alike), then inf/NaN codes are
+// patched in; fp8 then multiplies by its per-tensor scale.
+template <DType kT>
+HWY_INLINE hn::Vec<DF> decode(const std::byte* row, std::int64_t j, float scale) {
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+  // AVX2 and later convert fp16 in hardware (F16C, exact for every code): fp16 directly, and fp8
+  // through it. e5m2 is the top byte of an fp16; e4m3 is placed in fp16's exponent and mantissa
+  // bits (value / 256 is exact in fp16, normal or subnormal) and scaled back by an exact 256.
+  if constexpr (kT == DType::kFloat16 || kT == DType::kFp8E4m3 || kT == DType::kFp8E5m2) {
+    const hn::Rebind<std::uint16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    if constexpr (kT == DType::kFloat16) {
+      return hn::PromoteTo(
+          df, hn::BitCast(dh, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + j)));
+    } else {
+      const hn::Rebind<std::uint8_t, DF> d8;
+      const auto u =
+          hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(row) + j));
+      if constexpr (kT == DType::kFp8E5m2) {
+        return hn::Mul(hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(u))), hn::Set(df, scale));
+      } else {
+        const hn::RebindToSigned<decltype(d16)> di16;
+        // sign to bit 15, exponent and mantissa to bits 13..7 (the arithmetic shift copies the
+        // sign into bit 14, which the mask clears).
+        auto h =
+            hn::And(hn::BitCast(d16, hn::ShiftRight<1>(hn::BitCast(di16, hn::ShiftLeft<8>(u)))),
+                    hn::Set(d16, 0xBFFF));
+        // e4m3fn has no infinities; 0x7F is NaN.
+        const auto nan = hn::Eq(hn::And(u, hn::Set(d16, 0x7F)), hn::Set(d16, 0x7F));
+        h = hn::IfThenElse(nan, hn::Set(d16, 0x7E00), h);
+        return hn::Mul(hn::Mul(hn::PromoteTo(df, hn::BitCast(dh, h)), hn::Set(df, 256.0f)),
+                       hn::Set(df, scale));
+      }
+    }
+  }
+#endif
+  if constexpr (kT == DType::kFloat32) {
+    return hn::LoadU(df, reinterpret_cast<const float*>(row) + j);
+  } else if constexpr (kT == DType::kBfloat16) {
+    const hn::Rebind<std::uint16_t, DF> d16;
+    const auto u =
+        hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + j));
+    return hn::BitCast(df, hn::ShiftLeft<16>(u));
+  } else if constexpr (kT == DType::kFloat16) {
+    const hn::Rebind<std::uint16_t, DF> d16;
+    const auto u =
+        hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + j));
+    const auto sign = hn::ShiftLeft<16>(hn::And(u, hn::Set(du, 0x8000u)));
+    const auto em = hn::And(u, hn::Set(du, 0x7FFFu));
+    const auto finite = hn::Mul(hn::BitCast(df, hn::ShiftLeft<13>(em)), hn::Set(df, 0x1p112f));
+    const auto special = hn::BitCast(
+        df, hn::Or(hn::Set(du, 0x7F800000u), hn::ShiftLeft<13>(hn::And(em, hn::Set(du, 0x3FFu)))));
+    const auto is_special = hn::RebindMask(df, hn::Gt(hn::BitCast(di, em), hn::Set(di, 0x7BFF)));
+    const auto v = hn::IfThenElse(is_special, special, finite);
+    return hn::BitCast(df, hn::Or(hn::BitCast(du, v), sign));
+  } else {
+    const hn::Rebind<std::uint8_t, DF> d8;
+    const auto u = hn::PromoteTo(du, hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(row) + j));
+    const auto sign = hn::ShiftLeft<24>(hn::And(u, hn::Set(du, 0x80u)));
+    const auto em = hn::And(u, hn::Set(du, 0x7Fu));
+    hn::Vec<DF> v;
+    if constexpr (kT == DType::kFp8E4m3) {
+      // e4m3fn: no infinities, 0x7F is NaN.
+      const auto finite = hn::Mul(hn::BitCast(df, hn::ShiftLeft<20>(em)), hn::Set(df, 0x1p120f));
+      const auto is_nan = hn::RebindMask(df, hn::Eq(em, hn::Set(du, 0x7Fu)));
+      v = hn::IfThenElse(is_nan, hn::Set(df, std::numeric_limits<float>::quiet_NaN()), finite);
+    } else {
+      const auto finite = hn::Mul(hn::BitCast(df, hn::ShiftLeft<21>(em)), hn::Set(df, 0x1p112f));
+      const auto special = hn::BitCast(
+          df, hn::Or(hn::Set(du, 0x7F800000u), hn::ShiftLeft<21>(hn::And(em, hn::Set(du, 3u)))));
+      const auto is_special = hn::RebindMask(df, hn::Gt(hn::BitCast(di, em), hn::Set(di, 0x7B)));
+      v = hn::IfThenElse(is_special, special, finite);
+    }
+    v = hn::BitCast(df, hn::Or(hn::BitCast(du, v), sign));
+    return hn::Mul(v, hn::Set(df, scale));
+  }
+}
+
+// Decodes `rows` rows of `count` elements (`src_stride` bytes apart) into floats `dst_stride`
+// apart; the tail beyond whole vectors element by element.
+template <DType kT>
+void convert_rows_t(const float* table, const std::byte* src, std::int64_t src_stride,
+                    std::int64_t rows, std::int64_t count, float scale, float* dst,
+                    std::int64_t dst_stride) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::int64_t elem = element_bytes(kT);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::byte* row = src + r * src_stride;
+    float* o = dst + r * dst_stride;
+    std::int64_t i = 0;
+    for (; i + n <= count; i += n) hn::StoreU(decode<kT>(row, i, scale), df, o + i);
+    load_row(kT, table, row + i * elem, static_cast<std::size_t>(count - i), scale, o + i);
+  }
+}
+
+void convert_rows(DType dtype, const float* table, const std::byte* src, std::int64_t src_stride,
+                  std::int64_t rows, std::int64_t count, float scale, float* dst,
+                  std::int64_t dst_stride) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return convert_rows_t<DType::kFloat32>(table, src, src_stride, rows, count, scale, dst,
+                                             dst_stride);
+    case DType::kBfloat16:
+      return convert_rows_t<DType::kBfloat16>(table, src, src_stride, rows, count, scale, dst,
+                                              dst_stride);
+    case DType::kFloat16:
+      return convert_rows_t<DType::kFloat16>(table, src, src_stride, rows, count, scale, dst,
+                                             dst_stride);
+    case DType::kFp8E4m3:
+      return convert_rows_t<DType::kFp8E4m3>(table, src, src_stride, rows, count, scale, dst,
+                                             dst_stride);
+    default:
+      return convert_rows_t<DType::kFp8E5m2>(table, src, src_stride, rows, count, scale, dst,
+                                             dst_stride);
+  }
+}
+
+// Rows of a tile as the loops below read them: converted float rows in scratch (prefill, odd
+// head sizes), or the cache's own bytes decoded in registers (decode: each row is used once, so
+// a round trip through memory would only cost).
+struct FloatRows {
+  const float* base;
+  std::int64_t stride;  // floats
+  HWY_INLINE hn::Vec<DF> load(std::int64_t t, std::int64_t j) const {
+    return hn::LoadU(DF(), base + t * stride + j);
+  }
+};
+template <DType kT>
+struct CacheRows {
+  const std::byte* base;
+  std::int64_t stride;  // bytes
+  float scale;
+  HWY_INLINE hn::Vec<DF> load(std::int64_t t, std::int64_t j) const {
+    return decode<kT>(base + t * stride, j, scale);
+  }
+};
+
+#if HWY_TARGET != HWY_SCALAR
+// Adds the 128-bit blocks of v, halving the vector until one block is left.
+template <class D, class V>
+HWY_INLINE void sum_blocks(D d, V v, float* out) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    sum_blocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+  } else {
+    hn::StoreU(v, d, out);
+  }
+}
+#endif
+
+// out[x] = the sum of the lanes of vector x, four at once: lanes are paired inside each 128-bit
+// block by interleaving (fewer shuffles than four separate reductions), then blocks are added.
+// A vector's sum follows the same tree whatever the other three are, so a head's score does not
+// depend on the heads computed beside it (a lone head passes itself four times).
+HWY_INLINE void reduce4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<DF> a3,
+                        float* out) {
+#if HWY_TARGET == HWY_SCALAR
+  out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2);
+  out[3] = hn::GetLane(a3);
+#else
+  const DF df;
+  const hn::Repartition<double, DF> dd;
+  const auto t01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+  const auto t23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+  const auto x = hn::BitCast(dd, t01);
+  const auto y = hn::BitCast(dd, t23);
+  const auto u = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, x, y)),
+                         hn::BitCast(df, hn::InterleaveUpper(dd, x, y)));
+  sum_blocks(df, u, out);
+#endif
+}
+
+// q.k of `kHeads` query rows (1 or 4) against keys t and t + 1 (kKeys 2) or t alone, over `len`
+// floats (a multiple of the vector; padding is zero). Scores go to out[head * kTileTokens + t].
+// Each (head, key) sum runs over the row in one fixed order whichever variant computes it, so
+// results do not depend on how heads are grouped.
+template <int kHeads, int kKeys, class Rows>
+HWY_INLINE void dots(const float* const* q, const Rows& k, std::int64_t t, std::int64_t len,
+                     float* out) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+  auto b0 = hn::Zero(df), b1 = hn::Zero(df), b2 = hn::Zero(df), b3 = hn::Zero(df);
+  for (std::int64_t j = 0; j < len; j += n) {
+    const auto x = k.load(t, j);
+    const auto q0 = hn::LoadU(df, q[0] + j);
+    a0 = hn::MulAdd(q0, x, a0);
+    if constexpr (kHeads == 4) {
+      const auto q1 = hn::LoadU(df, q[1] + j);
+      const auto q2 = hn::LoadU(df, q[2] + j);
+      const auto q3 = hn::LoadU(df, q[3] + j);
+      a1 = hn::MulAdd(q1, x, a1);
+      a2 = hn::MulAdd(q2, x, a2);
+      a3 = hn::MulAdd(q3, x, a3);
+      if constexpr (kKeys == 2) {
+        const auto y = k.load(t + 1, j);
+        b0 = hn::MulAdd(q0, y, b0);
+        b1 = hn::MulAdd(q1, y, b1);
+        b2 = hn::MulAdd(q2, y, b2);
+        b3 = hn::MulAdd(q3, y, b3);
+      }
+    } else if constexpr (kKeys == 2) {
+      b0 = hn::MulAdd(q0, k.load(t + 1, j), b0);
+    }
+  }
+  float r[4];
+  reduce4(a0, a1, a2, a3, r);
+  out[t] = r[0];
+  if constexpr (kHeads == 4) {
+    out[kTileTokens + t] = r[1];
+    out[2 * kTileTokens + t] = r[2];
+    out[3 * kTileTokens + t] = r[3];
+  }
+  if constexpr (kKeys == 2) {
+    reduce4(b0, b1, b2, b3, r);
+    out[t + 1] = r[0];
+    if constexpr (kHeads == 4) {
+      out[kTileTokens + t + 1] = r[1];
+      out[2 * kTileTokens + t + 1] = r[2];
+      out[3 * kTileTokens + t + 1] = r[3];
+    }
+  }
+}
+
+// o = o * c (when rescaling) + sum over t in [a, b] of p[t] * v[t], `len` floats (a multiple of
+// the vector). Eight, four or one vector of o stay in registers over the whole tile; each lane
+// sums the tokens in order, whatever the grouping (accumulate4 below gives the same bits).
+template <class Rows>
+void accumulate(float* o, bool rescale, float c, const float* p, std::int64_t a, std::int64_t b,
+                const Rows& v, std::int64_t len) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const auto vc = hn::Set(df, c);
+  const auto start = [&](std::int64_t j) {
+    const auto x = hn::LoadU(df, o + j);
+    return rescale ? hn::Mul(x, vc) : x;
+  };
+  std::int64_t j = 0;
+  for (; j + 8 * n <= len; j += 8 * n) {
+    auto a0 = start(j), a1 = start(j + n), a2 = start(j + 2 * n), a3 = start(j + 3 * n);
+    auto a4 = start(j + 4 * n), a5 = start(j + 5 * n), a6 = start(j + 6 * n), a7 = start(j + 7 * n);
+    for (std::int64_t t = a; t <= b; ++t) {
+      const auto w = hn::Set(df, p[t]);
+      a0 = hn::MulAdd(w, v.load(t, j), a0);
+      a1 = hn::MulAdd(w, v.load(t, j + n), a1);
+      a2 = hn::MulAdd(w, v.load(t, j + 2 * n), a2);
+      a3 = hn::MulAdd(w, v.load(t, j + 3 * n), a3);
+      a4 = hn::MulAdd(w, v.load(t, j + 4 * n), a4);
+      a5 = hn::MulAdd(w, v.load(t, j + 5 * n), a5);
+      a6 = hn::MulAdd(w, v.load(t, j + 6 * n), a6);
+      a7 = hn::MulAdd(w, v.load(t, j + 7 * n), a7);
+    }
+    hn::StoreU(a0, df, o + j);
+    hn::StoreU(a1, df, o + j + n);
+    hn::StoreU(a2, df, o + j + 2 * n);
+    hn::StoreU(a3, df, o + j + 3 * n);
+    hn::StoreU(a4, df, o + j + 4 * n);
+    hn::StoreU(a5, df, o + j + 5 * n);
+    hn::StoreU(a6, df, o + j + 6 * n);
+    hn::StoreU(a7, df, o + j + 7 * n);
+  }
+  for (; j < len; j += n) {
+    auto a0 = start(j);
+    for (std::int64_t t = a; t <= b; ++t) a0 = hn::MulAdd(hn::Set(df, p[t]), v.load(t, j), a0);
+    hn::StoreU(a0, df, o + j);
+  }
+}
+
+// accumulate for four heads sharing each V row: every V vector is loaded (decoded) once for the
+// four of them. p[x] are head x's weights, kTileTokens apart.
+template <class Rows>
+void accumulate4(float* const* o, const bool* rescale, const float* c, const float* p,
+                 std::int64_t a, std::int64_t b, const Rows& v, std::int64_t len) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const auto start = [&](int x, std::int64_t j) {
+    const auto y = hn::LoadU(df, o[x] + j);
+    return rescale[x] ? hn::Mul(y, hn::Set(df, c[x])) : y;
+  };
+  const float* p0 = p;
+  const float* p1 = p + kTileTokens;
+  const float* p2 = p + 2 * kTileTokens;
+  const float* p3 = p + 3 * kTileTokens;
+  std::int64_t j = 0;
+  for (; j + 2 * n <= len; j += 2 * n) {
+    auto a0 = start(0, j), b0 = start(0, j + n), a1 = start(1, j), b1 = start(1, j + n);
+    auto a2 = start(2, j), b2 = start(2, j + n), a3 = start(3, j), b3 = start(3, j + n);
+    for (std::int64_t t = a; t <= b; ++t) {
+      const auto x = v.load(t, j);
+      const auto y = v.load(t, j + n);
+      const auto w0 = hn::Set(df, p0[t]), w1 = hn::Set(df, p1[t]);
+      const auto w2 = hn::Set(df, p2[t]), w3 = hn::Set(df, p3[t]);
+      a0 = hn::MulAdd(w0, x, a0);
+      b0 = hn::MulAdd(w0, y, b0);
+      a1 = hn::MulAdd(w1, x, a1);
+      b1 = hn::MulAdd(w1, y, b1);
+      a2 = hn::MulAdd(w2, x, a2);
+      b2 = hn::MulAdd(w2, y, b2);
+      a3 = hn::MulAdd(w3, x, a3);
+      b3 = hn::MulAdd(w3, y, b3);
+    }
+    hn::StoreU(a0, df, o[0] + j), hn::StoreU(b0, df, o[0] + j + n);
+    hn::StoreU(a1, df, o[1] + j), hn::StoreU(b1, df, o[1] + j + n);
+    hn::StoreU(a2, df, o[2] + j), hn::StoreU(b2, df, o[2] + j + n);
+    hn::StoreU(a3, df, o[3] + j), hn::StoreU(b3, df, o[3] + j + n);
+  }
+  for (; j < len; j += n) {
+    auto a0 = start(0, j), a1 = start(1, j), a2 = start(2, j), a3 = start(3, j);
+    for (std::int64_t t = a; t <= b; ++t) {
+      const auto x = v.load(t, j);
+      a0 = hn::MulAdd(hn::Set(df, p0[t]), x, a0);
+      a1 = hn::MulAdd(hn::Set(df, p1[t]), x, a1);
+      a2 = hn::MulAdd(hn::Set(df, p2[t]), x, a2);
+      a3 = hn::MulAdd(hn::Set(df, p3[t]), x, a3);
+    }
+    hn::StoreU(a0, df, o[0] + j);
+    hn::StoreU(a1, df, o[1] + j);
+    hn::StoreU(a2, df, o[2] + j);
+    hn::StoreU(a3, df, o[3] + j);
+  }
+}
+
+void prefetch_rows(const std::byte* first, std::int64_t rows, std::int64_t stride,
+                   std::int64_t bytes) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t i = 0; i < bytes; i += 64) hwy::Prefetch(first + r * stride + i);
+  }
+}
+
+template <class V>
+void grow(V& v, std::int64_t n) {
+  if (static_cast<std::int64_t>(v.size()) < n) v.resize(static_cast<std::size_t>(n));
+}
+
+// What every tile of a task shares.
+struct TaskState {
+  const AttentionSpec* spec;
+  const AttendTask* task;
+  AttendScratch* s;
+  std::int64_t first_pos, nq, nh, group, dp, dvp, tile_pad;
+  float scale, cap;
+  bool capped;
+};
+
+// The online-softmax step of one (query, head) over tile keys [a, b]: logits from the raw dots
+// in `row` (scaled, capped), the running max and sum updated, weights into `probs` (zero
+// outside [a, b]). Returns the factor the accumulator must be scaled by, if any.
+HWY_INLINE bool softmax_step(const TaskState& ts, float* row, std::int64_t a, std::int64_t b,
+                             float& m, float& l, float* probs, float& c) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Lanes t with a <= t <= b (signed Gt/Lt are what every target has).
+  const auto va = hn::Set(di, static_cast<std::int32_t>(a - 1));
+  const auto vb = hn::Set(di, static_cast<std::int32_t>(b + 1));
+  const auto lane = hn::Iota(di, 0);
+  float tile_max = neg_inf;
+  for (std::int64_t j = 0; j < ts.tile_pad; j += n) {
+    auto v = hn::Mul(hn::LoadU(df, row + j), hn::Set(df, ts.scale));
+    if (ts.capped) {
+      const auto y = hn::Mul(v, hn::Set(df, 1.0f / ts.cap));
+      // Highway's Tanh, like its Exp, does not pass NaN through; keep it.
+      v = hn::Mul(hn::Set(df, ts.cap), hn::IfThenElse(hn::IsNaN(y), y, hn::Tanh(df, y)));
+    }
+    const auto idx = hn::Add(lane, hn::Set(di, static_cast<std::int32_t>(j)));
+    const auto mask = hn::RebindMask(df, hn::And(hn::Gt(idx, va), hn::Lt(idx, vb)));
+    v = hn::IfThenElse(mask, v, hn::Set(df, neg_inf));
+    hn::StoreU(v, df, row + j);
+    tile_max = std::max(tile_max, hn::GetLane(hn::MaxOfLanes(df, v)));
+  }
+  bool rescale = false;
+  c = 1.0f;
+  if (tile_max > m) {
+    c = std::exp(m - tile_max);
+    l *= c;
+    m = tile_max;
+    rescale = true;
+  }
+  auto total = hn::Zero(df);
+  const auto vm = hn::Set(df, m);
+  for (std::int64_t j = 0; j < ts.tile_pad; j += n) {
+    const auto x = hn::Sub(hn::LoadU(df, row + j), vm);
+    // Highway's Exp gives 0 for NaN; keep NaN so a bad logit shows in the output.
+    const auto e = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(df, x));
+    hn::StoreU(e, df, probs + j);
+    total = hn::Add(total, e);
+  }
+  l += hn::GetLane(hn::SumOfLanes(df, total));
+  return rescale;
+}
+
+// One tile of KV head hk (keys t0 .. t0 + tile - 1) for every query and head of the task; K rows
+// `k` of `k_len` floats (a multiple of the vector), V rows `v` of `v_len`.
+template <class KRows, class VRows>
+void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64_t k_len,
+                 std::int64_t v_len, std::int64_t t0, std::int64_t tile, std::int64_t hk) {
+  const AttendTask& task = *ts.task;
+  AttendScratch& s = *ts.s;
+  const attn::AttentionParams& params = ts.spec->params;
+  const std::int64_t hb = std::max(task.h_begin, hk * ts.group);
+  const std::int64_t he = std::min(task.h_end, (hk + 1) * ts.group);
+  for (std::int64_t i = 0; i < ts.nq; ++i) {
+    const KeyRange range = key_range(params, ts.first_pos + task.q_begin + i, task.seq->kv_len);
+    const std::int64_t a = std::max(range.lo, t0) - t0;
+    const std::int64_t b = std::min(range.hi, t0 + tile - 1) - t0;
+    if (a > b) continue;
+    for (std::int64_t h0 = hb, heads = 0; h0 < he; h0 += heads) {
+      heads = he - h0 >= 4 ? 4 : 1;
+      const std::int64_t state0 = i * ts.nh + h0 - task.h_begin;
+      const float* q[4];
+      for (int x = 0; x < heads; ++x) q[x] = s.q.data() + (state0 + x) * ts.dp;
+      float* sc = s.scores.data();
+      std::int64_t t = a;
+      for (; t + 1 <= b; t += 2) {
+        if (heads == 4)
+          dots<4, 2>(q, k, t, k_len, sc);
+        else
+          dots<1, 2>(q, k, t, k_len, sc);
+      }
+      if (t <= b) {
+        if (heads == 4)
+          dots<4, 1>(q, k, t, k_len, sc);
+        else
+          dots<1, 1>(q, k, t, k_len, sc);
+      }
+      float* o[4];
+      bool rescale[4];
+      float c[4];
+      for (int x = 0; x < heads; ++x) {
+        const auto st = static_cast<std::size_t>(state0 + x);
+        rescale[x] = softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st],
+                                  s.probs.data() + x * kTileTokens, c[x]);
+        o[x] = s.acc.data() + (state0 + x) * ts.dvp;
+      }
+      if (heads == 4) {
+        accumulate4(o, rescale, c, s.probs.data(), a, b, v, v_len);
+      } else {
+        accumulate(o[0], rescale[0], c[0], s.probs.data(), a, b, v, v_len);
+      }
+    }
+  }
+}
+
+template <DType kT>
+void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::byte* v_src,
+                       const PageLayout& p, KvScales scales, std::int64_t t0, std::int64_t tile,
+                       std::int64_t hk) {
+  const AttentionSpec& spec = *ts.spec;
+  const CacheRows<kT> k{k_src, p.k_token_bytes, scales.k};
+  // MLA: the value is the latent's first dv elements.
+  const CacheRows<kT> v = spec.mla ? k : CacheRows<kT>{v_src, p.v_token_bytes, scales.v};
+  attend_tile(ts, k, v, spec.head_size, spec.head_size_v, t0, tile, hk);
+}
+
+}  // namespace
+
+void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratch& s) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const AttentionSpec& spec = *call.spec;
+  const attn::AttentionParams& params = spec.params;
+  const PageLayout& p = call.page;
+  const PagedSequence& seq = *task.seq;
+  const std::int64_t hq = params.num_q_heads;
+  const std::int64_t d = spec.head_size;
+  const std::int64_t dv = spec.head_size_v;
+  TaskState ts;
+  ts.spec = &spec;
+  ts.task = &task;
+  ts.s = &s;
+  ts.group = hq / params.num_kv_heads;
+  ts.dp = round_up(d, n);
+  ts.dvp = round_up(dv, n);
+  ts.tile_pad = round_up(kTileTokens, n);
+  ts.nq = task.q_end - task.q_begin;
+  ts.nh = task.h_end - task.h_begin;
+  ts.scale = static_cast<float>(params.scale);
+  ts.capped = params.soft_cap.has_value();
+  ts.cap = ts.capped ? static_cast<float>(*params.soft_cap) : 1.0f;
+  ts.first_pos = seq.kv_len - seq.num_queries;
+  const std::int64_t nq = ts.nq, nh = ts.nh, dp = ts.dp, dvp = ts.dvp;
+  const std::int64_t hk_first = task.h_begin / ts.group;
+  const std::int64_t hk_last = (task.h_end - 1) / ts.group;
+  const float* table = fp8_table(p.dtype);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  // Decode reads each K/V row once: decode it in registers. Several queries share each row
+  // (prefill), and odd head sizes need padding: convert the tile once into scratch.
+  const bool in_registers = nq == 1 && d % n == 0 && dv % n == 0;
+
+  grow(s.q, nq * nh * dp);
+  grow(s.k, kTileTokens * dp);
+  grow(s.v, spec.mla ? 0 : kTileTokens * dvp);
+  grow(s.scores, 3 * kTileTokens + ts.tile_pad);
+  grow(s.probs, 3 * kTileTokens + ts.tile_pad);
+  grow(s.max, nq * nh);
+  grow(s.sum, nq * nh);
+  grow(s.acc, nq * nh * dvp);
+  // The padding lanes of K and Q rows must be zero: they enter every dot product.
+  for (std::int64_t t = 0; t < kTileTokens; ++t)
+    std::fill(s.k.begin() + t * dp + d, s.k.begin() + (t + 1) * dp, 0.0f);
+  for (std::int64_t i = 0; i < nq; ++i) {
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const float* src =
+          call.queries + ((task.row0 + task.q_begin + i) * hq + task.h_begin + h) * d;
+      float* dst = s.q.data() + (i * nh + h) * dp;
+      std::copy(src, src + d, dst);
+      std::fill(dst + d, dst + dp, 0.0f);
+      // Online-softmax state; a sink starts it as one extra logit with a zero value.
+      s.max[static_cast<std::size_t>(i * nh + h)] =
+          params.sinks ? call.sinks[task.h_begin + h] : neg_inf;
+      s.sum[static_cast<std::size_t>(i * nh + h)] = params.sinks ? 1.0f : 0.0f;
+    }
+  }
+  std::fill(s.acc.begin(), s.acc.begin() + nq * nh * dvp, 0.0f);
+
+  // Ranges move right with the position, so the block's keys are [lo of first, hi of last].
+  const std::int64_t lo_all = key_range(params, ts.first_pos + task.q_begin, seq.kv_len).lo;
+  const std::int64_t hi_all = key_range(params, ts.first_pos + task.q_end - 1, seq.kv_len).hi;
+  // The bytes of a K (V) row this task reads: its KV heads only.
+  const std::int64_t k_head_bytes = d * p.elem;
+  const std::int64_t v_head_bytes = spec.mla ? 0 : dv * p.elem;
+  const std::int64_t k_first = hk_first * k_head_bytes;
+  const std::int64_t k_bytes = (hk_last + 1 - hk_first) * k_head_bytes;
+  const std::int64_t v_first = hk_first * v_head_bytes;
+  const std::int64_t v_bytes = (hk_last + 1 - hk_first) * v_head_bytes;
+  const auto page_base = [&](std::int64_t t) {
+    return call.cache + p.offset +
+           seq.kernel_pages[static_cast<std::size_t>(t / p.kernel_tokens)] * p.stride;
+  };
+  const auto tile_at = [&](std::int64_t t) {
+    return std::min({kTileTokens, p.kernel_tokens - t % p.kernel_tokens, hi_all + 1 - t});
+  };
+
+  // Tile by tile, every KV head of the task in each: the task's part of each row is read front
+  // to back, which the hardware prefetcher follows within a page.
+  for (std::int64_t t0 = lo_all; t0 <= hi_all;) {
+    const std::int64_t in_page = t0 % p.kernel_tokens;
+    const std::int64_t tile = tile_at(t0);
+    const std::byte* base = page_base(t0);
+    const std::byte* k_src = base + in_page * p.k_token_bytes;
+    const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
+    if (t0 + tile <= hi_all) {
+      // The next tile may sit on another page anywhere in the tensor: ask for it now, so its
+      // bytes arrive while this one is computed.
+      const std::int64_t next = t0 + tile;
+      const std::byte* next_base = page_base(next);
+      const std::int64_t next_in = next % p.kernel_tokens;
+      const std::int64_t next_tile = tile_at(next);
+      prefetch_rows(next_base + next_in * p.k_token_bytes + k_first, next_tile, p.k_token_bytes,
+                    k_bytes);
+      prefetch_rows(next_base + p.v_offset + next_in * p.v_token_bytes + v_first, next_tile,
+                    p.v_token_bytes, v_bytes);
+    }
+    for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
+      const std::byte* k_head = k_src + hk * k_head_bytes;
+      const std::byte* v_head = v_src + hk * v_head_bytes;
+      if (in_registers) {
+        switch (p.dtype) {
+          case DType::kFloat32:
+            attend_tile_cache<DType::kFloat32>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+            break;
+          case DType::kBfloat16:
+            attend_tile_cache<DType::kBfloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+            break;
+          case DType::kFloat16:
+            attend_tile_cache<DType::kFloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+            break;
+          case DType::kFp8E4m3:
+            attend_tile_cache<DType::kFp8E4m3>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+            break;
+          default:
+            attend_tile_cache<DType::kFp8E5m2>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+            break;
+        }
+        continue;
+      }
+      convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, call.scales.k, s.k.data(), dp);
+      // MLA: the value is the latent's first dv elements.
+      FloatRows v{s.k.data(), dp};
+      if (!spec.mla) {
+        convert_rows(p.dtype, table, v_head, p.v_token_bytes, tile, dv, call.scales.v, s.v.data(),
+                     dvp);
+        v = FloatRows{s.v.data(), dvp};
+      }
+      attend_tile(ts, FloatRows{s.k.data(), dp}, v, dp, dvp, t0, tile, hk);
+    }
+    t0 += tile;
+  }
+
+  for (std::int64_t i = 0; i < nq; ++i) {
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const std::int64_t state = i * nh + h;
+      const float inv = 1.0f / s.sum[static_cast<std::size_t>(state)];
+      const float* o = s.acc.data() + state * dvp;
+      float* dst = call.out + ((task.row0 + task.q_begin + i) * hq + task.h_begin + h) * dv;
+      std::int64_t e = 0;
+      for (; e + n <= dv; e += n)
+        hn::StoreU(hn::Mul(hn::LoadU(df, o + e), hn::Set(df, inv)), df, dst + e);
+      for (; e < dv; ++e) dst[e] = o[e] * inv;
+    }
+  }
+}
+
+const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace mixkv::kernels::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace mixkv::kernels::detail {
+
+HWY_EXPORT(AttendTaskImpl);
+HWY_EXPORT(TargetNameImpl);
+
+void attend_task(const AttendCall& call, const AttendTask& task, AttendScratch& scratch) {
+  HWY_DYNAMIC_DISPATCH(AttendTaskImpl)(call, task, scratch);
+}
+
+const char* attend_target() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+}  // namespace mixkv::kernels::detail
+#endif  // HWY_ONCE

@@ -1,0 +1,276 @@
+// What the Highway kernels and the thread pool add: every stored code of every dtype is read
+// exactly (in registers for decode, through scratch otherwise); kernels::ThreadPool on its own;
+// and outputs bit-identical whatever the pool's size and whatever else is in the batch (a
+// batch-invariant engine relies on it).
+#include "mixkv/thread_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <set>
+#include <stdexcept>
+
+#include "kernels/kernels_test_support.hpp"
+#include "mixkv/attention_kernel.hpp"
+#include "test_support.hpp"
+
+namespace mixkv::kernels {
+namespace {
+
+TEST(ThreadPool, RunsEveryTaskOnceOnEveryWorker) {
+  for (int workers : {1, 2, 5}) {
+    ThreadPool pool(workers);
+    EXPECT_EQ(pool.size(), workers);
+    for (std::int64_t count : {0, 1, 3, 1000}) {
+      std::vector<std::atomic<int>> runs(static_cast<std::size_t>(count));
+      std::atomic<bool> bad_worker{false};
+      pool.parallel_for(count, [&](std::int64_t i, int worker) {
+        runs[static_cast<std::size_t>(i)].fetch_add(1);
+        if (worker < 0 || worker >= workers) bad_worker = true;
+      });
+      for (std::int64_t i = 0; i < count; ++i)
+        EXPECT_EQ(runs[static_cast<std::size_t>(i)].load(), 1) << workers << " workers, task " << i;
+      EXPECT_FALSE(bad_worker);
+    }
+  }
+}
+
+TEST(ThreadPool, RethrowsATaskErrorAndStaysUsable) {
+  ThreadPool pool(3);
+  EXPECT_THROW(pool.parallel_for(50,
+                                 [](std::int64_t i, int) {
+                                   if (i == 17) throw std::runtime_error("task 17");
+                                 }),
+               std::runtime_error);
+  std::atomic<int> done{0};
+  pool.parallel_for(20, [&](std::int64_t, int) { ++done; });
+  EXPECT_EQ(done.load(), 20);
+}
+
+TEST(ThreadPool, RefusesZeroWorkers) {
+  mixkv::testing::expect_error([] { ThreadPool pool(0); }, ErrorCode::kInvalidInput,
+                               {"thread pool", "at least 1"});
+}
+
+// A layer geometry like make_geometry's (NHD, K then V per 16-token kernel page) over
+// `num_pages` pages, every byte 0xFF (NaN) until written.
+struct Layer {
+  AttentionSpec spec;
+  layout::LayerGeometry geometry;
+  std::vector<std::byte> cache;
+};
+
+Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages) {
+  Layer l;
+  l.spec = spec;
+  auto& g = l.geometry;
+  g.layer = "threads";
+  g.kernel_tokens = 16;
+  g.block_tokens = 16;
+  const std::int64_t elem = element_bytes(spec.params.kv_dtype);
+  g.k_token_bytes = k_row_elements(spec) * elem;
+  g.v_token_bytes = v_row_elements(spec) * elem;
+  g.kernel_page_bytes = g.kernel_tokens * (g.k_token_bytes + g.v_token_bytes);
+  g.kernel_page_stride = g.kernel_page_bytes;
+  g.v_offset = g.kernel_tokens * g.k_token_bytes;
+  l.cache.assign(static_cast<std::size_t>(num_pages * g.kernel_page_stride), std::byte{0xFF});
+  return l;
+}
+
+// Runs `requests` (indices into `all`) as one batch; returns the output rows of each request.
+std::vector<std::vector<float>> run_batch(const Layer& l, const std::vector<testing::Request>& all,
+                                          const std::vector<std::size_t>& requests,
+                                          std::span<const float> sinks, ThreadPool* pool) {
+  std::vector<PagedSequence> batch;
+  std::vector<float> queries;
+  for (std::size_t r : requests) {
+    batch.push_back({all[r].blocks, all[r].kv_len, all[r].num_queries});
+    queries.insert(queries.end(), all[r].q.begin(), all[r].q.end());
+  }
+  const std::int64_t row = std::int64_t{l.spec.params.num_q_heads} * l.spec.head_size_v;
+  std::vector<float> out(queries.size() / static_cast<std::size_t>(l.spec.head_size) *
+                         static_cast<std::size_t>(l.spec.head_size_v));
+  AttentionInputs inputs{l.cache, batch, queries, sinks, {}};
+  inputs.pool = pool;
+  paged_attention(l.spec, l.geometry, inputs, out);
+  std::vector<std::vector<float>> per_request;
+  std::int64_t at = 0;
+  for (std::size_t r : requests) {
+    const std::int64_t n = all[r].num_queries * row;
+    per_request.emplace_back(out.begin() + at, out.begin() + at + n);
+    at += n;
+  }
+  return per_request;
+}
+
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// One key per request: the softmax weight is exactly 1, so the output is the V row the kernel
+// decoded. Every code of the dtype is stored in V rows and must come back as decode_row gives it
+// (a zero may lose its sign: the accumulator starts at +0).
+void expect_every_code_read_exactly(DType dtype, int head_size_v) {
+  AttentionSpec spec;
+  spec.params.kv_dtype = dtype;
+  spec.params.num_q_heads = 2;
+  spec.params.num_kv_heads = 1;
+  spec.head_size = 32;
+  spec.head_size_v = head_size_v;
+  spec.params.scale = 1.0;
+  const int elem = element_bytes(dtype);
+  const std::int64_t codes = elem == 1 ? 256 : 65536;
+  const std::int64_t requests = (codes + head_size_v - 1) / head_size_v;
+  Layer l = make_layer(spec, requests);
+  const KvScales scales = elem == 1 ? KvScales{1.0f, 0.375f} : KvScales{};
+  std::vector<std::byte> v_bytes(static_cast<std::size_t>(requests * head_size_v * elem));
+  for (std::size_t i = 0; i < v_bytes.size() / static_cast<std::size_t>(elem); ++i) {
+    const auto code = static_cast<std::uint32_t>(i % static_cast<std::size_t>(codes));
+    for (int b = 0; b < elem; ++b)
+      v_bytes[i * static_cast<std::size_t>(elem) + static_cast<std::size_t>(b)] =
+          static_cast<std::byte>((code >> (8 * b)) & 0xFF);
+  }
+  std::vector<std::vector<std::int64_t>> pages(static_cast<std::size_t>(requests));
+  std::vector<PagedSequence> batch;
+  for (std::int64_t r = 0; r < requests; ++r) {
+    std::byte* page = l.cache.data() + r * l.geometry.kernel_page_stride;
+    std::fill(page, page + l.geometry.k_token_bytes, std::byte{0});  // K = 0
+    std::copy_n(v_bytes.begin() + r * head_size_v * elem, head_size_v * elem,
+                page + l.geometry.v_offset);
+    pages[static_cast<std::size_t>(r)] = {r};
+    batch.push_back({pages[static_cast<std::size_t>(r)], 1, 1});
+  }
+  const std::vector<float> q(static_cast<std::size_t>(requests * 2 * 32), 0.5f);
+  std::vector<float> out(static_cast<std::size_t>(requests * 2 * head_size_v));
+  paged_attention(spec, l.geometry, AttentionInputs{l.cache, batch, q, {}, scales}, out);
+  std::vector<float> expected(v_bytes.size() / static_cast<std::size_t>(elem));
+  decode_row(dtype, v_bytes, scales.v, expected);
+  int mismatches = 0;
+  for (std::int64_t r = 0; r < requests; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < head_size_v; ++e) {
+        const float want = expected[static_cast<std::size_t>(r * head_size_v + e)];
+        const float got = out[static_cast<std::size_t>((r * 2 + h) * head_size_v + e)];
+        const bool same = std::isnan(want) ? std::isnan(got) : got == want;
+        if (!same && ++mismatches <= 5) {
+          ADD_FAILURE() << to_string(dtype) << " dv " << head_size_v << ": element "
+                        << r * head_size_v + e << " reads " << got << ", stored " << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << to_string(dtype) << " dv " << head_size_v;
+}
+
+TEST(PagedDecode, ReadsEveryStoredCodeExactly) {
+  // 64: whole vectors, decoded in registers; 40: a tail, decoded through scratch.
+  for (int dv : {64, 40}) {
+    for (DType dtype : {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kFp8E5m2}) {
+      expect_every_code_read_exactly(dtype, dv);
+    }
+  }
+}
+
+struct Case {
+  std::string name;
+  AttentionSpec spec;
+};
+
+std::vector<Case> cases() {
+  AttentionSpec gqa;
+  gqa.params.kv_dtype = DType::kBfloat16;
+  gqa.params.num_q_heads = 12;
+  gqa.params.num_kv_heads = 3;
+  gqa.head_size = 72;  // not a multiple of any vector width: tails everywhere
+  gqa.head_size_v = 72;
+  gqa.params.scale = 0.2;
+  gqa.params.soft_cap = 20.0;
+  gqa.params.sinks = true;
+  gqa.params.window_left = 300;
+  AttentionSpec fp8 = gqa;
+  fp8.params.kv_dtype = DType::kFp8E4m3;
+  fp8.params.soft_cap.reset();
+  fp8.params.sinks = false;
+  fp8.params.window_left = -1;
+  // MLA: one latent shared by 16 heads, so the heads are split inside one KV head.
+  AttentionSpec mla;
+  mla.params.kv_dtype = DType::kFloat16;
+  mla.params.num_q_heads = 16;
+  mla.params.num_kv_heads = 1;
+  mla.head_size = 80;
+  mla.head_size_v = 48;
+  mla.mla = true;
+  mla.params.scale = 0.1;
+  return {{"gqa bf16, window, cap, sinks", gqa}, {"gqa fp8", fp8}, {"mla fp16", mla}};
+}
+
+// Decodes, an extend of 3 and a prefill of 40 queries (three query blocks), causal.
+const std::vector<std::pair<std::int64_t, std::int64_t>> kShapes = {
+    {700, 1}, {33, 3}, {120, 40}, {1, 1}, {260, 1}};
+
+TEST(PagedAttentionThreads, OutputsAreBitIdenticalWhateverTheWorkerCount) {
+  for (const Case& c : cases()) {
+    std::mt19937_64 rng(11);
+    std::int64_t pages = 1;
+    for (auto [kv, nq] : kShapes) pages += (kv + 15) / 16;
+    Layer l = make_layer(c.spec, pages);
+    std::vector<testing::Request> all;
+    std::int64_t next = 1;
+    for (auto [kv, nq] : kShapes) {
+      std::vector<std::int64_t> blocks;
+      for (std::int64_t i = 0; i < (kv + 15) / 16; ++i) blocks.push_back(next++);
+      all.push_back(testing::make_request(l.spec, l.geometry, {}, l.cache, blocks, kv, nq, rng));
+    }
+    const std::vector<float> sinks =
+        c.spec.params.sinks ? testing::random_values(rng, 12, 2.0f) : std::vector<float>{};
+    const std::vector<std::size_t> everyone = {0, 1, 2, 3, 4};
+    const auto serial = run_batch(l, all, everyone, sinks, nullptr);
+    for (int workers : {1, 2, 3, 7}) {
+      ThreadPool pool(workers);
+      const auto threaded = run_batch(l, all, everyone, sinks, &pool);
+      for (std::size_t r = 0; r < everyone.size(); ++r) {
+        EXPECT_TRUE(bit_identical(serial[r], threaded[r]))
+            << c.name << ": request " << r << " with " << workers << " workers";
+      }
+    }
+    // The outputs are attention, not zeros or NaN: finite and not all equal.
+    for (const auto& rows : serial) {
+      for (float x : rows) ASSERT_TRUE(std::isfinite(x)) << c.name;
+    }
+    EXPECT_NE(serial[0][0], serial[0][1]) << c.name;
+  }
+}
+
+TEST(PagedAttentionThreads, ARequestAloneMatchesItselfInsideAnyBatch) {
+  for (const Case& c : cases()) {
+    std::mt19937_64 rng(12);
+    std::int64_t pages = 1;
+    for (auto [kv, nq] : kShapes) pages += (kv + 15) / 16;
+    Layer l = make_layer(c.spec, pages);
+    std::vector<testing::Request> all;
+    std::int64_t next = 1;
+    for (auto [kv, nq] : kShapes) {
+      std::vector<std::int64_t> blocks;
+      for (std::int64_t i = 0; i < (kv + 15) / 16; ++i) blocks.push_back(next++);
+      all.push_back(testing::make_request(l.spec, l.geometry, {}, l.cache, blocks, kv, nq, rng));
+    }
+    const std::vector<float> sinks =
+        c.spec.params.sinks ? testing::random_values(rng, 12, 2.0f) : std::vector<float>{};
+    ThreadPool pool(3);
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const auto alone = run_batch(l, all, {r}, sinks, &pool);
+      const auto alone_serial = run_batch(l, all, {r}, sinks, nullptr);
+      // Inside a batch, after and before other requests (the pool then splits heads differently).
+      std::vector<std::size_t> batch = {(r + 1) % all.size(), r, (r + 2) % all.size(),
+                                        (r + 3) % all.size()};
+      const auto inside = run_batch(l, all, batch, sinks, &pool);
+      EXPECT_TRUE(bit_identical(alone[0], inside[1])) << c.name << ": request " << r;
+      EXPECT_TRUE(bit_identical(alone[0], alone_serial[0])) << c.name << ": request " << r;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mixkv::kernels
