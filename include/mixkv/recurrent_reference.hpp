@@ -15,18 +15,22 @@ namespace mixkv::kernels {
 // sum of absolute terms behind any output or state element (what float rounding scales with).
 struct RecurrentRun {
   std::vector<double> out;
-  std::vector<std::vector<double>> states;  // states[i]: after token i
+  std::vector<std::vector<double>> states;  // states[i]: after token i (or only the last)
   double magnitude = 0;
 };
 
 // `state` is the request's state tensor as the cache holds it (decoded); inputs are this
-// request's rows only (same layouts as the kernels', with num_tokens rows).
+// request's rows only (same layouts as the kernels', with num_tokens rows). With
+// `every_state` false only the final state is kept (long prefills).
 RecurrentRun reference_conv(const ConvSpec& spec, std::span<const float> state,
-                            std::int64_t num_tokens, const ConvInputs& inputs);
+                            std::int64_t num_tokens, const ConvInputs& inputs,
+                            bool every_state = true);
 RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
-                           std::int64_t num_tokens, const GdnInputs& inputs);
+                           std::int64_t num_tokens, const GdnInputs& inputs,
+                           bool every_state = true);
 RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> state,
-                              std::int64_t num_tokens, const Mamba2Inputs& inputs);
+                              std::int64_t num_tokens, const Mamba2Inputs& inputs,
+                              bool every_state = true);
 
 // Tolerances. The kernels compute in float: each token's dot products of length `reduction`
 // and the carried state add a few float ulps of the run's magnitude per token, so outputs get

@@ -27,7 +27,7 @@ double max_abs(const std::vector<double>& v) {
 }  // namespace
 
 RecurrentRun reference_conv(const ConvSpec& spec, std::span<const float> state,
-                            std::int64_t num_tokens, const ConvInputs& in) {
+                            std::int64_t num_tokens, const ConvInputs& in, bool every_state) {
   const std::int64_t ch = spec.channels, kw = spec.kernel, rows = spec.rows;
   check("conv state", state.size(), rows * ch);
   check("conv x", in.x.size(), num_tokens * ch);
@@ -51,14 +51,16 @@ RecurrentRun reference_conv(const ConvSpec& spec, std::span<const float> state,
       r.out.push_back(y);
       r.magnitude = std::max(r.magnitude, mag);
     }
-    r.states.emplace_back(stream.begin() + (t + 1) * ch, stream.begin() + (now + 1) * ch);
-    r.magnitude = std::max(r.magnitude, max_abs(r.states.back()));
+    if (every_state || t == num_tokens - 1) {
+      r.states.emplace_back(stream.begin() + (t + 1) * ch, stream.begin() + (now + 1) * ch);
+      r.magnitude = std::max(r.magnitude, max_abs(r.states.back()));
+    }
   }
   return r;
 }
 
 RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
-                           std::int64_t num_tokens, const GdnInputs& in) {
+                           std::int64_t num_tokens, const GdnInputs& in, bool every_state) {
   const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
   check("GDN state", state.size(), hv * dk * dv);
   check("q", in.q.size(), num_tokens * hk * dk);
@@ -100,14 +102,14 @@ RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
         r.magnitude = std::max({r.magnitude, mag, omag});
       }
     }
-    r.states.push_back(s);
     r.magnitude = std::max(r.magnitude, max_abs(s));
+    if (every_state || t == num_tokens - 1) r.states.push_back(s);
   }
   return r;
 }
 
 RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> state,
-                              std::int64_t num_tokens, const Mamba2Inputs& in) {
+                              std::int64_t num_tokens, const Mamba2Inputs& in, bool every_state) {
   const std::int64_t nh = spec.heads, pd = spec.head_dim, ns = spec.state_size,
                      groups = spec.groups;
   check("Mamba2 state", state.size(), nh * pd * ns);
@@ -142,7 +144,7 @@ RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> sta
         r.magnitude = std::max(r.magnitude, mag);
       }
     }
-    r.states.push_back(s);
+    if (every_state || t == num_tokens - 1) r.states.push_back(s);
   }
   return r;
 }
