@@ -182,6 +182,260 @@ void check_gdn_inputs(const GdnSpec& spec, const layout::LayerGeometry& layer, c
   check_size(layer, "out", out, tokens * spec.num_v_heads * spec.v_dim);
 }
 
+// The inner loops, compiled for the baseline and for AVX2+FMA and AVX-512 machines; the loader
+// picks one at start-up (GCC function multiversioning), as the attention kernel's. Each request's
+// tokens always run through the same clone, so checkpoints stay bit-identical to a rerun.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MIXKV_KERNEL_CLONES \
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define MIXKV_KERNEL_CLONES
+#endif
+
+MIXKV_KERNEL_CLONES
+void conv_loops(const ConvSpec& spec, const layout::LayerGeometry& layer,
+                std::span<std::byte> cache, std::span<const StateSequence> batch,
+                const ConvInputs& in, std::span<float> out) {
+  const std::int64_t c_n = spec.channels, k_n = spec.kernel, rows = spec.rows;
+  // Weights transposed to [kernel][channels] so the inner loop runs over contiguous channels.
+  std::vector<float> w(static_cast<std::size_t>(k_n * c_n));
+  for (std::int64_t c = 0; c < c_n; ++c) {
+    for (std::int64_t j = 0; j < k_n; ++j) w[j * c_n + c] = in.weight[c * k_n + j];
+  }
+  std::vector<float> stream;  // [rows + num_tokens][channels]: the state, then the new inputs
+  std::int64_t row0 = 0;
+  for (const StateSequence& s : batch) {
+    const std::int64_t n = s.num_tokens;
+    stream.resize(static_cast<std::size_t>((rows + n) * c_n));
+    load(spec.place, layer, cache, s.in_slot, stream.data());
+    std::copy_n(in.x.data() + row0 * c_n, n * c_n, stream.data() + rows * c_n);
+    for (std::int64_t t = 0; t < n; ++t) {
+      float* o = out.data() + (row0 + t) * c_n;
+      for (std::int64_t c = 0; c < c_n; ++c) o[c] = in.bias.empty() ? 0.0f : in.bias[c];
+      // Input row of tap j for token t: rows + t - (kernel - 1) + j.
+      const float* first = stream.data() + (rows + t - (k_n - 1)) * c_n;
+      for (std::int64_t j = 0; j < k_n; ++j) {
+        const float* x = first + j * c_n;
+        const float* wj = w.data() + j * c_n;
+        for (std::int64_t c = 0; c < c_n; ++c) o[c] += wj[c] * x[c];
+      }
+      if (spec.silu) {
+        for (std::int64_t c = 0; c < c_n; ++c) o[c] = silu(o[c]);
+      }
+      // The state after token t: the `rows` inputs ending with it.
+      store_after(spec.place, layer, cache, s, t, stream.data() + (t + 1) * c_n);
+    }
+    row0 += n;
+  }
+}
+
+MIXKV_KERNEL_CLONES
+void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
+                    std::span<std::byte> cache, std::span<const StateSequence> batch,
+                    const GdnInputs& in, std::span<float> out) {
+  const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
+  const std::int64_t per_k = hv / hk;
+  std::vector<float> state(static_cast<std::size_t>(spec.place.elements));
+  std::vector<float> sk(static_cast<std::size_t>(dv)), qs(static_cast<std::size_t>(dk));
+  std::int64_t row0 = 0;
+  for (const StateSequence& s : batch) {
+    load(spec.place, layer, cache, s.in_slot, state.data());
+    for (std::int64_t t = 0; t < s.num_tokens; ++t) {
+      const std::int64_t row = row0 + t;
+      for (std::int64_t h = 0; h < hv; ++h) {
+        float* st = state.data() + h * dk * dv;
+        const float* q = in.q.data() + (row * hk + h / per_k) * dk;
+        const float* k = in.k.data() + (row * hk + h / per_k) * dk;
+        const float* v = in.v.data() + (row * hv + h) * dv;
+        const float decay = std::exp(in.g[row * hv + h]);
+        const float beta = in.beta[row * hv + h];
+        float* o = out.data() + (row * hv + h) * dv;
+        // Pass 1: decay the state and read S^T k. Pass 2: rank-1 update and read S^T q.
+        std::fill(sk.begin(), sk.end(), 0.0f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          float* si = st + i * dv;
+          const float ki = k[i];
+          for (std::int64_t j = 0; j < dv; ++j) {
+            si[j] *= decay;
+            sk[j] += si[j] * ki;
+          }
+        }
+        for (std::int64_t j = 0; j < dv; ++j) sk[j] = beta * (v[j] - sk[j]);  // u
+        for (std::int64_t i = 0; i < dk; ++i) qs[i] = q[i] * spec.scale;
+        std::fill(o, o + dv, 0.0f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          float* si = st + i * dv;
+          const float ki = k[i], qi = qs[i];
+          for (std::int64_t j = 0; j < dv; ++j) {
+            si[j] += ki * sk[j];
+            o[j] += si[j] * qi;
+          }
+        }
+      }
+      store_after(spec.place, layer, cache, s, t, state.data());
+    }
+    row0 += s.num_tokens;
+  }
+}
+
+// Within a chunk of L tokens from state S0, with G_t the running sum of g (Gamma_t = e^G_t):
+//   S_t = Gamma_t S0 + sum_{s<=t} (Gamma_t / Gamma_s) k_s u_s^T,
+//   u_t = beta_t (v_t - Gamma_t S0^T k_t - sum_{s<t} (Gamma_t / Gamma_s) (k_s . k_t) u_s),
+// i.e. (I + A) U = diag(beta) (V - diag(Gamma) K S0) with A strictly lower triangular
+// (A_ts = beta_t e^{G_t - G_s} k_t . k_s), solved by forward substitution (the UT transform);
+//   o_t = Gamma_t S0^T q_t + sum_{s<=t} e^{G_t - G_s} (q_t . k_s) u_s,
+//   S_L = Gamma_L S0 + sum_s e^{G_L - G_s} k_s u_s^T.
+// The state is touched three times per chunk (K S0, Q S0, the update) instead of twice per token.
+MIXKV_KERNEL_CLONES
+void gdn_chunked_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
+                       std::span<std::byte> cache, std::span<const StateSequence> batch,
+                       const GdnInputs& in, std::int64_t chunk, std::span<float> out) {
+  const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
+  const std::int64_t per_k = hv / hk;
+  const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  std::vector<float> state(sz(spec.place.elements));
+  std::vector<float> cum(sz(chunk)), decay_to_end(sz(chunk));
+  std::vector<float> a(sz(chunk * chunk)), qk(sz(chunk * chunk));
+  std::vector<float> u(sz(chunk * dv)), sq(sz(chunk * dv)), k_t(sz(dk * chunk));
+  std::int64_t row0 = 0;
+  for (const StateSequence& s : batch) {
+    load(spec.place, layer, cache, s.in_slot, state.data());
+    for (std::int64_t h = 0; h < hv; ++h) {
+      float* st = state.data() + h * dk * dv;
+      const std::int64_t kh = h / per_k;
+      auto q_of = [&](std::int64_t r) { return in.q.data() + (r * hk + kh) * dk; };
+      auto k_of = [&](std::int64_t r) { return in.k.data() + (r * hk + kh) * dk; };
+      for (std::int64_t c0 = 0; c0 < s.num_tokens; c0 += chunk) {
+        const std::int64_t len = std::min(chunk, s.num_tokens - c0);
+        const std::int64_t r0 = row0 + c0;
+        float g = 0;
+        for (std::int64_t t = 0; t < len; ++t) cum[t] = g += in.g[(r0 + t) * hv + h];
+        // The chunk's keys transposed ([k_dim][chunk]), so that every inner loop below runs over
+        // contiguous floats without a reduction (it vectorises without reassociating sums).
+        for (std::int64_t t = 0; t < len; ++t) {
+          const float* kt = k_of(r0 + t);
+          for (std::int64_t i = 0; i < dk; ++i) k_t[i * chunk + t] = kt[i];
+        }
+        // Gram matrices within the chunk, lower triangle: k_t . k_s and q_t . k_s, then gated.
+        std::fill_n(a.begin(), len * chunk, 0.0f);
+        std::fill_n(qk.begin(), len * chunk, 0.0f);
+        for (std::int64_t t = 0; t < len; ++t) {
+          const float* kt = k_of(r0 + t);
+          const float* qt = q_of(r0 + t);
+          float* at = a.data() + t * chunk;
+          float* qkt = qk.data() + t * chunk;
+          for (std::int64_t i = 0; i < dk; ++i) {
+            const float* col = k_t.data() + i * chunk;
+            const float ki = kt[i], qi = qt[i];
+            for (std::int64_t s2 = 0; s2 <= t; ++s2) {
+              at[s2] += ki * col[s2];
+              qkt[s2] += qi * col[s2];
+            }
+          }
+          const float beta = in.beta[(r0 + t) * hv + h];
+          for (std::int64_t s2 = 0; s2 <= t; ++s2) {
+            const float e = std::exp(cum[t] - cum[s2]);
+            at[s2] *= beta * e;
+            qkt[s2] *= spec.scale * e;
+          }
+        }
+        // K S0 and Q S0 for the whole chunk, one state row at a time (it stays in L1).
+        std::fill_n(u.begin(), len * dv, 0.0f);
+        std::fill_n(sq.begin(), len * dv, 0.0f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          const float* si = st + i * dv;
+          for (std::int64_t t = 0; t < len; ++t) {
+            const float ki = k_t[i * chunk + t], qi = q_of(r0 + t)[i];
+            float* ut = u.data() + t * dv;
+            float* sqt = sq.data() + t * dv;
+            for (std::int64_t j = 0; j < dv; ++j) {
+              ut[j] += ki * si[j];
+              sqt[j] += qi * si[j];
+            }
+          }
+        }
+        // Right-hand side, then forward substitution: U = (I + A)^{-1} R.
+        for (std::int64_t t = 0; t < len; ++t) {
+          const float* v = in.v.data() + ((r0 + t) * hv + h) * dv;
+          const float gamma = std::exp(cum[t]);
+          const float beta = in.beta[(r0 + t) * hv + h];
+          float* ut = u.data() + t * dv;
+          for (std::int64_t j = 0; j < dv; ++j) ut[j] = beta * (v[j] - gamma * ut[j]);
+          for (std::int64_t s2 = 0; s2 < t; ++s2) {
+            const float ats = a[t * chunk + s2];
+            const float* us = u.data() + s2 * dv;
+            for (std::int64_t j = 0; j < dv; ++j) ut[j] -= ats * us[j];
+          }
+        }
+        // Outputs.
+        for (std::int64_t t = 0; t < len; ++t) {
+          float* o = out.data() + ((r0 + t) * hv + h) * dv;
+          const float gamma = std::exp(cum[t]) * spec.scale;
+          const float* sqt = sq.data() + t * dv;
+          for (std::int64_t j = 0; j < dv; ++j) o[j] = gamma * sqt[j];
+          for (std::int64_t s2 = 0; s2 <= t; ++s2) {
+            const float w = qk[t * chunk + s2];
+            const float* us = u.data() + s2 * dv;
+            for (std::int64_t j = 0; j < dv; ++j) o[j] += w * us[j];
+          }
+        }
+        // The state at the chunk's end.
+        const float last = cum[len - 1];
+        const float gamma = std::exp(last);
+        for (std::int64_t t = 0; t < len; ++t) decay_to_end[t] = std::exp(last - cum[t]);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          float* si = st + i * dv;
+          for (std::int64_t j = 0; j < dv; ++j) si[j] *= gamma;
+          for (std::int64_t t = 0; t < len; ++t) {
+            const float ki = decay_to_end[t] * k_t[i * chunk + t];
+            const float* ut = u.data() + t * dv;
+            for (std::int64_t j = 0; j < dv; ++j) si[j] += ki * ut[j];
+          }
+        }
+      }
+    }
+    store(spec.place, layer, cache, s.out_slots[0], state.data());
+    row0 += s.num_tokens;
+  }
+}
+
+MIXKV_KERNEL_CLONES
+void mamba2_loops(const Mamba2Spec& spec, const layout::LayerGeometry& layer,
+                  std::span<std::byte> cache, std::span<const StateSequence> batch,
+                  const Mamba2Inputs& in, std::span<float> out) {
+  const std::int64_t nh = spec.heads, p_n = spec.head_dim, n_n = spec.state_size,
+                     groups = spec.groups;
+  const std::int64_t per_group = nh / groups;
+  std::vector<float> state(static_cast<std::size_t>(spec.place.elements));
+  std::int64_t row0 = 0;
+  for (const StateSequence& s : batch) {
+    load(spec.place, layer, cache, s.in_slot, state.data());
+    for (std::int64_t t = 0; t < s.num_tokens; ++t) {
+      const std::int64_t row = row0 + t;
+      for (std::int64_t h = 0; h < nh; ++h) {
+        const float dt = softplus(in.dt[row * nh + h] + in.dt_bias[h]);
+        const float da = std::exp(dt * in.a[h]);
+        const float* b = in.b.data() + (row * groups + h / per_group) * n_n;
+        const float* c = in.c.data() + (row * groups + h / per_group) * n_n;
+        const float* x = in.x.data() + (row * nh + h) * p_n;
+        float* y = out.data() + (row * nh + h) * p_n;
+        for (std::int64_t p = 0; p < p_n; ++p) {
+          float* sp = state.data() + (h * p_n + p) * n_n;
+          const float dx = dt * x[p];
+          float acc = 0;
+          for (std::int64_t n = 0; n < n_n; ++n) {
+            sp[n] = da * sp[n] + dx * b[n];
+            acc += c[n] * sp[n];
+          }
+          y[p] = acc + in.d[h] * x[p];
+        }
+      }
+      store_after(spec.place, layer, cache, s, t, state.data());
+    }
+    row0 += s.num_tokens;
+  }
+}
+
 }  // namespace
 
 GdnLayerSpec gdn_layer_spec(const model::LayerDesc& layer, int num_spec_tokens) {
@@ -259,42 +513,13 @@ void conv_update(const ConvSpec& spec, const layout::LayerGeometry& layer,
   check_size(layer, "the conv spec's state", static_cast<std::size_t>(spec.place.elements),
              spec.rows * spec.channels);
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, false);
-  const std::int64_t c_n = spec.channels, k_n = spec.kernel, rows = spec.rows;
+  const std::int64_t c_n = spec.channels, k_n = spec.kernel;
   check_size(layer, "conv x", in.x.size(), tokens * c_n);
   check_size(layer, "conv weight", in.weight.size(), c_n * k_n);
   if (!in.bias.empty()) check_size(layer, "conv bias", in.bias.size(), c_n);
   check_size(layer, "conv out", out.size(), tokens * c_n);
 
-  // Weights transposed to [kernel][channels] so the inner loop runs over contiguous channels.
-  std::vector<float> w(static_cast<std::size_t>(k_n * c_n));
-  for (std::int64_t c = 0; c < c_n; ++c) {
-    for (std::int64_t j = 0; j < k_n; ++j) w[j * c_n + c] = in.weight[c * k_n + j];
-  }
-  std::vector<float> stream;  // [rows + num_tokens][channels]: the state, then the new inputs
-  std::int64_t row0 = 0;
-  for (const StateSequence& s : batch) {
-    const std::int64_t n = s.num_tokens;
-    stream.resize(static_cast<std::size_t>((rows + n) * c_n));
-    load(spec.place, layer, cache, s.in_slot, stream.data());
-    std::copy_n(in.x.data() + row0 * c_n, n * c_n, stream.data() + rows * c_n);
-    for (std::int64_t t = 0; t < n; ++t) {
-      float* o = out.data() + (row0 + t) * c_n;
-      for (std::int64_t c = 0; c < c_n; ++c) o[c] = in.bias.empty() ? 0.0f : in.bias[c];
-      // Input row of tap j for token t: rows + t - (kernel - 1) + j.
-      const float* first = stream.data() + (rows + t - (k_n - 1)) * c_n;
-      for (std::int64_t j = 0; j < k_n; ++j) {
-        const float* x = first + j * c_n;
-        const float* wj = w.data() + j * c_n;
-        for (std::int64_t c = 0; c < c_n; ++c) o[c] += wj[c] * x[c];
-      }
-      if (spec.silu) {
-        for (std::int64_t c = 0; c < c_n; ++c) o[c] = silu(o[c]);
-      }
-      // The state after token t: the `rows` inputs ending with it.
-      store_after(spec.place, layer, cache, s, t, stream.data() + (t + 1) * c_n);
-    }
-    row0 += n;
-  }
+  conv_loops(spec, layer, cache, batch, in, out);
 }
 
 void gdn_step(const GdnSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
@@ -303,59 +528,9 @@ void gdn_step(const GdnSpec& spec, const layout::LayerGeometry& layer, std::span
   check_gdn(spec, layer);
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, false);
   check_gdn_inputs(spec, layer, in, tokens, out.size());
-  const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
-  const std::int64_t per_k = hv / hk;
-  std::vector<float> state(static_cast<std::size_t>(spec.place.elements));
-  std::vector<float> sk(static_cast<std::size_t>(dv)), qs(static_cast<std::size_t>(dk));
-  std::int64_t row0 = 0;
-  for (const StateSequence& s : batch) {
-    load(spec.place, layer, cache, s.in_slot, state.data());
-    for (std::int64_t t = 0; t < s.num_tokens; ++t) {
-      const std::int64_t row = row0 + t;
-      for (std::int64_t h = 0; h < hv; ++h) {
-        float* st = state.data() + h * dk * dv;
-        const float* q = in.q.data() + (row * hk + h / per_k) * dk;
-        const float* k = in.k.data() + (row * hk + h / per_k) * dk;
-        const float* v = in.v.data() + (row * hv + h) * dv;
-        const float decay = std::exp(in.g[row * hv + h]);
-        const float beta = in.beta[row * hv + h];
-        float* o = out.data() + (row * hv + h) * dv;
-        // Pass 1: decay the state and read S^T k. Pass 2: rank-1 update and read S^T q.
-        std::fill(sk.begin(), sk.end(), 0.0f);
-        for (std::int64_t i = 0; i < dk; ++i) {
-          float* si = st + i * dv;
-          const float ki = k[i];
-          for (std::int64_t j = 0; j < dv; ++j) {
-            si[j] *= decay;
-            sk[j] += si[j] * ki;
-          }
-        }
-        for (std::int64_t j = 0; j < dv; ++j) sk[j] = beta * (v[j] - sk[j]);  // u
-        for (std::int64_t i = 0; i < dk; ++i) qs[i] = q[i] * spec.scale;
-        std::fill(o, o + dv, 0.0f);
-        for (std::int64_t i = 0; i < dk; ++i) {
-          float* si = st + i * dv;
-          const float ki = k[i], qi = qs[i];
-          for (std::int64_t j = 0; j < dv; ++j) {
-            si[j] += ki * sk[j];
-            o[j] += si[j] * qi;
-          }
-        }
-      }
-      store_after(spec.place, layer, cache, s, t, state.data());
-    }
-    row0 += s.num_tokens;
-  }
+  gdn_step_loops(spec, layer, cache, batch, in, out);
 }
 
-// Within a chunk of L tokens from state S0, with G_t the running sum of g (Gamma_t = e^G_t):
-//   S_t = Gamma_t S0 + sum_{s<=t} (Gamma_t / Gamma_s) k_s u_s^T,
-//   u_t = beta_t (v_t - Gamma_t S0^T k_t - sum_{s<t} (Gamma_t / Gamma_s) (k_s . k_t) u_s),
-// i.e. (I + A) U = diag(beta) (V - diag(Gamma) K S0) with A strictly lower triangular
-// (A_ts = beta_t e^{G_t - G_s} k_t . k_s), solved by forward substitution (the UT transform);
-//   o_t = Gamma_t S0^T q_t + sum_{s<=t} e^{G_t - G_s} (q_t . k_s) u_s,
-//   S_L = Gamma_L S0 + sum_s e^{G_L - G_s} k_s u_s^T.
-// The state is touched three times per chunk (K S0, Q S0, the update) instead of twice per token.
 void gdn_chunked_prefill(const GdnSpec& spec, const layout::LayerGeometry& layer,
                          std::span<std::byte> cache, std::span<const StateSequence> batch,
                          const GdnInputs& in, std::int64_t chunk, std::span<float> out) {
@@ -367,102 +542,7 @@ void gdn_chunked_prefill(const GdnSpec& spec, const layout::LayerGeometry& layer
   }
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, true);
   check_gdn_inputs(spec, layer, in, tokens, out.size());
-  const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
-  const std::int64_t per_k = hv / hk;
-  const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
-  std::vector<float> state(sz(spec.place.elements));
-  std::vector<float> cum(sz(chunk)), a(sz(chunk * chunk)), qk(sz(chunk * chunk));
-  std::vector<float> u(sz(chunk * dv)), sq(sz(chunk * dv));
-  std::int64_t row0 = 0;
-  for (const StateSequence& s : batch) {
-    load(spec.place, layer, cache, s.in_slot, state.data());
-    for (std::int64_t h = 0; h < hv; ++h) {
-      float* st = state.data() + h * dk * dv;
-      const std::int64_t kh = h / per_k;
-      auto q_of = [&](std::int64_t r) { return in.q.data() + (r * hk + kh) * dk; };
-      auto k_of = [&](std::int64_t r) { return in.k.data() + (r * hk + kh) * dk; };
-      for (std::int64_t c0 = 0; c0 < s.num_tokens; c0 += chunk) {
-        const std::int64_t len = std::min(chunk, s.num_tokens - c0);
-        const std::int64_t r0 = row0 + c0;
-        float g = 0;
-        for (std::int64_t t = 0; t < len; ++t) cum[t] = g += in.g[(r0 + t) * hv + h];
-        // Gram matrices within the chunk.
-        for (std::int64_t t = 0; t < len; ++t) {
-          const float* kt = k_of(r0 + t);
-          const float* qt = q_of(r0 + t);
-          for (std::int64_t j = 0; j <= t; ++j) {
-            const float* kj = k_of(r0 + j);
-            float kk = 0, qkv = 0;
-            for (std::int64_t i = 0; i < dk; ++i) {
-              kk += kt[i] * kj[i];
-              qkv += qt[i] * kj[i];
-            }
-            const float e = std::exp(cum[t] - cum[j]);
-            a[t * chunk + j] = in.beta[(r0 + t) * hv + h] * e * kk;
-            qk[t * chunk + j] = spec.scale * e * qkv;
-          }
-        }
-        // K S0 and Q S0 for the whole chunk.
-        std::fill_n(u.begin(), len * dv, 0.0f);
-        std::fill_n(sq.begin(), len * dv, 0.0f);
-        for (std::int64_t t = 0; t < len; ++t) {
-          const float* kt = k_of(r0 + t);
-          const float* qt = q_of(r0 + t);
-          float* ut = u.data() + t * dv;
-          float* sqt = sq.data() + t * dv;
-          for (std::int64_t i = 0; i < dk; ++i) {
-            const float* si = st + i * dv;
-            const float ki = kt[i], qi = qt[i];
-            for (std::int64_t j = 0; j < dv; ++j) {
-              ut[j] += ki * si[j];
-              sqt[j] += qi * si[j];
-            }
-          }
-        }
-        // Right-hand side, then forward substitution: U = (I + A)^{-1} R.
-        for (std::int64_t t = 0; t < len; ++t) {
-          const float* v = in.v.data() + ((r0 + t) * hv + h) * dv;
-          const float gamma = std::exp(cum[t]);
-          const float beta = in.beta[(r0 + t) * hv + h];
-          float* ut = u.data() + t * dv;
-          for (std::int64_t j = 0; j < dv; ++j) ut[j] = beta * (v[j] - gamma * ut[j]);
-          for (std::int64_t s2 = 0; s2 < t; ++s2) {
-            const float ats = a[t * chunk + s2];
-            const float* us = u.data() + s2 * dv;
-            for (std::int64_t j = 0; j < dv; ++j) ut[j] -= ats * us[j];
-          }
-        }
-        // Outputs.
-        for (std::int64_t t = 0; t < len; ++t) {
-          float* o = out.data() + ((r0 + t) * hv + h) * dv;
-          const float gamma = std::exp(cum[t]) * spec.scale;
-          const float* sqt = sq.data() + t * dv;
-          for (std::int64_t j = 0; j < dv; ++j) o[j] = gamma * sqt[j];
-          for (std::int64_t s2 = 0; s2 <= t; ++s2) {
-            const float w = qk[t * chunk + s2];
-            const float* us = u.data() + s2 * dv;
-            for (std::int64_t j = 0; j < dv; ++j) o[j] += w * us[j];
-          }
-        }
-        // The state at the chunk's end.
-        const float last = cum[len - 1];
-        const float gamma = std::exp(last);
-        for (std::int64_t i = 0; i < dk * dv; ++i) st[i] *= gamma;
-        for (std::int64_t t = 0; t < len; ++t) {
-          const float e = std::exp(last - cum[t]);
-          const float* kt = k_of(r0 + t);
-          const float* ut = u.data() + t * dv;
-          for (std::int64_t i = 0; i < dk; ++i) {
-            float* si = st + i * dv;
-            const float ki = e * kt[i];
-            for (std::int64_t j = 0; j < dv; ++j) si[j] += ki * ut[j];
-          }
-        }
-      }
-    }
-    store(spec.place, layer, cache, s.out_slots[0], state.data());
-    row0 += s.num_tokens;
-  }
+  gdn_chunked_loops(spec, layer, cache, batch, in, chunk, out);
 }
 
 void mamba2_step(const Mamba2Spec& spec, const layout::LayerGeometry& layer,
@@ -486,35 +566,7 @@ void mamba2_step(const Mamba2Spec& spec, const layout::LayerGeometry& layer,
   check_size(layer, "D", in.d.size(), nh);
   check_size(layer, "dt_bias", in.dt_bias.size(), nh);
   check_size(layer, "out", out.size(), tokens * nh * p_n);
-  const std::int64_t per_group = nh / groups;
-  std::vector<float> state(static_cast<std::size_t>(spec.place.elements));
-  std::int64_t row0 = 0;
-  for (const StateSequence& s : batch) {
-    load(spec.place, layer, cache, s.in_slot, state.data());
-    for (std::int64_t t = 0; t < s.num_tokens; ++t) {
-      const std::int64_t row = row0 + t;
-      for (std::int64_t h = 0; h < nh; ++h) {
-        const float dt = softplus(in.dt[row * nh + h] + in.dt_bias[h]);
-        const float da = std::exp(dt * in.a[h]);
-        const float* b = in.b.data() + (row * groups + h / per_group) * n_n;
-        const float* c = in.c.data() + (row * groups + h / per_group) * n_n;
-        const float* x = in.x.data() + (row * nh + h) * p_n;
-        float* y = out.data() + (row * nh + h) * p_n;
-        for (std::int64_t p = 0; p < p_n; ++p) {
-          float* sp = state.data() + (h * p_n + p) * n_n;
-          const float dx = dt * x[p];
-          float acc = 0;
-          for (std::int64_t n = 0; n < n_n; ++n) {
-            sp[n] = da * sp[n] + dx * b[n];
-            acc += c[n] * sp[n];
-          }
-          y[p] = acc + in.d[h] * x[p];
-        }
-      }
-      store_after(spec.place, layer, cache, s, t, state.data());
-    }
-    row0 += s.num_tokens;
-  }
+  mamba2_loops(spec, layer, cache, batch, in, out);
 }
 
 }  // namespace mixkv::kernels
