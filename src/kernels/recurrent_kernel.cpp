@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "mixkv/checked_math.hpp"
@@ -12,6 +14,20 @@
 
 namespace mixkv::kernels {
 namespace {
+
+// GDN state columns per block (128 rows x 32 floats = 16 KiB) and Mamba2 partial sums.
+constexpr std::int64_t kColumnBlock = 32;
+constexpr std::int64_t kLanes = 16;
+
+// The inner loops, compiled for the baseline and for AVX2+FMA and AVX-512 machines; the loader
+// picks one at start-up (GCC function multiversioning), as the attention kernel's. Each request's
+// tokens always run through the same clone, so checkpoints stay bit-identical to a rerun.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define MIXKV_KERNEL_CLONES \
+  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define MIXKV_KERNEL_CLONES
+#endif
 
 // The layer's state tensors, placed one after another (model::state_bytes sums them so).
 std::vector<StateTensorPlace> places(const model::LayerDesc& layer) {
@@ -128,20 +144,62 @@ void check_size(const layout::LayerGeometry& layer, std::string_view name, std::
   }
 }
 
+// bf16 and float32 states (the usual ones) convert in vectorisable loops; bf16 rounds to nearest
+// even exactly like float_to_bf16 (NaN kept quiet), which the tests check byte for byte. Other
+// dtypes go through the conversion module.
+constexpr std::size_t kConvertBlock = 256;
+
+MIXKV_KERNEL_CLONES
+void decode_state(DType dtype, const std::byte* bytes, std::size_t n, float* values) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(values, bytes, n * sizeof(float));
+  } else if (dtype == DType::kBfloat16) {
+    std::uint16_t bits[kConvertBlock];
+    for (std::size_t i0 = 0; i0 < n; i0 += kConvertBlock) {
+      const std::size_t m = std::min(kConvertBlock, n - i0);
+      std::memcpy(bits, bytes + 2 * i0, 2 * m);
+      for (std::size_t i = 0; i < m; ++i) {
+        values[i0 + i] = std::bit_cast<float>(static_cast<std::uint32_t>(bits[i]) << 16);
+      }
+    }
+  } else {
+    decode_row_unchecked(dtype, bytes, n, 1.0f, values);
+  }
+}
+
+MIXKV_KERNEL_CLONES
+void encode_state(DType dtype, const float* values, std::size_t n, std::byte* bytes) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(bytes, values, n * sizeof(float));
+  } else if (dtype == DType::kBfloat16) {
+    std::uint16_t bits[kConvertBlock];
+    for (std::size_t i0 = 0; i0 < n; i0 += kConvertBlock) {
+      const std::size_t m = std::min(kConvertBlock, n - i0);
+      for (std::size_t i = 0; i < m; ++i) {
+        const std::uint32_t u = std::bit_cast<std::uint32_t>(values[i0 + i]);
+        const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+        const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
+        bits[i] = static_cast<std::uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+      }
+      std::memcpy(bytes + 2 * i0, bits, 2 * m);
+    }
+  } else {
+    encode_row(dtype, std::span<const float>(values, n), 1.0f,
+               std::span<std::byte>(bytes, static_cast<std::size_t>(storage_bytes(
+                                               dtype, static_cast<std::int64_t>(n)))));
+  }
+}
+
 void load(const StateTensorPlace& place, const layout::LayerGeometry& layer,
           std::span<const std::byte> cache, std::int64_t slot, float* values) {
   const std::int64_t at = state_offset(place, layer, cache.size(), slot);
-  decode_row_unchecked(place.dtype, cache.data() + at, static_cast<std::size_t>(place.elements),
-                       1.0f, values);
+  decode_state(place.dtype, cache.data() + at, static_cast<std::size_t>(place.elements), values);
 }
 
 void store(const StateTensorPlace& place, const layout::LayerGeometry& layer,
            std::span<std::byte> cache, std::int64_t slot, const float* values) {
   const std::int64_t at = state_offset(place, layer, cache.size(), slot);
-  const auto n = static_cast<std::size_t>(place.elements);
-  encode_row(place.dtype, std::span<const float>(values, n), 1.0f,
-             cache.subspan(static_cast<std::size_t>(at),
-                           static_cast<std::size_t>(storage_bytes(place.dtype, place.elements))));
+  encode_state(place.dtype, values, static_cast<std::size_t>(place.elements), cache.data() + at);
 }
 
 // Stores the state after token t of `s` when the request wants it.
@@ -181,16 +239,6 @@ void check_gdn_inputs(const GdnSpec& spec, const layout::LayerGeometry& layer, c
   check_size(layer, "beta", in.beta.size(), tokens * spec.num_v_heads);
   check_size(layer, "out", out, tokens * spec.num_v_heads * spec.v_dim);
 }
-
-// The inner loops, compiled for the baseline and for AVX2+FMA and AVX-512 machines; the loader
-// picks one at start-up (GCC function multiversioning), as the attention kernel's. Each request's
-// tokens always run through the same clone, so checkpoints stay bit-identical to a rerun.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define MIXKV_KERNEL_CLONES \
-  __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define MIXKV_KERNEL_CLONES
-#endif
 
 MIXKV_KERNEL_CLONES
 void conv_loops(const ConvSpec& spec, const layout::LayerGeometry& layer,
@@ -250,25 +298,30 @@ void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
         const float decay = std::exp(in.g[row * hv + h]);
         const float beta = in.beta[row * hv + h];
         float* o = out.data() + (row * hv + h) * dv;
-        // Pass 1: decay the state and read S^T k. Pass 2: rank-1 update and read S^T q.
-        std::fill(sk.begin(), sk.end(), 0.0f);
-        for (std::int64_t i = 0; i < dk; ++i) {
-          float* si = st + i * dv;
-          const float ki = k[i];
-          for (std::int64_t j = 0; j < dv; ++j) {
-            si[j] *= decay;
-            sk[j] += si[j] * ki;
-          }
-        }
-        for (std::int64_t j = 0; j < dv; ++j) sk[j] = beta * (v[j] - sk[j]);  // u
+        // Column j of S only ever meets u_j and o_j, so the head runs in blocks of columns small
+        // enough to stay in L1 across both passes. Pass 1: decay the block and read S^T k;
+        // pass 2: rank-1 update and read S^T q.
         for (std::int64_t i = 0; i < dk; ++i) qs[i] = q[i] * spec.scale;
-        std::fill(o, o + dv, 0.0f);
-        for (std::int64_t i = 0; i < dk; ++i) {
-          float* si = st + i * dv;
-          const float ki = k[i], qi = qs[i];
-          for (std::int64_t j = 0; j < dv; ++j) {
-            si[j] += ki * sk[j];
-            o[j] += si[j] * qi;
+        for (std::int64_t j0 = 0; j0 < dv; j0 += kColumnBlock) {
+          const std::int64_t j1 = std::min(dv, j0 + kColumnBlock);
+          std::fill(sk.begin() + j0, sk.begin() + j1, 0.0f);
+          for (std::int64_t i = 0; i < dk; ++i) {
+            float* si = st + i * dv;
+            const float ki = k[i];
+            for (std::int64_t j = j0; j < j1; ++j) {
+              si[j] *= decay;
+              sk[j] += si[j] * ki;
+            }
+          }
+          for (std::int64_t j = j0; j < j1; ++j) sk[j] = beta * (v[j] - sk[j]);  // u
+          std::fill(o + j0, o + j1, 0.0f);
+          for (std::int64_t i = 0; i < dk; ++i) {
+            float* si = st + i * dv;
+            const float ki = k[i], qi = qs[i];
+            for (std::int64_t j = j0; j < j1; ++j) {
+              si[j] += ki * sk[j];
+              o[j] += si[j] * qi;
+            }
           }
         }
       }
@@ -422,11 +475,22 @@ void mamba2_loops(const Mamba2Spec& spec, const layout::LayerGeometry& layer,
         for (std::int64_t p = 0; p < p_n; ++p) {
           float* sp = state.data() + (h * p_n + p) * n_n;
           const float dx = dt * x[p];
-          float acc = 0;
-          for (std::int64_t n = 0; n < n_n; ++n) {
-            sp[n] = da * sp[n] + dx * b[n];
-            acc += c[n] * sp[n];
+          // The sum over the state runs in kLanes interleaved partial sums (a fixed order, so
+          // still deterministic) that the compiler can keep in one vector register.
+          float lanes[kLanes] = {};
+          std::int64_t n = 0;
+          for (; n + kLanes <= n_n; n += kLanes) {
+            for (std::int64_t l = 0; l < kLanes; ++l) {
+              sp[n + l] = da * sp[n + l] + dx * b[n + l];
+              lanes[l] += c[n + l] * sp[n + l];
+            }
           }
+          for (; n < n_n; ++n) {
+            sp[n] = da * sp[n] + dx * b[n];
+            lanes[0] += c[n] * sp[n];
+          }
+          float acc = 0;
+          for (float l : lanes) acc += l;
           y[p] = acc + in.d[h] * x[p];
         }
       }

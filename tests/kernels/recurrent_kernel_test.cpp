@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -467,6 +468,35 @@ TEST(RecurrentCheckpoints, CheckpointJEqualsRunningJPlusOneTokens) {
                   po);
       expect_same(c, m.ssm.place, vo, po, h * p, "mamba2");
     }
+  }
+}
+
+// States are stored and read back exactly as the conversion module converts (the kernels have
+// their own fast loops for bf16 and float32): random values, ties, huge values, infinities, NaN.
+TEST(RecurrentStateBytes, StateWritesAndReadsAreTheConversionModulesBitForBit) {
+  std::mt19937_64 rng(9);
+  for (DType dtype : {DType::kBfloat16, DType::kFloat32, DType::kFloat16, DType::kFp8E4m3}) {
+    std::vector<float> values = random_values(rng, 1000, -4, 4);
+    std::uniform_int_distribution<std::uint32_t> bits;
+    for (int i = 0; i < 200; ++i) values.push_back(std::bit_cast<float>(bits(rng)));
+    for (float x : {0.0f, -0.0f, INFINITY, -INFINITY, NAN, std::bit_cast<float>(0x7F800001u),
+                    std::bit_cast<float>(0xFFA00000u), 3.4e38f, -3.4e38f, 1.0f + 0x1p-8f,
+                    1.0f + 0x1p-8f + 0x1p-16f, 1e-40f}) {
+      values.push_back(x);
+    }
+    const StateTensorPlace place{8, static_cast<std::int64_t>(values.size()), dtype};
+    StateCache cache(place.offset + storage_bytes(dtype, place.elements), 3, 4, 2);
+    write_state(place, cache.layer, cache.bytes, 2, values);
+    std::vector<std::byte> want(static_cast<std::size_t>(storage_bytes(dtype, place.elements)));
+    encode_row(dtype, values, 1.0f, want);
+    const std::int64_t at = cache.layer.offset + 2 * cache.layer.kernel_page_stride + place.offset;
+    EXPECT_EQ(0, std::memcmp(cache.bytes.data() + at, want.data(), want.size()))
+        << to_string(dtype);
+    std::vector<float> back(values.size());
+    decode_row(dtype, want, 1.0f, back);
+    const std::vector<float> got = read_state(place, cache.layer, cache.bytes, 2);
+    EXPECT_EQ(0, std::memcmp(got.data(), back.data(), back.size() * sizeof(float)))
+        << to_string(dtype);
   }
 }
 
