@@ -15,8 +15,7 @@
 namespace mixkv::kernels {
 namespace {
 
-// GDN state columns per block (128 rows x 32 floats = 16 KiB) and Mamba2 partial sums.
-constexpr std::int64_t kColumnBlock = 32;
+// Partial sums of the Mamba2 output (one AVX-512 register).
 constexpr std::int64_t kLanes = 16;
 
 // The inner loops, compiled for the baseline and for AVX2+FMA and AVX-512 machines; the loader
@@ -298,30 +297,26 @@ void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
         const float decay = std::exp(in.g[row * hv + h]);
         const float beta = in.beta[row * hv + h];
         float* o = out.data() + (row * hv + h) * dv;
-        // Column j of S only ever meets u_j and o_j, so the head runs in blocks of columns small
-        // enough to stay in L1 across both passes. Pass 1: decay the block and read S^T k;
-        // pass 2: rank-1 update and read S^T q.
+        // Pass 1: decay the state and read S^T k. Pass 2: rank-1 update and read S^T q. (Blocks
+        // of columns kept in L1 across both passes measured slower: the inner loops get short.)
         for (std::int64_t i = 0; i < dk; ++i) qs[i] = q[i] * spec.scale;
-        for (std::int64_t j0 = 0; j0 < dv; j0 += kColumnBlock) {
-          const std::int64_t j1 = std::min(dv, j0 + kColumnBlock);
-          std::fill(sk.begin() + j0, sk.begin() + j1, 0.0f);
-          for (std::int64_t i = 0; i < dk; ++i) {
-            float* si = st + i * dv;
-            const float ki = k[i];
-            for (std::int64_t j = j0; j < j1; ++j) {
-              si[j] *= decay;
-              sk[j] += si[j] * ki;
-            }
+        std::fill(sk.begin(), sk.end(), 0.0f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          float* si = st + i * dv;
+          const float ki = k[i];
+          for (std::int64_t j = 0; j < dv; ++j) {
+            si[j] *= decay;
+            sk[j] += si[j] * ki;
           }
-          for (std::int64_t j = j0; j < j1; ++j) sk[j] = beta * (v[j] - sk[j]);  // u
-          std::fill(o + j0, o + j1, 0.0f);
-          for (std::int64_t i = 0; i < dk; ++i) {
-            float* si = st + i * dv;
-            const float ki = k[i], qi = qs[i];
-            for (std::int64_t j = j0; j < j1; ++j) {
-              si[j] += ki * sk[j];
-              o[j] += si[j] * qi;
-            }
+        }
+        for (std::int64_t j = 0; j < dv; ++j) sk[j] = beta * (v[j] - sk[j]);  // u
+        std::fill(o, o + dv, 0.0f);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          float* si = st + i * dv;
+          const float ki = k[i], qi = qs[i];
+          for (std::int64_t j = 0; j < dv; ++j) {
+            si[j] += ki * sk[j];
+            o[j] += si[j] * qi;
           }
         }
       }
