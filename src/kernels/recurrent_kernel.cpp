@@ -508,7 +508,9 @@ GdnLayerSpec gdn_layer_spec(const model::LayerDesc& layer, int num_spec_tokens) 
   s.gdn.k_dim = t.shape[1];
   s.gdn.v_dim = t.shape[2];
   s.gdn.num_k_heads = layer.num_q_heads;
-  s.gdn.scale = 1.0f / std::sqrt(static_cast<float>(s.gdn.k_dim));  // Qwen3-Next's q scale
+  // Qwen3-Next's layer leaves the scale to the kernel, whose default is k_dim^-1/2
+  // (flash-linear-attention's chunk_gated_delta_rule).
+  s.gdn.scale = 1.0f / std::sqrt(static_cast<float>(s.gdn.k_dim));
   s.gdn.place = placed[i];
   require(layer.num_kv_heads == s.gdn.num_v_heads && layer.num_q_heads > 0 &&
               s.gdn.num_v_heads % layer.num_q_heads == 0,

@@ -552,7 +552,6 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     const std::size_t n = kv.layers.size();
     std::size_t sample = std::min<std::size_t>(n, 3);
     {
-      RecurrentCase c;
       const model::LayerDesc& first = layer_desc(kv.layers.front());
       double per_token = 0;
       std::int64_t tokens = 1 + static_cast<std::int64_t>(std::max<std::size_t>(2, per_request));

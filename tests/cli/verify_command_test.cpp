@@ -62,6 +62,21 @@ TEST(VerifyCommand, PlantedMismatchExitsThree) {
   EXPECT_EQ(doc["groups"][0]["status"], "MISMATCH");
 }
 
+TEST(VerifyCommand, PlantedStateSlotFaultMismatchesARecurrentGroup) {
+  testing::CliResult r =
+      run_verify({"qwen3-next-80b-a3b", "--policy", "vllm", "--backend", "cpu", "--requests", "1",
+                  "--plant-fault", "state-slot", "--fault-group", "0", "--json"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  auto doc = nlohmann::json::parse(r.out);
+  bool recurrent_mismatch = false;
+  for (const auto& g : doc["groups"]) {
+    if (g["attention_group"].is_null() && g["kv_cache_group"] == 0) {
+      recurrent_mismatch = g["status"] == "MISMATCH";
+    }
+  }
+  EXPECT_TRUE(recurrent_mismatch) << r.out;
+}
+
 TEST(VerifyCommand, BadInputExitsTwo) {
   EXPECT_EQ(run_verify({"qwen3-8b", "--backend", "nope"}).status, 2);
   EXPECT_EQ(run_verify({"qwen3-8b", "--memory-scale", "lots"}).status, 2);
