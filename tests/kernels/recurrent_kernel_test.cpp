@@ -13,7 +13,11 @@
 #include <numeric>
 #include <random>
 
+#include "mixkv/attention_groups.hpp"
+#include "mixkv/geometry.hpp"
 #include "mixkv/kernels_convert.hpp"
+#include "mixkv/kv_cache_manager.hpp"
+#include "mixkv/plan.hpp"
 #include "mixkv/recurrent_reference.hpp"
 #include "mixkv/verify.hpp"
 #include "test_support.hpp"
@@ -498,6 +502,77 @@ TEST(RecurrentStateBytes, StateWritesAndReadsAreTheConversionModulesBitForBit) {
     EXPECT_EQ(0, std::memcmp(got.data(), back.data(), back.size() * sizeof(float)))
         << to_string(dtype);
   }
+}
+
+// With the run-time manager's tables over a real plan: a speculative verify over the last token
+// and three drafts writes the checkpoints into the request's GDN table, commit() with two accepted
+// drafts makes checkpoint 2 the live state, and that state is byte for byte what running the
+// last token and the two accepted drafts from the old live state gives.
+TEST(RecurrentCheckpoints, CommitMakesTheAcceptedCheckpointTheLiveState) {
+  model::DescribeOptions o;
+  o.tp = 4;
+  o.num_spec_tokens = 3;
+  const model::ModelDesc desc = mixkv::testing::describe_builtin("qwen3-next-80b-a3b", {}, o);
+  plan::PlanOptions po;
+  po.policy = plan::Policy::kVllm;
+  po.backend = attn::Backend::kCpu;
+  po.memory_bytes = std::int64_t{64} << 20;
+  po.max_model_len = 1024;
+  const plan::CachePlan plan = plan::make_plan(desc, po);
+  const layout::Geometry geometry =
+      layout::make_geometry(desc, plan, attn::build_attention_groups(desc, plan));
+  const model::LayerDesc& layer = *mixkv::testing::layers_of(desc, model::LayerKind::kGdn).front();
+  const layout::LayerGeometry& g = geometry.layer(layer.name);
+  const GdnSpec spec = gdn_layer_spec(layer, desc.num_spec_tokens).gdn;
+  std::vector<std::byte> tensor(
+      static_cast<std::size_t>(plan.tensors.at(static_cast<std::size_t>(g.tensor)).bytes),
+      std::byte{0xFF});
+
+  cache::KvCacheManager m(plan, desc.num_spec_tokens);
+  const cache::RequestId id{1};
+  std::vector<cache::TokenId> prompt(40);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  m.add_request(id, prompt);
+  ASSERT_TRUE(m.admit(id, 3).has_value());
+  m.commit(id, 40, std::vector<cache::TokenId>{100});
+  auto table = [&] {
+    std::vector<std::int64_t> t;
+    for (cache::BlockId b : m.block_table(id, g.kv_cache_group)) t.push_back(b.value());
+    return t;
+  };
+  std::mt19937_64 rng(21);
+  const std::vector<float> start = random_values(rng, spec.place.elements, -0.5f, 0.5f);
+  write_state(spec.place, g, tensor, table()[0], start);  // what the prefill left
+
+  ASSERT_TRUE(m.allocate(id, 1, 3));
+  const std::vector<std::int64_t> verify_table = table();
+  ASSERT_EQ(verify_table.size(), 4u);
+  const std::vector<std::byte> before = tensor;
+  const GdnData d = gdn_data(rng, spec, 4);
+  std::vector<float> out(static_cast<std::size_t>(4 * spec.num_v_heads * spec.v_dim));
+  const StateSequence verify{verify_table[0], 4, verify_table};
+  gdn_step(spec, g, tensor, std::span(&verify, 1), d.inputs(), out);
+  m.commit(id, 3, std::vector<cache::TokenId>{101, 102, 103}, 2);
+  ASSERT_EQ(m.check_invariants(), "");
+  const std::int64_t live = table()[0];
+  EXPECT_EQ(live, verify_table[2]);
+
+  // The last token and the two accepted drafts, from the old live state, on a copy of the cache.
+  std::vector<std::byte> replay = before;
+  const std::int64_t old_live = verify_table[0];
+  const StateSequence three{old_live, 3, std::span(&old_live, 1)};
+  const auto first3 = [&](const std::vector<float>& v, std::int64_t width) {
+    return std::span<const float>(v).first(static_cast<std::size_t>(3 * width));
+  };
+  const std::int64_t qw = spec.num_k_heads * spec.k_dim, vw = spec.num_v_heads * spec.v_dim;
+  std::vector<float> out3(static_cast<std::size_t>(3 * vw));
+  gdn_step(spec, g, replay, std::span(&three, 1),
+           GdnInputs{first3(d.q, qw), first3(d.k, qw), first3(d.v, vw),
+                     first3(d.g, spec.num_v_heads), first3(d.beta, spec.num_v_heads)},
+           out3);
+  const std::vector<float> a = read_state(spec.place, g, tensor, live);
+  const std::vector<float> b = read_state(spec.place, g, replay, old_live);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
 }
 
 TEST(RecurrentLayerSpec, QwenNextAndNemotronShapesPerRank) {
