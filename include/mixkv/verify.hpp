@@ -2,7 +2,9 @@
 // memory), allocates the planned tensors for real, writes random K/V through the slot mappings
 // of a batch of requests, runs every attention group's paged kernel with the group's own
 // parameters (decode, then a short extend) and compares with the dense reference over the
-// logical sequences. Also the comparison the kernel tests use. docs/kernels.md.
+// logical sequences; then writes random states into every GDN/Mamba2 group's state blocks and
+// checks the recurrent kernels (decode, speculative checkpoints, GDN chunked prefill) against
+// theirs. Also the comparison the kernel tests use. docs/kernels.md.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +75,7 @@ enum class PlantedFault {
   // one kernel page for the whole model): its geometry is rebuilt as if the draft's attention
   // group had the first target attention group's kernel page.
   kTargetKernelPage,
+  kStateSlot,  // a recurrent layer's states read and written one manager page too far
 };
 
 struct VerifyOptions {
@@ -85,7 +88,9 @@ struct VerifyOptions {
   // as the dense reference's work budget allows.
   int max_layers_per_group = 0;
   PlantedFault fault = PlantedFault::kNone;
-  int fault_group = -1;  // attention group the fault applies to; -1: every group
+  // Group the fault applies to: the attention group (stride, window) or the recurrent KV-cache
+  // group (state slot); -1: every group.
+  int fault_group = -1;
   // Called after each layer is checked: (layers done, layers in all).
   std::function<void(int, int)> progress;
 };
@@ -94,7 +99,8 @@ enum class GroupStatus { kPass, kMismatch, kSkipped, kNotVerified };
 std::string_view to_string(GroupStatus status);
 
 struct GroupResult {
-  int attention_group = -1;  // -1 for recurrent KV-cache groups
+  int attention_group = -1;  // -1 for recurrent KV-cache groups (kPass/kMismatch for GDN and
+                             // Mamba2, kNotVerified for kinds without a kernel: KDA, Mamba1)
   int kv_cache_group = 0;
   std::string kind;    // first layer's kind
   std::string params;  // window/causal/dtype/heads, for the table

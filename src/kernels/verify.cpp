@@ -12,6 +12,8 @@
 #include "mixkv/dense_reference.hpp"
 #include "mixkv/error.hpp"
 #include "mixkv/kernels_convert.hpp"
+#include "mixkv/recurrent_kernel.hpp"
+#include "mixkv/recurrent_reference.hpp"
 
 namespace mixkv::kernels {
 
@@ -206,6 +208,56 @@ attn::AttentionParams given_params(const attn::AttentionGroup& g, const model::L
   return p;
 }
 
+std::string describe_recurrent(const model::LayerDesc& layer, int num_spec_tokens) {
+  if (layer.kind == model::LayerKind::kGdn) {
+    const GdnLayerSpec s = gdn_layer_spec(layer, num_spec_tokens);
+    return fmt::format("k{}/v{} {}x{} w{} {}/{}", s.gdn.num_k_heads, s.gdn.num_v_heads, s.gdn.k_dim,
+                       s.gdn.v_dim, s.conv.kernel, to_string(s.conv.place.dtype),
+                       to_string(s.gdn.place.dtype));
+  }
+  const Mamba2LayerSpec s = mamba2_layer_spec(layer, num_spec_tokens);
+  return fmt::format("h{}x{} n{} g{} w{} {}/{}", s.ssm.heads, s.ssm.head_dim, s.ssm.state_size,
+                     s.ssm.groups, s.conv.kernel, to_string(s.conv.place.dtype),
+                     to_string(s.ssm.place.dtype));
+}
+
+// Multiply-adds of reference work allowed per recurrent group (layers are sampled like attention
+// groups', one to three of them), and the tokens of the chunked-prefill check: one whole chunk
+// of kPrefillChunk and a partial one.
+constexpr double kRecurrentBudget = 3e8;
+constexpr std::int64_t kPrefillChunk = 64;
+constexpr std::int64_t kPrefillTokens = 72;
+
+// Kernel against reference for one recurrent check: every comparison must hold on its own.
+struct RecurrentCheck {
+  double max_error = 0;
+  double tolerance = 0;
+  double max_reference = 0;
+  bool ok = true;
+  std::string first_failure;
+  void add(std::span<const float> got, std::span<const double> want, double tol,
+           std::string_view what) {
+    double e = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      // NaN (a read of poisoned bytes) must count as a failure.
+      e = std::max(e, std::isfinite(got[i]) ? std::fabs(got[i] - want[i]) : INFINITY);
+      max_reference = std::max(max_reference, std::fabs(want[i]));
+    }
+    max_error = std::max(max_error, e);
+    tolerance = std::max(tolerance, tol);
+    if (!(e <= tol) && ok) {
+      ok = false;
+      first_failure = fmt::format("{}: max error {:.3g} > tolerance {:.3g}", what, e, tol);
+    }
+  }
+};
+
+double max_abs(std::span<const double> v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
 }  // namespace
 
 VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) {
@@ -252,8 +304,18 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     r.layers = kv.layers;
     r.kind = std::string(model::to_string(kv.kind));
     r.params = "recurrent state";
-    r.status = GroupStatus::kNotVerified;
-    r.reason = "not verified yet (no recurrent kernels)";
+    if (kv.kind == model::LayerKind::kGdn || kv.kind == model::LayerKind::kMamba2) {
+      try {
+        r.params = describe_recurrent(layer_desc(kv.layers.front()), desc.num_spec_tokens);
+      } catch (const Error& e) {
+        r.status = GroupStatus::kSkipped;
+        r.reason = e.what();
+      }
+    } else {
+      r.status = GroupStatus::kNotVerified;
+      r.reason = fmt::format("no CPU kernel for {} layers yet (GDN and Mamba2 have one)",
+                             model::to_string(kv.kind));
+    }
     report.groups.push_back(std::move(r));
   }
 
@@ -498,6 +560,76 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     return layout::make_geometry(desc, plan, forced);
   };
 
+  // Recurrent layers checked per group, sampled like attention groups' (one to three).
+  const auto per_request = static_cast<std::size_t>(1 + desc.num_spec_tokens);
+  struct RecurrentCase {
+    std::size_t result = 0;
+    std::size_t layer_index = 0;
+    const model::LayerDesc* desc = nullptr;
+    int kv_cache_group = 0;
+    layout::LayerGeometry geometry;
+    bool gdn = true;
+    ConvSpec conv;
+    GdnSpec temporal;
+    Mamba2Spec ssm;
+    const StateTensorPlace& place() const { return gdn ? temporal.place : ssm.place; }
+  };
+  std::vector<RecurrentCase> recurrent_cases;
+  for (std::size_t gi = groups.size(); gi < report.groups.size(); ++gi) {
+    GroupResult& result = report.groups[gi];
+    if (result.status != GroupStatus::kPass) continue;
+    const plan::KvCacheGroup& kv = plan.groups.at(static_cast<std::size_t>(result.kv_cache_group));
+    const std::size_t n = kv.layers.size();
+    std::size_t sample = std::min<std::size_t>(n, 3);
+    if (options.max_layers_per_group > 0) {
+      sample = std::min(sample, static_cast<std::size_t>(options.max_layers_per_group));
+    }
+    {
+      const model::LayerDesc& first = layer_desc(kv.layers.front());
+      double per_token = 0;
+      std::int64_t tokens = 1 + static_cast<std::int64_t>(std::max<std::size_t>(2, per_request));
+      tokens *= std::ssize(report.requests);
+      if (first.kind == model::LayerKind::kGdn) {
+        const GdnLayerSpec s = gdn_layer_spec(first, desc.num_spec_tokens);
+        per_token = 4.0 * static_cast<double>(s.gdn.place.elements) +
+                    static_cast<double>(s.conv.channels * s.conv.kernel);
+        tokens += kPrefillTokens;
+      } else {
+        const Mamba2LayerSpec s = mamba2_layer_spec(first, desc.num_spec_tokens);
+        per_token = 3.0 * static_cast<double>(s.ssm.place.elements) +
+                    static_cast<double>(s.conv.channels * s.conv.kernel);
+      }
+      const double cost = per_token * static_cast<double>(tokens);
+      sample = static_cast<std::size_t>(
+          std::clamp(kRecurrentBudget / std::max(cost, 1.0), 1.0, static_cast<double>(sample)));
+    }
+    std::set<std::size_t> picked;
+    for (std::size_t k = 0; k < sample; ++k) {
+      picked.insert(sample == 1 ? 0 : k * (n - 1) / (sample - 1));
+    }
+    for (std::size_t li : picked) {
+      RecurrentCase c;
+      c.result = gi;
+      c.desc = &layer_desc(kv.layers[li]);
+      c.layer_index = static_cast<std::size_t>(c.desc - desc.layers.data());
+      c.kv_cache_group = kv.id;
+      c.geometry = geometry.layer(c.desc->name);
+      c.gdn = c.desc->kind == model::LayerKind::kGdn;
+      if (c.gdn) {
+        const GdnLayerSpec s = gdn_layer_spec(*c.desc, desc.num_spec_tokens);
+        c.conv = s.conv;
+        c.temporal = s.gdn;
+      } else {
+        const Mamba2LayerSpec s = mamba2_layer_spec(*c.desc, desc.num_spec_tokens);
+        c.conv = s.conv;
+        c.ssm = s.ssm;
+      }
+      recurrent_cases.push_back(std::move(c));
+    }
+    result.layers_checked = static_cast<int>(picked.size());
+  }
+  const int layers_to_check = static_cast<int>(cases.size() + recurrent_cases.size());
+
   // Run and compare: a decode batch (one query per request), then an extend batch.
   int done = 0;
   for (const LayerCase& c : cases) {
@@ -564,7 +696,228 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       result.max_rel_error =
           std::max(result.max_rel_error, total.max_error_stored / total.max_reference);
     }
-    if (options.progress) options.progress(++done, static_cast<int>(cases.size()));
+    if (options.progress) options.progress(++done, layers_to_check);
+  }
+  // The recurrent check gets the pools afresh (the attention check is done): each request holds
+  // 1 + num_spec_tokens blocks of its group, as the manager gives them (table[0] the live state,
+  // table[i] the checkpoint after draft i); requests are dealt round-robin over the groups, so a
+  // small pool still gives every group one. The tensors are poisoned again.
+  std::map<int, std::vector<std::vector<std::int64_t>>> state_tables;
+  if (!recurrent_cases.empty()) {
+    free.clear();
+    for (const plan::Pool& p : plan.pools) {
+      auto& f = free[p.id];
+      f.resize(static_cast<std::size_t>(std::max<std::int64_t>(0, p.num_blocks - 1)));
+      std::iota(f.begin(), f.end(), 1);
+      std::shuffle(f.begin(), f.end(), rng);
+    }
+    for (auto& t : tensors) std::fill(t.begin(), t.end(), std::byte{0xFF});
+  }
+  for (std::size_t round = 0; round < report.requests.size(); ++round) {
+    for (std::size_t gi = groups.size(); gi < report.groups.size(); ++gi) {
+      if (report.groups[gi].status != GroupStatus::kPass) continue;
+      const plan::KvCacheGroup& kv =
+          plan.groups.at(static_cast<std::size_t>(report.groups[gi].kv_cache_group));
+      std::vector<std::int64_t>& f = free[kv.pool];
+      auto& tables = state_tables[kv.id];
+      if (tables.size() == round && f.size() >= per_request) {
+        tables.emplace_back(f.end() - static_cast<std::ptrdiff_t>(per_request), f.end());
+        f.resize(f.size() - per_request);
+      }
+    }
+  }
+  for (std::size_t gi = groups.size(); gi < report.groups.size(); ++gi) {
+    GroupResult& result = report.groups[gi];
+    if (result.status == GroupStatus::kPass && state_tables[result.kv_cache_group].empty()) {
+      result.status = GroupStatus::kSkipped;
+      result.layers_checked = 0;
+      result.reason = fmt::format(
+          "the scaled plan has fewer than {} free blocks for one request's states; give a larger "
+          "--memory-scale",
+          per_request);
+    }
+  }
+  std::erase_if(recurrent_cases,
+                [&](const auto& c) { return state_tables[c.kv_cache_group].empty(); });
+  // A request's start states for a layer, the same each time they are asked for: conv rows are
+  // past inputs in [-1, 1], the temporal/ssm state in [-0.5, 0.5].
+  auto start_state = [&](const RecurrentCase& c, std::size_t i, bool conv) {
+    std::mt19937_64 r(options.seed * 0x9E3779B97F4A7C15ull + c.layer_index * 1000003ull + 2 * i +
+                      (conv ? 1 : 0) + 0x5EED);
+    const StateTensorPlace& p = conv ? c.conv.place : c.place();
+    const float m = conv ? 1.0f : 0.5f;
+    std::uniform_real_distribution<float> dist(-m, m);
+    std::vector<float> v(static_cast<std::size_t>(p.elements));
+    for (auto& x : v) x = dist(r);
+    return v;
+  };
+  // Every checked layer's states are written before any kernel runs, so states overlapping
+  // another layer's bytes show up.
+  for (const RecurrentCase& c : recurrent_cases) {
+    std::span<std::byte> tensor = tensors.at(static_cast<std::size_t>(c.geometry.tensor));
+    const auto& tables = state_tables.at(c.kv_cache_group);
+    for (std::size_t i = 0; i < tables.size(); ++i) {
+      write_state(c.conv.place, c.geometry, tensor, tables[i][0], start_state(c, i, true));
+      write_state(c.place(), c.geometry, tensor, tables[i][0], start_state(c, i, false));
+    }
+  }
+  // Recurrent layers, per request batch: a decode step in place (n = 1, out = in); a speculative
+  // verify over 1 + num_spec_tokens tokens writing one checkpoint per position (two tokens,
+  // final state only, without a drafter); for GDN a chunked prefill of kPrefillTokens. Each
+  // starts from what the cache holds; the first from the values written above, so a kernel
+  // reading the wrong bytes cannot agree with its reference.
+  for (const RecurrentCase& c : recurrent_cases) {
+    GroupResult& result = report.groups[c.result];
+    const auto& tables = state_tables.at(c.kv_cache_group);
+    layout::LayerGeometry given = c.geometry;
+    const bool faulty = options.fault == PlantedFault::kStateSlot &&
+                        (options.fault_group < 0 || options.fault_group == c.kv_cache_group);
+    if (faulty) given.offset += given.kernel_page_stride;
+    std::span<std::byte> tensor = tensors.at(static_cast<std::size_t>(c.geometry.tensor));
+    std::mt19937_64 r(options.seed * 31 + c.layer_index + 0x7E57);
+    auto random = [&](std::int64_t count, float lo, float hi) {
+      std::uniform_real_distribution<float> dist(lo, hi);
+      std::vector<float> v(static_cast<std::size_t>(count));
+      for (auto& x : v) x = dist(r);
+      return v;
+    };
+    // GDN's q and k are L2-normalised by the model before the recurrence.
+    auto unit_rows = [](std::vector<float> v, std::int64_t width) {
+      for (std::size_t at = 0; at < v.size(); at += static_cast<std::size_t>(width)) {
+        double norm = 0;
+        for (std::int64_t i = 0; i < width; ++i) norm += double(v[at + i]) * v[at + i];
+        const auto inv = static_cast<float>(1 / std::sqrt(norm + 1e-12));
+        for (std::int64_t i = 0; i < width; ++i) v[at + i] *= inv;
+      }
+      return v;
+    };
+    auto rows = [](std::span<const float> v, std::size_t i, std::int64_t n, std::int64_t width) {
+      return v.subspan(i * static_cast<std::size_t>(n * width),
+                       static_cast<std::size_t>(n * width));
+    };
+    RecurrentCheck check;
+    try {
+      const std::int64_t spec = desc.num_spec_tokens;
+      for (int step = 0; step < 3; ++step) {
+        if (step == 2 && !c.gdn) break;
+        const char* name = step == 0 ? "decode" : step == 1 ? "speculative verify" : "prefill";
+        const std::int64_t n = step == 0   ? 1
+                               : step == 1 ? std::max<std::int64_t>(2, 1 + spec)
+                                           : kPrefillTokens;
+        const bool checkpoints = step == 1 && spec > 0;
+        // The long prefill runs on the first request only (the reference is the slow part).
+        const std::size_t nreq = step == 2 ? 1 : tables.size();
+        std::vector<std::vector<std::int64_t>> outs;
+        std::vector<std::vector<float>> conv0, state0;
+        std::vector<StateSequence> batch;
+        for (std::size_t i = 0; i < nreq; ++i) {
+          const std::vector<std::int64_t>& t = tables[i];
+          outs.push_back(checkpoints ? t : std::vector<std::int64_t>{t[0]});
+          if (step == 0) {
+            conv0.push_back(stored_values(c.conv.place.dtype, start_state(c, i, true), 1.0f));
+            state0.push_back(stored_values(c.place().dtype, start_state(c, i, false), 1.0f));
+          } else {
+            conv0.push_back(read_state(c.conv.place, c.geometry, tensor, t[0]));
+            state0.push_back(read_state(c.place(), c.geometry, tensor, t[0]));
+          }
+        }
+        for (std::size_t i = 0; i < nreq; ++i) batch.push_back({tables[i][0], n, outs[i]});
+        const auto requests = static_cast<std::int64_t>(nreq);
+        // Stored states of request i against the reference run's.
+        auto check_states = [&](const StateTensorPlace& place, std::size_t i,
+                                const RecurrentRun& want, std::int64_t reduction,
+                                std::string_view what) {
+          for (std::size_t j = 0; j < outs[i].size(); ++j) {
+            const std::vector<double>& ws =
+                outs[i].size() == 1 ? want.states.back() : want.states[j];
+            check.add(read_state(place, c.geometry, tensor, outs[i][j]), ws,
+                      state_tolerance(place.dtype, reduction, n, want.magnitude, max_abs(ws)),
+                      fmt::format("{} {} state {}", name, what, j));
+          }
+        };
+
+        const std::int64_t ch = c.conv.channels, kw = c.conv.kernel;
+        const std::vector<float> x = random(requests * n * ch, -1, 1);
+        const std::vector<float> w = random(ch * kw, -1, 1);
+        const std::vector<float> bias = random(ch, -0.5f, 0.5f);
+        std::vector<float> y(x.size());
+        conv_update(c.conv, given, tensor, batch, ConvInputs{x, w, bias}, y);
+        for (std::size_t i = 0; i < nreq; ++i) {
+          const RecurrentRun want = reference_conv(
+              c.conv, conv0[i], n, ConvInputs{rows(x, i, n, ch), w, bias}, checkpoints);
+          check.add(rows(y, i, n, ch), want.out, output_tolerance(kw, n, want.magnitude),
+                    fmt::format("{} conv outputs", name));
+          check_states(c.conv.place, i, want, kw, "conv");
+        }
+
+        if (c.gdn) {
+          const GdnSpec& g = c.temporal;
+          const std::int64_t qw = g.num_k_heads * g.k_dim, vw = g.num_v_heads * g.v_dim;
+          const std::vector<float> q = unit_rows(random(requests * n * qw, -1, 1), g.k_dim);
+          const std::vector<float> k = unit_rows(random(requests * n * qw, -1, 1), g.k_dim);
+          const std::vector<float> v = random(requests * n * vw, -1, 1);
+          const std::vector<float> gate = random(requests * n * g.num_v_heads, -1, 0);
+          const std::vector<float> beta = random(requests * n * g.num_v_heads, 0, 1);
+          std::vector<float> o(v.size());
+          const GdnInputs in{q, k, v, gate, beta};
+          if (step == 2) {
+            gdn_chunked_prefill(g, given, tensor, batch, in, kPrefillChunk, o);
+          } else {
+            gdn_step(g, given, tensor, batch, in, o);
+          }
+          for (std::size_t i = 0; i < nreq; ++i) {
+            const std::int64_t hv = g.num_v_heads;
+            const RecurrentRun want =
+                reference_gdn(g, state0[i], n,
+                              GdnInputs{rows(q, i, n, qw), rows(k, i, n, qw), rows(v, i, n, vw),
+                                        rows(gate, i, n, hv), rows(beta, i, n, hv)},
+                              checkpoints);
+            check.add(rows(o, i, n, vw), want.out, output_tolerance(g.k_dim, n, want.magnitude),
+                      fmt::format("{} GDN outputs", name));
+            check_states(g.place, i, want, g.k_dim, "temporal");
+          }
+        } else {
+          const Mamba2Spec& m = c.ssm;
+          const std::int64_t xw = m.heads * m.head_dim, bw = m.groups * m.state_size;
+          const std::vector<float> xs = random(requests * n * xw, -1, 1);
+          const std::vector<float> dt = random(requests * n * m.heads, -3, 1);
+          const std::vector<float> b = random(requests * n * bw, -1, 1);
+          const std::vector<float> cc = random(requests * n * bw, -1, 1);
+          const std::vector<float> a = random(m.heads, -4, -0.5f);
+          const std::vector<float> d = random(m.heads, -1, 1);
+          const std::vector<float> dt_bias = random(m.heads, -1, 1);
+          std::vector<float> out(xs.size());
+          mamba2_step(m, given, tensor, batch, Mamba2Inputs{xs, dt, b, cc, a, d, dt_bias}, out);
+          for (std::size_t i = 0; i < nreq; ++i) {
+            const RecurrentRun want =
+                reference_mamba2(m, state0[i], n,
+                                 Mamba2Inputs{rows(xs, i, n, xw), rows(dt, i, n, m.heads),
+                                              rows(b, i, n, bw), rows(cc, i, n, bw), a, d, dt_bias},
+                                 checkpoints);
+            check.add(rows(out, i, n, xw), want.out,
+                      output_tolerance(m.state_size, n, want.magnitude),
+                      fmt::format("{} Mamba2 outputs", name));
+            check_states(m.place, i, want, m.state_size, "ssm");
+          }
+        }
+      }
+    } catch (const Error& e) {
+      check.ok = false;
+      check.max_error = INFINITY;
+      check.first_failure = e.what();
+    }
+    if (!check.ok && result.status == GroupStatus::kPass) {
+      result.status = GroupStatus::kMismatch;
+      result.reason = fmt::format("layer {}: {}", c.desc->name, check.first_failure);
+    }
+    result.max_abs_error = std::max(result.max_abs_error, check.max_error);
+    result.max_abs_error_original = result.max_abs_error;
+    result.tolerance = std::max(result.tolerance, check.tolerance);
+    result.tolerance_original = result.tolerance;
+    if (check.max_reference > 0) {
+      result.max_rel_error = std::max(result.max_rel_error, check.max_error / check.max_reference);
+    }
+    if (options.progress) options.progress(++done, layers_to_check);
   }
   return report;
 }

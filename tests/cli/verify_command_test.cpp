@@ -2,6 +2,8 @@
 // mismatch, 2 bad input).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -40,7 +42,10 @@ TEST(VerifyCommand, JsonReportsEveryGroup) {
     }
     statuses.insert(g["status"].get<std::string>());
   }
-  EXPECT_EQ(statuses, (std::set<std::string>{"pass", "not verified"}));
+  // Attention and GDN groups alike.
+  EXPECT_EQ(statuses, (std::set<std::string>{"pass"}));
+  EXPECT_TRUE(std::any_of(j["groups"].begin(), j["groups"].end(),
+                          [](const auto& g) { return g["kind"] == "gdn"; }));
 }
 
 TEST(VerifyCommand, PlantedMismatchExitsThree) {
@@ -55,6 +60,21 @@ TEST(VerifyCommand, PlantedMismatchExitsThree) {
   auto doc = nlohmann::json::parse(j.out);
   EXPECT_EQ(doc["passed"], false);
   EXPECT_EQ(doc["groups"][0]["status"], "MISMATCH");
+}
+
+TEST(VerifyCommand, PlantedStateSlotFaultMismatchesARecurrentGroup) {
+  testing::CliResult r =
+      run_verify({"qwen3-next-80b-a3b", "--policy", "vllm", "--backend", "cpu", "--requests", "1",
+                  "--plant-fault", "state-slot", "--fault-group", "0", "--json"});
+  EXPECT_EQ(r.status, 3) << r.err;
+  auto doc = nlohmann::json::parse(r.out);
+  bool recurrent_mismatch = false;
+  for (const auto& g : doc["groups"]) {
+    if (g["attention_group"].is_null() && g["kv_cache_group"] == 0) {
+      recurrent_mismatch = g["status"] == "MISMATCH";
+    }
+  }
+  EXPECT_TRUE(recurrent_mismatch) << r.out;
 }
 
 TEST(VerifyCommand, BadInputExitsTwo) {

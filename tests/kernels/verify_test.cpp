@@ -85,17 +85,70 @@ TEST(Verify, BatchHasSharedPrefixesAndSpansLongerThanTheWindow) {
   }));
 }
 
-TEST(Verify, RecurrentGroupsAreReportedNotVerified) {
-  const VerifyReport r =
-      run_verify("qwen3-next-80b-a3b", std::nullopt, plan::Policy::kVllm, attn::Backend::kCpu, 2);
-  int recurrent = 0;
+// Qwen3-Next per TP rank with two speculative tokens: every GDN group runs decode, a speculative
+// verify writing three checkpoints, and a chunked prefill against the reference.
+VerifyReport run_gdn_verify(PlantedFault fault = PlantedFault::kNone, int fault_group = -1) {
+  VerifyOptions o;
+  o.plan.policy = plan::Policy::kVllm;
+  o.plan.backend = attn::Backend::kCpu;
+  o.plan.memory_bytes = 64 * kMiB;
+  o.requests = 2;
+  o.seed = 5;
+  o.longest_request = 256;
+  o.fault = fault;
+  o.fault_group = fault_group;
+  model::DescribeOptions d;
+  d.tp = 4;
+  d.num_spec_tokens = 2;
+  return verify(mixkv::testing::describe_builtin("qwen3-next-80b-a3b", std::nullopt, d), o);
+}
+
+std::vector<const GroupResult*> recurrent_groups(const VerifyReport& r) {
+  std::vector<const GroupResult*> out;
   for (const auto& g : r.groups) {
-    if (g.status != GroupStatus::kNotVerified) continue;
-    ++recurrent;
-    EXPECT_EQ(g.attention_group, -1);
-    EXPECT_NE(g.reason.find("no recurrent kernels"), std::string::npos);
+    if (g.attention_group < 0) out.push_back(&g);
   }
-  EXPECT_GT(recurrent, 0);
+  return out;
+}
+
+TEST(Verify, GdnGroupsRunDecodeCheckpointsAndPrefillWithinTolerance) {
+  const VerifyReport r = run_gdn_verify();
+  const auto gdn = recurrent_groups(r);
+  ASSERT_EQ(gdn.size(), 3u);
+  for (const GroupResult* g : gdn) {
+    EXPECT_EQ(g->kind, "gdn");
+    EXPECT_EQ(g->status, GroupStatus::kPass) << g->kv_cache_group << ": " << g->reason;
+    EXPECT_GT(g->layers_checked, 0);
+    EXPECT_GT(g->tolerance, 0);
+    EXPECT_LE(g->max_abs_error, g->tolerance);
+    EXPECT_NE(g->params.find("k4/v8 128x128 w4"), std::string::npos) << g->params;
+  }
+  EXPECT_FALSE(r.mismatch());
+}
+
+TEST(Verify, Mamba2GroupsMatchTheReference) {
+  const VerifyReport r =
+      run_verify("nemotron-h-8b", std::nullopt, plan::Policy::kVllm, attn::Backend::kFlashinfer, 2);
+  const auto groups = recurrent_groups(r);
+  ASSERT_FALSE(groups.empty());
+  for (const GroupResult* g : groups) {
+    EXPECT_EQ(g->kind, "mamba2");
+    EXPECT_EQ(g->status, GroupStatus::kPass) << g->reason;
+    EXPECT_GT(g->layers_checked, 0);
+    EXPECT_LE(g->max_abs_error, g->tolerance);
+  }
+}
+
+TEST(Verify, KdaGroupsAreReportedNotVerifiedWithTheReason) {
+  const VerifyReport r =
+      run_verify("kimi-linear-48b", std::nullopt, plan::Policy::kVllm, attn::Backend::kCpu, 1);
+  int kda = 0;
+  for (const GroupResult* g : recurrent_groups(r)) {
+    EXPECT_EQ(g->status, GroupStatus::kNotVerified);
+    EXPECT_NE(g->reason.find("no CPU kernel for kda layers"), std::string::npos) << g->reason;
+    ++kda;
+  }
+  EXPECT_GT(kda, 0);
   EXPECT_FALSE(r.mismatch());
 }
 
@@ -187,6 +240,30 @@ TEST(VerifyPlantedFault, DraftGroupGivenTheTargetKernelPageIsCaught) {
     if (g.attention_group < 0) continue;
     EXPECT_EQ(g.status, g.attention_group == draft ? GroupStatus::kMismatch : GroupStatus::kPass)
         << g.attention_group << ": " << g.reason;
+  }
+}
+
+// The recurrent states of one KV-cache group read and written one manager page too far: that
+// group mismatches. (Its stray writes land in other groups' blocks, so only the groups checked
+// before it are sure to pass: the fault goes on the last one.)
+TEST(VerifyPlantedFault, StateSlotOffByOnePageIsCaughtOnThatGroup) {
+  const VerifyReport clean = run_gdn_verify();
+  const int last = recurrent_groups(clean).back()->kv_cache_group;
+  const VerifyReport r = run_gdn_verify(PlantedFault::kStateSlot, last);
+  EXPECT_TRUE(r.mismatch());
+  for (const GroupResult* g : recurrent_groups(r)) {
+    if (g->kv_cache_group == last) {
+      EXPECT_EQ(g->status, GroupStatus::kMismatch);
+      EXPECT_GT(g->max_abs_error, g->tolerance);
+      EXPECT_NE(g->reason.find("decode"), std::string::npos) << g->reason;
+    } else {
+      EXPECT_EQ(g->status, GroupStatus::kPass) << g->kv_cache_group << ": " << g->reason;
+    }
+  }
+  for (const auto& g : r.groups) {
+    if (g.attention_group >= 0) {
+      EXPECT_EQ(g.status, GroupStatus::kPass);
+    }
   }
 }
 

@@ -1,0 +1,163 @@
+#include "mixkv/recurrent_reference.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "mixkv/error.hpp"
+#include "mixkv/kernels_convert.hpp"
+
+namespace mixkv::kernels {
+namespace {
+
+void check(std::string_view what, std::size_t got, std::int64_t want) {
+  if (static_cast<std::int64_t>(got) != want) {
+    throw_invalid(
+        fmt::format("recurrent reference: {} has {} elements, expected {}", what, got, want));
+  }
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+}  // namespace
+
+RecurrentRun reference_conv(const ConvSpec& spec, std::span<const float> state,
+                            std::int64_t num_tokens, const ConvInputs& in, bool every_state) {
+  const std::int64_t ch = spec.channels, kw = spec.kernel, rows = spec.rows;
+  check("conv state", state.size(), rows * ch);
+  check("conv x", in.x.size(), num_tokens * ch);
+  check("conv weight", in.weight.size(), ch * kw);
+  if (!in.bias.empty()) check("conv bias", in.bias.size(), ch);
+  // The whole input stream: the state's rows, then the new tokens.
+  std::vector<double> stream(state.begin(), state.end());
+  stream.insert(stream.end(), in.x.begin(), in.x.end());
+  RecurrentRun r;
+  for (std::int64_t t = 0; t < num_tokens; ++t) {
+    const std::int64_t now = rows + t;  // stream row of token t
+    for (std::int64_t c = 0; c < ch; ++c) {
+      double y = in.bias.empty() ? 0.0 : in.bias[c];
+      double mag = std::fabs(y);
+      for (std::int64_t j = 0; j < kw; ++j) {
+        const double term = in.weight[c * kw + j] * stream[(now - (kw - 1) + j) * ch + c];
+        y += term;
+        mag += std::fabs(term);
+      }
+      if (spec.silu) y = y / (1.0 + std::exp(-y));
+      r.out.push_back(y);
+      r.magnitude = std::max(r.magnitude, mag);
+    }
+    if (every_state || t == num_tokens - 1) {
+      r.states.emplace_back(stream.begin() + (t + 1) * ch, stream.begin() + (now + 1) * ch);
+      r.magnitude = std::max(r.magnitude, max_abs(r.states.back()));
+    }
+  }
+  return r;
+}
+
+RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
+                           std::int64_t num_tokens, const GdnInputs& in, bool every_state) {
+  const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
+  check("GDN state", state.size(), hv * dk * dv);
+  check("q", in.q.size(), num_tokens * hk * dk);
+  check("k", in.k.size(), num_tokens * hk * dk);
+  check("v", in.v.size(), num_tokens * hv * dv);
+  check("g", in.g.size(), num_tokens * hv);
+  check("beta", in.beta.size(), num_tokens * hv);
+  std::vector<double> s(state.begin(), state.end());  // s[h][i][j]
+  auto at = [&](std::int64_t h, std::int64_t i, std::int64_t j) -> double& {
+    return s[static_cast<std::size_t>((h * dk + i) * dv + j)];
+  };
+  RecurrentRun r;
+  r.out.assign(static_cast<std::size_t>(num_tokens * hv * dv), 0.0);
+  for (std::int64_t t = 0; t < num_tokens; ++t) {
+    for (std::int64_t h = 0; h < hv; ++h) {
+      const std::int64_t kh = h / (hv / hk);
+      const float* q = in.q.data() + (t * hk + kh) * dk;
+      const float* k = in.k.data() + (t * hk + kh) * dk;
+      const float* v = in.v.data() + (t * hv + h) * dv;
+      const double decay = std::exp(static_cast<double>(in.g[t * hv + h]));
+      const double beta = in.beta[t * hv + h];
+      for (std::int64_t i = 0; i < dk; ++i) {
+        for (std::int64_t j = 0; j < dv; ++j) at(h, i, j) *= decay;
+      }
+      for (std::int64_t j = 0; j < dv; ++j) {
+        double sk = 0, mag = std::fabs(v[j]);
+        for (std::int64_t i = 0; i < dk; ++i) {
+          sk += at(h, i, j) * k[i];
+          mag += std::fabs(at(h, i, j) * k[i]);
+        }
+        const double u = beta * (v[j] - sk);
+        for (std::int64_t i = 0; i < dk; ++i) at(h, i, j) += k[i] * u;
+        double o = 0, omag = 0;
+        for (std::int64_t i = 0; i < dk; ++i) {
+          o += at(h, i, j) * q[i] * spec.scale;
+          omag += std::fabs(at(h, i, j) * q[i] * spec.scale);
+        }
+        r.out[static_cast<std::size_t>((t * hv + h) * dv + j)] = o;
+        r.magnitude = std::max({r.magnitude, mag, omag});
+      }
+    }
+    r.magnitude = std::max(r.magnitude, max_abs(s));
+    if (every_state || t == num_tokens - 1) r.states.push_back(s);
+  }
+  return r;
+}
+
+RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> state,
+                              std::int64_t num_tokens, const Mamba2Inputs& in, bool every_state) {
+  const std::int64_t nh = spec.heads, pd = spec.head_dim, ns = spec.state_size,
+                     groups = spec.groups;
+  check("Mamba2 state", state.size(), nh * pd * ns);
+  check("x", in.x.size(), num_tokens * nh * pd);
+  check("dt", in.dt.size(), num_tokens * nh);
+  check("B", in.b.size(), num_tokens * groups * ns);
+  check("C", in.c.size(), num_tokens * groups * ns);
+  check("A", in.a.size(), nh);
+  check("D", in.d.size(), nh);
+  check("dt_bias", in.dt_bias.size(), nh);
+  std::vector<double> s(state.begin(), state.end());
+  RecurrentRun r;
+  for (std::int64_t t = 0; t < num_tokens; ++t) {
+    for (std::int64_t h = 0; h < nh; ++h) {
+      const std::int64_t g = h / (nh / groups);
+      const double dt =
+          std::log1p(std::exp(static_cast<double>(in.dt[t * nh + h]) + in.dt_bias[h]));
+      const double da = std::exp(dt * in.a[h]);
+      for (std::int64_t p = 0; p < pd; ++p) {
+        const double x = in.x[(t * nh + h) * pd + p];
+        double y = in.d[h] * x, mag = std::fabs(y);
+        for (std::int64_t n = 0; n < ns; ++n) {
+          double& sv = s[static_cast<std::size_t>((h * pd + p) * ns + n)];
+          const double bx = dt * x * in.b[(t * groups + g) * ns + n];
+          mag = std::max(mag, std::fabs(da * sv) + std::fabs(bx));
+          sv = da * sv + bx;
+          const double term = in.c[(t * groups + g) * ns + n] * sv;
+          y += term;
+          mag += std::fabs(term);
+        }
+        r.out.push_back(y);
+        r.magnitude = std::max(r.magnitude, mag);
+      }
+    }
+    if (every_state || t == num_tokens - 1) r.states.push_back(s);
+  }
+  return r;
+}
+
+double output_tolerance(std::int64_t reduction, std::int64_t tokens, double magnitude) {
+  const double eps = std::ldexp(1.0, -24);
+  return 16 * eps * static_cast<double>(reduction + tokens) * magnitude;
+}
+
+double state_tolerance(DType dtype, std::int64_t reduction, std::int64_t tokens, double magnitude,
+                       double max_state) {
+  const RoundingBound rb = rounding_bound(dtype);
+  return output_tolerance(reduction, tokens, magnitude) + rb.relative * max_state + rb.absolute;
+}
+
+}  // namespace mixkv::kernels
