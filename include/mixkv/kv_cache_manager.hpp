@@ -47,6 +47,7 @@ struct GroupStats {
   std::int64_t blocks_held = 0;    // non-null table entries over all requests
   std::int64_t hit_queries = 0;    // admissions that looked for a prefix in this group
   std::int64_t hit_tokens = 0;     // tokens this group could have served from the cache
+  std::int64_t evictions = 0;      // cached blocks of this group dropped to be reused
   std::int64_t padding_bytes = 0;  // bytes held but not holding data (page padding)
   bool operator==(const GroupStats&) const = default;
 };

@@ -73,6 +73,7 @@ struct GroupUsage {
   std::int64_t peak_blocks_held = 0;  // over the samples
   double mean_blocks_held = 0;        // over the samples
   std::int64_t hit_tokens = 0;        // GroupStats::hit_tokens at the end
+  std::int64_t evictions = 0;         // GroupStats::evictions at the end
 };
 
 struct SimReport {

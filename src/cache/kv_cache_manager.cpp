@@ -398,6 +398,7 @@ std::vector<GroupStats> KvCacheManager::stats() const {
       for (BlockId b : r.groups[gi].table) s.blocks_held += b.is_null() ? 0 : 1;
     }
     s.padding_bytes = s.blocks_held * groups_[gi].padding_per_block;
+    s.evictions = pool_.evictions(GroupId{groups_[gi].id});
     out.push_back(s);
   }
   return out;

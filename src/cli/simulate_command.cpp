@@ -36,12 +36,12 @@ std::string format_report(const model::ModelDesc& desc, const plan::CachePlan& p
   line("time",
        fmt::format("{:.3f} s wall, {:.3f} s in the manager", r.wall_seconds, r.manager_seconds));
   s += "  KV usage per group (blocks held, over the run):\n";
-  s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10} {:>12}\n", "group", "behaviour",
-                   "block size", "peak", "mean", "hit tokens");
+  s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "group", "behaviour",
+                   "block size", "peak", "mean", "hit tokens", "evictions");
   for (const auto& g : r.groups) {
-    s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10.1f} {:>12}\n", g.group,
+    s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10.1f} {:>12} {:>10}\n", g.group,
                      plan::to_string(g.behaviour), g.block_size, g.peak_blocks_held,
-                     g.mean_blocks_held, g.hit_tokens);
+                     g.mean_blocks_held, g.hit_tokens, g.evictions);
   }
   return s;
 }

@@ -384,6 +384,7 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
       if (pg.id == u.group) u.block_size = pg.block_size;
     }
     u.hit_tokens = stats[g].hit_tokens;
+    u.evictions = stats[g].evictions;
     double sum = 0;
     for (const auto& s : rep.usage) {
       u.peak_blocks_held = std::max(u.peak_blocks_held, s.blocks_held[g]);
@@ -420,7 +421,8 @@ nlohmann::json to_json(const SimReport& r) {
                       {"block_size", g.block_size},
                       {"peak_blocks_held", g.peak_blocks_held},
                       {"mean_blocks_held", g.mean_blocks_held},
-                      {"hit_tokens", g.hit_tokens}});
+                      {"hit_tokens", g.hit_tokens},
+                      {"evictions", g.evictions}});
   }
   nlohmann::json usage = nlohmann::json::array();
   for (const auto& s : r.usage) {

@@ -88,6 +88,11 @@ TEST(Simulator, TinyMemoryForcesPreemptionsAndStillFinishes) {
   EXPECT_EQ(manager.check_invariants(), "");
   EXPECT_EQ(manager.pool().num_used(), 0);
   for (const auto& s : r.usage) EXPECT_LE(s.blocks_used, plan.pools[0].num_blocks - 1);
+  // Pressure reuses cached blocks; every eviction is charged to the group that cached the block.
+  std::int64_t evictions = 0;
+  for (const auto& g : r.groups) evictions += g.evictions;
+  EXPECT_GT(evictions, 0);
+  EXPECT_EQ(evictions, manager.pool().counters().evictions);
 }
 
 TEST(Simulator, AcceptanceSetsTheMeanAcceptedLength) {
@@ -197,7 +202,8 @@ TEST(SimulateCommand, JsonCarriesTheReportKeys) {
   }
   EXPECT_EQ(j["requests_finished"], 30);
   EXPECT_EQ(j["num_spec_tokens"], 3);
-  for (const char* key : {"group", "behaviour", "block_size", "peak_blocks_held"}) {
+  for (const char* key :
+       {"group", "behaviour", "block_size", "peak_blocks_held", "hit_tokens", "evictions"}) {
     EXPECT_TRUE(j["groups"][0].contains(key)) << key;
   }
   EXPECT_TRUE(j["usage"][0].contains("blocks_held"));
