@@ -8,8 +8,10 @@
 // tokens the target verified — only those are ever cached; rejected look-ahead slots stay
 // allocated and are overwritten next step. free() returns everything.
 //
-// Prefix hits on recurrent groups are not taken in this increment (their state is not kept at
-// block boundaries), so a model with recurrent layers admits without a hit; see docs/cache.md.
+// Recurrent groups take prefix hits at snapshot boundaries: every `snapshot_interval` tokens (a
+// multiple of every attention group's block size) the state is kept in a cached block, and a
+// later request restores it instead of recomputing. recurrent_step() tells the runner which state
+// to restore and where to write the boundary state; docs/cache.md gives the policy and its cost.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,25 @@ class RequestId {
 struct ManagerOptions {
   bool enable_prefix_caching = true;
   std::uint64_t hash_seed = 0;
+  // Tokens between two recurrent snapshots. 0: the least common multiple of the attention groups'
+  // block sizes (kDefaultSnapshotInterval for a model without attention). Else it must be a
+  // multiple of every attention group's block size, so a snapshot boundary is a block boundary
+  // of every group.
+  std::int64_t snapshot_interval = 0;
+};
+inline constexpr std::int64_t kDefaultSnapshotInterval = 256;
+
+// What the runner does with one recurrent group in the step just admitted or allocated.
+struct RecurrentStep {
+  // Not null after a prefix hit, until the first commit: copy this cached state (the state after
+  // the hit's tokens) into the live state block before computing, then never write to it.
+  BlockId restore_from;
+  // 0, or a token count P in (computed, computed + new + look-ahead]: copy the state after the
+  // first P tokens into `snapshot` (a decode step: the checkpoint of that position; a prefill:
+  // split the chunk at P). commit() caches it when P is verified.
+  std::int64_t snapshot_at = 0;
+  BlockId snapshot;
+  bool operator==(const RecurrentStep&) const = default;
 };
 
 // What one KV-cache group holds right now; a metrics endpoint can export it as is.
@@ -82,7 +103,14 @@ class KvCacheManager {
   void free(RequestId id);
 
   std::int64_t num_computed(RequestId id) const;
+  // Attention groups: one block per block_size tokens (null where a window dropped it).
+  // Recurrent groups: the live state, one checkpoint per speculative token, then (with prefix
+  // caching) the snapshot block, absent between a commit that cached it and the next allocate().
   std::span<const BlockId> block_table(RequestId id, int group) const;
+  // Throws kInvalidInput for a group that is not recurrent.
+  RecurrentStep recurrent_step(RequestId id, int group) const;
+  // Tokens between recurrent snapshots (0 without recurrent groups or with prefix caching off).
+  std::int64_t snapshot_interval() const { return snapshot_interval_; }
   std::vector<GroupStats> stats() const;
   const BlockPool& pool() const { return pool_; }
   std::size_t num_requests() const { return index_.size(); }
@@ -94,8 +122,8 @@ class KvCacheManager {
   struct Group {
     int id = 0;
     plan::Behaviour behaviour = plan::Behaviour::kAllTokens;
-    std::int64_t block_size = 0;
-    std::int64_t window = 0;  // sliding: tokens a query sees; chunked: chunk size
+    std::int64_t block_size = 0;  // recurrent: the snapshot interval
+    std::int64_t window = 0;      // sliding: tokens a query sees; chunked: chunk size
     std::int64_t padding_per_block = 0;
     int hasher = -1;  // index into hashers_ (attention groups)
     GroupStats stats;
@@ -108,11 +136,14 @@ class KvCacheManager {
     // Windowed groups: every block before this index is null. A step whose window starts in the
     // same block skips drop_out_of_window (and the cold front of the table) entirely.
     std::int64_t window_start = 0;
+    // Recurrent groups: the cached snapshot a hit restores from, held until the first commit.
+    BlockId restore;
   };
   // The first cache line holds all a decode step reads besides the vectors' contents.
   struct alignas(64) Request {
     std::int64_t num_computed = 0;
     std::int64_t hash_at = 0;        // token count at which some hasher has a new full block
+    std::int64_t snapshot_at = 0;    // recurrent groups: RecurrentStep::snapshot_at of this step
     std::vector<TokenId> tokens;     // verified tokens: the prompt, then accepted outputs
     std::vector<GroupState> groups;  // per group
     std::vector<std::vector<BlockHash>> hashes;  // per hasher, of full verified blocks
@@ -153,10 +184,14 @@ class KvCacheManager {
   std::int64_t longest_hit(const Group& g, const Request& r, std::int64_t limit) const;
   void update_hashes(Request& r);
   void drop_out_of_window(const Group& g, GroupState& gs, std::int64_t num_computed);
+  std::int64_t snapshot_target(std::int64_t computed, std::int64_t num_new,
+                               std::int64_t lookahead) const;
+  void keep_snapshot(const Group& g, GroupState& gs, const Request& r);
 
   BlockPool pool_;
   int num_spec_tokens_;
   ManagerOptions options_;
+  std::int64_t snapshot_interval_ = 0;  // 0: no recurrent group, or prefix caching off
   std::vector<Group> groups_;
   std::vector<BlockHasher> hashers_;
   // Dense storage: slots of freed requests are reused, so the vector stays as large as the

@@ -69,7 +69,7 @@ struct UsageSample {
 struct GroupUsage {
   int group = 0;
   plan::Behaviour behaviour = plan::Behaviour::kAllTokens;
-  std::int64_t block_size = 0;
+  std::int64_t block_size = 0;        // recurrent groups: the snapshot interval
   std::int64_t peak_blocks_held = 0;  // over the samples
   double mean_blocks_held = 0;        // over the samples
   std::int64_t hit_tokens = 0;        // GroupStats::hit_tokens at the end

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -28,19 +29,45 @@ KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens,
     : pool_(plan.pools.at(0).num_blocks), num_spec_tokens_(num_spec_tokens), options_(options) {
   if (num_spec_tokens < 0)
     throw_invalid(fmt::format("num_spec_tokens is {}, expected >= 0", num_spec_tokens));
+  if (options.snapshot_interval < 0) {
+    throw_invalid(fmt::format("snapshot_interval is {}, expected 0 (automatic) or a token count",
+                              options.snapshot_interval));
+  }
+  // A snapshot boundary must be a block boundary of every attention group, or a hit there would
+  // not be valid for them (vLLM aligns its Mamba block size with the attention block size alike).
+  std::int64_t aligned = 1;
+  bool recurrent = false;
+  for (const auto& pg : plan.groups) {
+    if (is_attention(pg.behaviour)) {
+      aligned = std::lcm(aligned, pg.block_size);
+      if (options.snapshot_interval > 0 && options.snapshot_interval % pg.block_size != 0) {
+        throw_invalid(fmt::format(
+            "snapshot_interval {} is not a multiple of group {}'s block size {}; use a multiple "
+            "of {}",
+            options.snapshot_interval, pg.id, pg.block_size, std::lcm(aligned, pg.block_size)));
+      }
+    } else {
+      recurrent = true;
+    }
+  }
+  if (recurrent && options.enable_prefix_caching) {
+    snapshot_interval_ = options.snapshot_interval > 0 ? options.snapshot_interval
+                         : aligned > 1                 ? aligned
+                                                       : kDefaultSnapshotInterval;
+  }
   std::map<std::int64_t, int> hasher_of_block_size;
   for (const auto& pg : plan.groups) {
     Group g;
     g.id = pg.id;
     g.behaviour = pg.behaviour;
-    g.block_size = pg.block_size;
+    g.block_size = is_attention(pg.behaviour) ? pg.block_size : snapshot_interval_;
     g.window = pg.window.value_or(pg.chunk.value_or(0));
     std::int64_t data = 0;
     for (const auto& p : pg.placement) data += p.bytes;
     g.padding_per_block = plan.block_unit_bytes - data;
     g.stats.group = pg.id;
     g.stats.behaviour = pg.behaviour;
-    if (is_attention(g.behaviour)) {
+    if (g.block_size > 0) {
       auto [it, inserted] =
           hasher_of_block_size.emplace(g.block_size, static_cast<int>(hashers_.size()));
       if (inserted)
@@ -174,7 +201,8 @@ std::int64_t KvCacheManager::first_needed_token(const Group& g, std::int64_t num
 }
 
 std::int64_t KvCacheManager::blocks_wanted(const Group& g, std::int64_t tokens) const {
-  if (!is_attention(g.behaviour)) return 1 + num_spec_tokens_;  // live state + checkpoints
+  // Live state + checkpoints, and the block the next boundary's snapshot is written to.
+  if (!is_attention(g.behaviour)) return 1 + num_spec_tokens_ + (snapshot_interval_ > 0 ? 1 : 0);
   return ceil_div(tokens, g.block_size);
 }
 
@@ -188,8 +216,7 @@ std::int64_t KvCacheManager::extra_blocks(const Group& g, std::size_t held,
 
 std::int64_t KvCacheManager::longest_hit(const Group& g, const Request& r,
                                          std::int64_t limit) const {
-  if (!is_attention(g.behaviour))
-    return 0;  // recurrent states are not kept at block boundaries yet
+  if (g.hasher < 0) return 0;  // a recurrent group with prefix caching off
   const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
   const GroupId group{g.id};
   const std::int64_t max_blocks =
@@ -197,6 +224,13 @@ std::int64_t KvCacheManager::longest_hit(const Group& g, const Request& r,
   auto cached = [&](std::int64_t i) {
     return pool_.peek(hashes[static_cast<std::size_t>(i)], group).has_value();
   };
+  if (!is_attention(g.behaviour)) {
+    // The latest boundary with a kept state: a snapshot needs nothing before it.
+    for (std::int64_t n = max_blocks; n > 0; --n) {
+      if (cached(n - 1)) return n * g.block_size;
+    }
+    return 0;
+  }
   if (g.behaviour == plan::Behaviour::kAllTokens) {
     std::int64_t n = 0;
     while (n < max_blocks && cached(n)) ++n;
@@ -240,6 +274,7 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
   const std::int64_t total = static_cast<std::int64_t>(r.tokens.size()) + lookahead;
   // Plan the whole admission first, so a failure changes nothing.
   std::vector<std::vector<BlockId>> hit_tables(groups_.size());
+  std::vector<BlockId> restores(groups_.size());
   std::int64_t needed = 0;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = groups_[gi];
@@ -256,26 +291,45 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
       }
       needed += blocks_wanted(g, total) - hit_blocks;
     } else {
+      if (hit > 0) {
+        // The hit is a boundary every group accepted, so this group holds a snapshot there.
+        const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
+        restores[gi] =
+            *pool_.peek(hashes[static_cast<std::size_t>(hit / g.block_size - 1)], GroupId{g.id});
+        if (pool_.is_free(restores[gi])) ++needed;
+      }
       needed += blocks_wanted(g, total);
     }
   }
   if (needed > pool_.num_free()) return std::nullopt;
 
+  // Take every hit block before allocating any: an allocation pops the free queue and would
+  // evict a cached block that a later group's hit (or restore) was about to take.
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = groups_[gi];
-    auto& table = r.groups[gi].table;
-    table = std::move(hit_tables[gi]);
-    pool_.touch(table);
-    const std::int64_t extra = blocks_wanted(g, total) - static_cast<std::int64_t>(table.size());
-    if (!pool_.allocate(static_cast<std::int32_t>(extra), table))
-      throw_internal("admission lost blocks it counted");
-    if (is_attention(g.behaviour)) {
-      r.groups[gi].num_cached = hit / g.block_size;
+    GroupState& gs = r.groups[gi];
+    gs.table = std::move(hit_tables[gi]);
+    pool_.touch(gs.table);
+    if (!restores[gi].is_null()) {
+      gs.restore = restores[gi];
+      pool_.touch(std::span<const BlockId>(&gs.restore, 1));
+    }
+    if (is_attention(g.behaviour)) gs.num_cached = hit / g.block_size;
+    if (g.hasher >= 0) {
       ++g.stats.hit_queries;
       g.stats.hit_tokens += longest_hit(g, r, static_cast<std::int64_t>(r.tokens.size()) - 1);
     }
   }
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    auto& table = r.groups[gi].table;
+    const std::int64_t extra =
+        blocks_wanted(groups_[gi], total) - static_cast<std::int64_t>(table.size());
+    if (!pool_.allocate(static_cast<std::int32_t>(extra), table))
+      throw_internal("admission lost blocks it counted");
+  }
   r.num_computed = hit;
+  // The prefill computes the rest of the prompt; its look-ahead covers the first drafts.
+  r.snapshot_at = snapshot_target(hit, static_cast<std::int64_t>(r.tokens.size()) - hit, lookahead);
   return hit;
 }
 
@@ -286,8 +340,9 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
   std::int64_t needed = 0;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi)
     needed += extra_blocks(groups_[gi], r.groups[gi].table.size(), total);
-  if (needed == 0) return true;
   if (needed > pool_.num_free()) return false;
+  if (snapshot_interval_ > 0) r.snapshot_at = snapshot_target(r.num_computed, num_new, lookahead);
+  if (needed == 0) return true;
   // Reserve every table before taking any block, so nothing below throws halfway.
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     auto& table = r.groups[gi].table;
@@ -302,6 +357,33 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
     }
   }
   return true;
+}
+
+std::int64_t KvCacheManager::snapshot_target(std::int64_t computed, std::int64_t num_new,
+                                             std::int64_t lookahead) const {
+  const std::int64_t c = snapshot_interval_;
+  if (c == 0) return 0;
+  // The latest boundary among the tokens sure to be computed (a prefill may cross several: one
+  // snapshot per step keeps the cost at one block), else the first among the drafts, which is
+  // kept if they are accepted and asked for again next step if not.
+  const std::int64_t last = (computed + num_new) / c * c;
+  if (last > computed) return last;
+  return last + c <= computed + num_new + lookahead ? last + c : 0;
+}
+
+void KvCacheManager::keep_snapshot(const Group& g, GroupState& gs, const Request& r) {
+  auto& table = gs.table;
+  if (static_cast<std::int64_t>(table.size()) != 2 + num_spec_tokens_) return;
+  const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
+  const auto index = static_cast<std::size_t>(r.snapshot_at / g.block_size - 1);
+  // Another request may have kept this boundary already (equal contents): then the block stays
+  // this request's snapshot slot.
+  if (index >= hashes.size() || !pool_.cache_block(table.back(), hashes[index], GroupId{g.id}))
+    return;
+  // Held by no one, the snapshot waits in the free queue's cached tail (evicted in LRU order like
+  // any cached block); the next allocate() takes a fresh slot.
+  pool_.free(std::span<const BlockId>(&table.back(), 1));
+  table.pop_back();
 }
 
 void KvCacheManager::drop_out_of_window(const Group& g, GroupState& gs, std::int64_t num_computed) {
@@ -355,6 +437,11 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
       // The state after the last accepted draft becomes the live one; the other checkpoints are
       // overwritten by the next step's drafts.
       if (!table.empty()) std::swap(table[0], table[static_cast<std::size_t>(accepted_drafts)]);
+      if (r.snapshot_at > 0 && r.snapshot_at <= r.num_computed) keep_snapshot(g, gs, r);
+      if (!gs.restore.is_null()) {  // copied into the live state by this step
+        pool_.free(std::span<const BlockId>(&gs.restore, 1));
+        gs.restore = kNullBlock;
+      }
       continue;
     }
     // Multiply before dividing: a decode step fills a block only every few steps.
@@ -371,13 +458,17 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
     // Full groups keep every block.
     if (g.behaviour != plan::Behaviour::kAllTokens) drop_out_of_window(g, gs, r.num_computed);
   }
+  r.snapshot_at = 0;  // the next allocate() picks the next boundary
 }
 
 void KvCacheManager::free(RequestId id) {
   const std::int32_t slot = index_.find(id.value());
   if (slot < 0) throw_invalid(fmt::format("no request {}", id.value()));
   Request& r = requests_[static_cast<std::size_t>(slot)];
-  for (const auto& gs : r.groups) pool_.free(gs.table);
+  for (const auto& gs : r.groups) {
+    pool_.free(gs.table);
+    pool_.free(std::span<const BlockId>(&gs.restore, 1));  // the null block is skipped
+  }
   r = Request{};  // releases its memory; the slot is reused by a later request
   index_.erase(id.value());
   free_slots_.push_back(slot);
@@ -389,6 +480,22 @@ std::span<const BlockId> KvCacheManager::block_table(RequestId id, int group) co
   return request(id).groups.at(static_cast<std::size_t>(group)).table;
 }
 
+RecurrentStep KvCacheManager::recurrent_step(RequestId id, int group) const {
+  const Request& r = request(id);
+  if (group < 0 || static_cast<std::size_t>(group) >= groups_.size() ||
+      is_attention(groups_[static_cast<std::size_t>(group)].behaviour)) {
+    throw_invalid(fmt::format("group {} is not a recurrent KV-cache group", group));
+  }
+  const GroupState& gs = r.groups[static_cast<std::size_t>(group)];
+  RecurrentStep step;
+  step.restore_from = gs.restore;
+  if (r.snapshot_at > 0 && static_cast<std::int64_t>(gs.table.size()) == 2 + num_spec_tokens_) {
+    step.snapshot_at = r.snapshot_at;
+    step.snapshot = gs.table.back();
+  }
+  return step;
+}
+
 std::vector<GroupStats> KvCacheManager::stats() const {
   std::vector<GroupStats> out;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
@@ -396,6 +503,7 @@ std::vector<GroupStats> KvCacheManager::stats() const {
     for (const auto& r : requests_) {
       if (!r.live) continue;
       for (BlockId b : r.groups[gi].table) s.blocks_held += b.is_null() ? 0 : 1;
+      s.blocks_held += r.groups[gi].restore.is_null() ? 0 : 1;
     }
     s.padding_bytes = s.blocks_held * groups_[gi].padding_per_block;
     s.evictions = pool_.evictions(GroupId{groups_[gi].id});
@@ -419,13 +527,30 @@ std::string KvCacheManager::check_invariants() const {
       const Group& g = groups_[gi];
       const auto& table = r.groups[gi].table;
       for (BlockId b : table) ++refs[static_cast<std::size_t>(b.value())];
+      const BlockId restore = r.groups[gi].restore;
+      ++refs[static_cast<std::size_t>(restore.value())];
       if (!is_attention(g.behaviour)) {
-        if (!table.empty() && static_cast<std::int64_t>(table.size()) != 1 + num_spec_tokens_) {
+        // Live state + checkpoints, plus the snapshot slot unless a commit just kept it.
+        const auto states = static_cast<std::int64_t>(table.size());
+        const std::int64_t full = blocks_wanted(g, 0);
+        if (!table.empty() && states != full && !(snapshot_interval_ > 0 && states == full - 1)) {
           return fmt::format("request {} group {}: {} state blocks, expected {}", id, g.id,
-                             table.size(), 1 + num_spec_tokens_);
+                             table.size(), full);
+        }
+        // States the runner writes to are never shared; the restored one is a kept snapshot.
+        for (BlockId b : table) {
+          if (pool_.cached_hash(b).has_value())
+            return fmt::format("request {} group {}: state block {} is cached", id, g.id,
+                               b.value());
+        }
+        if (!restore.is_null() && pool_.cached_group(restore) != GroupId{g.id}) {
+          return fmt::format("request {} group {}: restores from block {}, not a kept snapshot", id,
+                             g.id, restore.value());
         }
         continue;
       }
+      if (!restore.is_null())
+        return fmt::format("request {} group {}: an attention group restores a state", id, g.id);
       if (!table.empty() &&
           static_cast<std::int64_t>(table.size()) * g.block_size < r.num_computed) {
         return fmt::format("request {} group {}: {} computed tokens in {} blocks", id, g.id,

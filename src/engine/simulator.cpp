@@ -383,6 +383,9 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
     for (const auto& pg : plan.groups) {
       if (pg.id == u.group) u.block_size = pg.block_size;
     }
+    // A recurrent group's hits come in snapshot intervals, not in its one-state "block".
+    if (u.behaviour == plan::Behaviour::kRecurrent && manager.snapshot_interval() > 0)
+      u.block_size = manager.snapshot_interval();
     u.hit_tokens = stats[g].hit_tokens;
     u.evictions = stats[g].evictions;
     double sum = 0;

@@ -78,6 +78,21 @@ TEST(Simulator, SharedPrefixesHitOnAFullAttentionModel) {
   EXPECT_GT(group_hits, 0);
 }
 
+TEST(Simulator, SharedPrefixesHitOnARecurrentHybridThroughSnapshots) {
+  const auto desc = testing::describe_builtin("qwen3-next-80b-a3b");
+  const auto plan = small_plan(desc, 20000);
+  cache::KvCacheManager manager(plan, desc.num_spec_tokens);
+  const SimReport r = simulate(manager, plan, desc.num_spec_tokens, small_trace(60, 0));
+  // Hits stop at the latest snapshot (every 272 tokens here), not the latest 16-token block.
+  EXPECT_GT(r.prefix_hit_rate, 0.05);
+  EXPECT_EQ(r.invariants, "");
+  for (const auto& g : r.groups) {
+    if (g.behaviour != plan::Behaviour::kRecurrent) continue;
+    EXPECT_EQ(g.block_size, manager.snapshot_interval());
+    EXPECT_GT(g.hit_tokens, 0);
+  }
+}
+
 TEST(Simulator, TinyMemoryForcesPreemptionsAndStillFinishes) {
   const auto desc = testing::describe_builtin("llama-3.1-8b", "eagle3-llama-3.1-8b");
   const auto plan = small_plan(desc, 600);  // a few requests of ~2,000 tokens at a time
