@@ -140,15 +140,24 @@ class KvCacheManager {
     BlockId restore;
   };
   // The first cache line holds all a decode step reads besides the vectors' contents.
+  // A decode step that fills no block reads and writes the first line only: the thresholds
+  // below decide, without touching any group, that no group has work.
   struct alignas(64) Request {
     std::int64_t num_computed = 0;
-    std::int64_t hash_at = 0;        // token count at which some hasher has a new full block
-    std::int64_t snapshot_at = 0;    // recurrent groups: RecurrentStep::snapshot_at of this step
+    std::int64_t hash_at = 0;  // token count at which some hasher has a new full block
+    // Tokens every attention table has slots for (the least over attention groups).
+    std::int64_t capacity = 0;
+    // Computed-token count at or after which some group has work in commit() (a block to cache,
+    // a block leaving a window); 0 when every commit has work (recurrent groups swap states).
+    std::int64_t next_event = 0;
     std::vector<TokenId> tokens;     // verified tokens: the prompt, then accepted outputs
     std::vector<GroupState> groups;  // per group
     std::vector<std::vector<BlockHash>> hashes;  // per hasher, of full verified blocks
     std::int64_t id = 0;
     bool live = false;  // false: a free slot, waiting in free_slots_
+    // Recurrent groups: RecurrentStep::snapshot_at of this step. Off the first line: models
+    // without recurrent groups never touch it.
+    std::int64_t snapshot_at = 0;
     std::int64_t prompt_len = 0;
     SequenceKeys keys;
   };
@@ -159,7 +168,15 @@ class KvCacheManager {
   class SlotIndex {
    public:
     SlotIndex();
-    std::int32_t find(std::int64_t id) const;         // -1 when absent
+    // -1 when absent. Inline: every step starts with it.
+    std::int32_t find(std::int64_t id) const {
+      const std::size_t mask = entries_.size() - 1;
+      for (std::size_t i = home(id);; i = (i + 1) & mask) {
+        const Entry& e = entries_[i];
+        if (e.slot < 0) return -1;  // the array is never full, so every probe ends
+        if (e.id == id) return e.slot;
+      }
+    }
     void insert(std::int64_t id, std::int32_t slot);  // `id` must be absent
     void erase(std::int64_t id);
     std::size_t size() const { return size_; }
@@ -169,18 +186,36 @@ class KvCacheManager {
       std::int64_t id = 0;
       std::int32_t slot = -1;  // -1: empty
     };
-    std::size_t home(std::int64_t id) const;
+    std::size_t home(std::int64_t id) const {
+      // Fibonacci hashing: the top bits of the product depend on every bit of the id, so
+      // sequential ids spread over the array.
+      return static_cast<std::size_t>((static_cast<std::uint64_t>(id) * 0x9E3779B97F4A7C15ULL) >>
+                                      shift_);
+    }
     void grow();
     std::vector<Entry> entries_;
     int shift_ = 0;  // 64 - log2(entries_.size()): home() keeps a product's top bits
     std::size_t size_ = 0;
   };
 
-  Request& request(RequestId id);
-  const Request& request(RequestId id) const;
+  // Inline with the index lookup: every step starts here.
+  Request& request(RequestId id) {
+    const std::int32_t slot = index_.find(id.value());
+    if (slot < 0) throw_no_request(id);
+    return requests_[static_cast<std::size_t>(slot)];
+  }
+  const Request& request(RequestId id) const {
+    const std::int32_t slot = index_.find(id.value());
+    if (slot < 0) throw_no_request(id);
+    return requests_[static_cast<std::size_t>(slot)];
+  }
+  [[noreturn]] static void throw_no_request(RequestId id);
   std::int64_t blocks_wanted(const Group& g, std::int64_t tokens) const;
   std::int64_t extra_blocks(const Group& g, std::size_t held, std::int64_t tokens) const;
   std::int64_t first_needed_token(const Group& g, std::int64_t num_computed) const;
+  std::int64_t capacity_of(const Request& r) const;
+  std::int64_t next_event_of(const Request& r) const;
+  [[noreturn]] void throw_over_capacity(const Request& r, std::int64_t computed) const;
   std::int64_t longest_hit(const Group& g, const Request& r, std::int64_t limit) const;
   void update_hashes(Request& r);
   void drop_out_of_window(const Group& g, GroupState& gs, std::int64_t num_computed);
@@ -192,6 +227,7 @@ class KvCacheManager {
   int num_spec_tokens_;
   ManagerOptions options_;
   std::int64_t snapshot_interval_ = 0;  // 0: no recurrent group, or prefix caching off
+  bool has_recurrent_ = false;
   std::vector<Group> groups_;
   std::vector<BlockHasher> hashers_;
   // Dense storage: slots of freed requests are reused, so the vector stays as large as the

@@ -50,6 +50,7 @@ KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens,
       recurrent = true;
     }
   }
+  has_recurrent_ = recurrent;
   if (recurrent && options.enable_prefix_caching) {
     snapshot_interval_ = options.snapshot_interval > 0 ? options.snapshot_interval
                          : aligned > 1                 ? aligned
@@ -79,22 +80,6 @@ KvCacheManager::KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens,
 }
 
 KvCacheManager::SlotIndex::SlotIndex() : entries_(16), shift_(64 - 4) {}
-
-std::size_t KvCacheManager::SlotIndex::home(std::int64_t id) const {
-  // Fibonacci hashing: the top bits of the product depend on every bit of the id, so sequential
-  // ids spread over the array.
-  return static_cast<std::size_t>((static_cast<std::uint64_t>(id) * 0x9E3779B97F4A7C15ULL) >>
-                                  shift_);
-}
-
-std::int32_t KvCacheManager::SlotIndex::find(std::int64_t id) const {
-  const std::size_t mask = entries_.size() - 1;
-  for (std::size_t i = home(id);; i = (i + 1) & mask) {
-    const Entry& e = entries_[i];
-    if (e.slot < 0) return -1;  // the array is never full, so every probe ends
-    if (e.id == id) return e.slot;
-  }
-}
 
 void KvCacheManager::SlotIndex::insert(std::int64_t id, std::int32_t slot) {
   if (2 * (size_ + 1) > entries_.size()) grow();
@@ -134,16 +119,8 @@ void KvCacheManager::SlotIndex::grow() {
   }
 }
 
-KvCacheManager::Request& KvCacheManager::request(RequestId id) {
-  const std::int32_t slot = index_.find(id.value());
-  if (slot < 0) throw_invalid(fmt::format("no request {}", id.value()));
-  return requests_[static_cast<std::size_t>(slot)];
-}
-
-const KvCacheManager::Request& KvCacheManager::request(RequestId id) const {
-  const std::int32_t slot = index_.find(id.value());
-  if (slot < 0) throw_invalid(fmt::format("no request {}", id.value()));
-  return requests_[static_cast<std::size_t>(slot)];
+void KvCacheManager::throw_no_request(RequestId id) {
+  throw_invalid(fmt::format("no request {}", id.value()));
 }
 
 void KvCacheManager::add_request(RequestId id, std::vector<TokenId> prompt, SequenceKeys keys) {
@@ -158,6 +135,7 @@ void KvCacheManager::add_request(RequestId id, std::vector<TokenId> prompt, Sequ
   r.keys = std::move(keys);
   r.hashes.resize(hashers_.size());
   r.groups.resize(groups_.size());
+  r.capacity = capacity_of(r);  // no slots yet (unbounded for a model without attention)
   update_hashes(r);
   std::int32_t slot = 0;
   if (free_slots_.empty()) {
@@ -198,6 +176,45 @@ std::int64_t KvCacheManager::first_needed_token(const Group& g, std::int64_t num
     default:
       return 0;
   }
+}
+
+std::int64_t KvCacheManager::capacity_of(const Request& r) const {
+  std::int64_t c = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = groups_[gi];
+    if (is_attention(g.behaviour))
+      c = std::min(c, static_cast<std::int64_t>(r.groups[gi].table.size()) * g.block_size);
+  }
+  return c;
+}
+
+std::int64_t KvCacheManager::next_event_of(const Request& r) const {
+  if (has_recurrent_) return 0;
+  std::int64_t e = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = groups_[gi];
+    const GroupState& gs = r.groups[gi];
+    if (options_.enable_prefix_caching) e = std::min(e, (gs.num_cached + 1) * g.block_size);
+    // The count at which drop_out_of_window finds a block out of the window (chunked: a lower
+    // bound, where the check runs and may find nothing yet).
+    const std::int64_t next_drop = (gs.window_start + 1) * g.block_size;
+    if (g.behaviour == plan::Behaviour::kSliding) e = std::min(e, next_drop + g.window - 1);
+    if (g.behaviour == plan::Behaviour::kChunked) e = std::min(e, next_drop);
+  }
+  return e;
+}
+
+void KvCacheManager::throw_over_capacity(const Request& r, std::int64_t computed) const {
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    const Group& g = groups_[gi];
+    if (is_attention(g.behaviour) &&
+        static_cast<std::int64_t>(r.groups[gi].table.size()) * g.block_size < computed) {
+      throw_invalid(
+          fmt::format("request {}: {} computed tokens exceed the slots allocated in group {}", r.id,
+                      computed, g.id));
+    }
+  }
+  throw_internal(fmt::format("request {}: capacity {} is stale", r.id, r.capacity));
 }
 
 std::int64_t KvCacheManager::blocks_wanted(const Group& g, std::int64_t tokens) const {
@@ -328,6 +345,8 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
       throw_internal("admission lost blocks it counted");
   }
   r.num_computed = hit;
+  r.capacity = capacity_of(r);
+  r.next_event = 0;  // the prefill's commit checks every group
   // The prefill computes the rest of the prompt; its look-ahead covers the first drafts.
   r.snapshot_at = snapshot_target(hit, static_cast<std::int64_t>(r.tokens.size()) - hit, lookahead);
   return hit;
@@ -337,6 +356,9 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
   Request& r = request(id);
   if (num_new < 0 || lookahead < 0) throw_invalid("allocate() takes non-negative token counts");
   const std::int64_t total = r.num_computed + num_new + lookahead;
+  // Most decode steps fit in the look-ahead slots already held (recurrent tables may lack their
+  // snapshot slot, and pick the step's snapshot boundary: they take the loop).
+  if (total <= r.capacity && !has_recurrent_) return true;
   std::int64_t needed = 0;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi)
     needed += extra_blocks(groups_[gi], r.groups[gi].table.size(), total);
@@ -356,6 +378,7 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
       throw_internal("allocation lost blocks it counted");
     }
   }
+  r.capacity = capacity_of(r);
   return true;
 }
 
@@ -413,21 +436,14 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
     throw_invalid(fmt::format("request {}: {} accepted drafts, at most {} speculative tokens",
                               id.value(), accepted_drafts, num_spec_tokens_));
   }
-  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
-    const Group& g = groups_[gi];
-    if (is_attention(g.behaviour) &&
-        static_cast<std::int64_t>(r.groups[gi].table.size()) * g.block_size <
-            r.num_computed + newly_computed) {
-      throw_invalid(
-          fmt::format("request {}: {} computed tokens exceed the slots allocated in group {}",
-                      id.value(), r.num_computed + newly_computed, g.id));
-    }
-  }
+  if (r.num_computed + newly_computed > r.capacity)
+    throw_over_capacity(r, r.num_computed + newly_computed);
   // A step appends a token or a few: push_back beats insert's call to memmove.
   reserve_for(r.tokens, r.tokens.size() + new_tokens.size());
   for (const TokenId t : new_tokens) r.tokens.push_back(t);
   r.num_computed += newly_computed;
   update_hashes(r);
+  if (r.num_computed < r.next_event) return;  // no block filled or left a window
 
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = groups_[gi];
@@ -458,7 +474,8 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
     // Full groups keep every block.
     if (g.behaviour != plan::Behaviour::kAllTokens) drop_out_of_window(g, gs, r.num_computed);
   }
-  r.snapshot_at = 0;  // the next allocate() picks the next boundary
+  if (snapshot_interval_ > 0) r.snapshot_at = 0;  // the next allocate() picks the next boundary
+  r.next_event = next_event_of(r);
 }
 
 void KvCacheManager::free(RequestId id) {
@@ -570,6 +587,17 @@ std::string KvCacheManager::check_invariants() const {
                              id, g.id, i, r.num_computed);
         }
       }
+    }
+  }
+  for (const Request& r : requests_) {
+    if (!r.live || r.groups.empty() || r.groups[0].table.empty()) continue;
+    if (r.capacity != capacity_of(r)) {
+      return fmt::format("request {}: capacity {}, its tables hold {}", r.id, r.capacity,
+                         capacity_of(r));
+    }
+    if (r.next_event > next_event_of(r)) {
+      return fmt::format("request {}: next event at {} tokens, after the true {}", r.id,
+                         r.next_event, next_event_of(r));
     }
   }
   if (live != index_.size() || live + free_slots_.size() != requests_.size()) {
