@@ -210,6 +210,10 @@ class KvCacheManager {
     return requests_[static_cast<std::size_t>(slot)];
   }
   [[noreturn]] static void throw_no_request(RequestId id);
+  // The parts of allocate() and commit() that only some steps need, kept out of line so the
+  // common step does not pay their register saves.
+  [[gnu::noinline]] bool grow(Request& r, std::int64_t num_new, int lookahead);
+  [[gnu::noinline]] void commit_groups(Request& r, int accepted_drafts);
   std::int64_t blocks_wanted(const Group& g, std::int64_t tokens) const;
   std::int64_t extra_blocks(const Group& g, std::size_t held, std::int64_t tokens) const;
   std::int64_t first_needed_token(const Group& g, std::int64_t num_computed) const;

@@ -359,6 +359,11 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
   // Most decode steps fit in the look-ahead slots already held (recurrent tables may lack their
   // snapshot slot, and pick the step's snapshot boundary: they take the loop).
   if (total <= r.capacity && !has_recurrent_) return true;
+  return grow(r, num_new, lookahead);
+}
+
+bool KvCacheManager::grow(Request& r, std::int64_t num_new, int lookahead) {
+  const std::int64_t total = r.num_computed + num_new + lookahead;
   std::int64_t needed = 0;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi)
     needed += extra_blocks(groups_[gi], r.groups[gi].table.size(), total);
@@ -444,7 +449,10 @@ void KvCacheManager::commit(RequestId id, std::int64_t newly_computed,
   r.num_computed += newly_computed;
   update_hashes(r);
   if (r.num_computed < r.next_event) return;  // no block filled or left a window
+  commit_groups(r, accepted_drafts);
+}
 
+void KvCacheManager::commit_groups(Request& r, int accepted_drafts) {
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     const Group& g = groups_[gi];
     GroupState& gs = r.groups[gi];
