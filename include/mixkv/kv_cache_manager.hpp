@@ -104,8 +104,8 @@ class KvCacheManager {
 
   std::int64_t num_computed(RequestId id) const;
   // Attention groups: one block per block_size tokens (null where a window dropped it).
-  // Recurrent groups: the live state, one checkpoint per speculative token, then (with prefix
-  // caching) the snapshot block, absent between a commit that cached it and the next allocate().
+  // Recurrent groups: the live state, one checkpoint per speculative token, then the snapshot
+  // block while a step that reaches a snapshot boundary is being computed and verified.
   std::span<const BlockId> block_table(RequestId id, int group) const;
   // Throws kInvalidInput for a group that is not recurrent.
   RecurrentStep recurrent_step(RequestId id, int group) const;
@@ -214,8 +214,10 @@ class KvCacheManager {
   // common step does not pay their register saves.
   [[gnu::noinline]] bool grow(Request& r, std::int64_t num_new, int lookahead);
   [[gnu::noinline]] void commit_groups(Request& r, int accepted_drafts);
-  std::int64_t blocks_wanted(const Group& g, std::int64_t tokens) const;
-  std::int64_t extra_blocks(const Group& g, std::size_t held, std::int64_t tokens) const;
+  // `snapshot`: the step reaches a snapshot boundary, so recurrent groups want a block for it.
+  std::int64_t blocks_wanted(const Group& g, std::int64_t tokens, bool snapshot) const;
+  std::int64_t extra_blocks(const Group& g, std::size_t held, std::int64_t tokens,
+                            bool snapshot) const;
   std::int64_t first_needed_token(const Group& g, std::int64_t num_computed) const;
   std::int64_t capacity_of(const Request& r) const;
   std::int64_t next_event_of(const Request& r) const;

@@ -217,18 +217,19 @@ void KvCacheManager::throw_over_capacity(const Request& r, std::int64_t computed
   throw_internal(fmt::format("request {}: capacity {} is stale", r.id, r.capacity));
 }
 
-std::int64_t KvCacheManager::blocks_wanted(const Group& g, std::int64_t tokens) const {
-  // Live state + checkpoints, and the block the next boundary's snapshot is written to.
-  if (!is_attention(g.behaviour)) return 1 + num_spec_tokens_ + (snapshot_interval_ > 0 ? 1 : 0);
+std::int64_t KvCacheManager::blocks_wanted(const Group& g, std::int64_t tokens,
+                                           bool snapshot) const {
+  // Live state + checkpoints, and a block for the snapshot only in steps that reach a boundary.
+  if (!is_attention(g.behaviour)) return 1 + num_spec_tokens_ + (snapshot ? 1 : 0);
   return ceil_div(tokens, g.block_size);
 }
 
-std::int64_t KvCacheManager::extra_blocks(const Group& g, std::size_t held,
-                                          std::int64_t tokens) const {
+std::int64_t KvCacheManager::extra_blocks(const Group& g, std::size_t held, std::int64_t tokens,
+                                          bool snapshot) const {
   const auto h = static_cast<std::int64_t>(held);
   // Multiply before dividing: most decode steps fit in the look-ahead blocks already held.
   if (is_attention(g.behaviour) && h * g.block_size >= tokens) return 0;
-  return std::max<std::int64_t>(0, blocks_wanted(g, tokens) - h);
+  return std::max<std::int64_t>(0, blocks_wanted(g, tokens, snapshot) - h);
 }
 
 std::int64_t KvCacheManager::longest_hit(const Group& g, const Request& r,
@@ -290,6 +291,9 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
   const std::int64_t hit = find_prefix_hit(id);
   const std::int64_t total = static_cast<std::int64_t>(r.tokens.size()) + lookahead;
   // Plan the whole admission first, so a failure changes nothing.
+  // The prefill computes the rest of the prompt; its look-ahead covers the first drafts.
+  const std::int64_t snapshot_at =
+      snapshot_target(hit, static_cast<std::int64_t>(r.tokens.size()) - hit, lookahead);
   std::vector<std::vector<BlockId>> hit_tables(groups_.size());
   std::vector<BlockId> restores(groups_.size());
   std::int64_t needed = 0;
@@ -306,7 +310,7 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
         if (!b.is_null() && pool_.is_free(b)) ++needed;  // leaves the free queue when taken
         hit_tables[gi].push_back(b);
       }
-      needed += blocks_wanted(g, total) - hit_blocks;
+      needed += blocks_wanted(g, total, false) - hit_blocks;
     } else {
       if (hit > 0) {
         // The hit is a boundary every group accepted, so this group holds a snapshot there.
@@ -315,7 +319,7 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
             *pool_.peek(hashes[static_cast<std::size_t>(hit / g.block_size - 1)], GroupId{g.id});
         if (pool_.is_free(restores[gi])) ++needed;
       }
-      needed += blocks_wanted(g, total);
+      needed += blocks_wanted(g, total, snapshot_at > 0);
     }
   }
   if (needed > pool_.num_free()) return std::nullopt;
@@ -339,16 +343,15 @@ std::optional<std::int64_t> KvCacheManager::admit(RequestId id, int lookahead) {
   }
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     auto& table = r.groups[gi].table;
-    const std::int64_t extra =
-        blocks_wanted(groups_[gi], total) - static_cast<std::int64_t>(table.size());
+    const std::int64_t extra = blocks_wanted(groups_[gi], total, snapshot_at > 0) -
+                               static_cast<std::int64_t>(table.size());
     if (!pool_.allocate(static_cast<std::int32_t>(extra), table))
       throw_internal("admission lost blocks it counted");
   }
   r.num_computed = hit;
   r.capacity = capacity_of(r);
   r.next_event = 0;  // the prefill's commit checks every group
-  // The prefill computes the rest of the prompt; its look-ahead covers the first drafts.
-  r.snapshot_at = snapshot_target(hit, static_cast<std::int64_t>(r.tokens.size()) - hit, lookahead);
+  r.snapshot_at = snapshot_at;
   return hit;
 }
 
@@ -364,21 +367,23 @@ bool KvCacheManager::allocate(RequestId id, std::int64_t num_new, int lookahead)
 
 bool KvCacheManager::grow(Request& r, std::int64_t num_new, int lookahead) {
   const std::int64_t total = r.num_computed + num_new + lookahead;
+  const std::int64_t snapshot_at = snapshot_target(r.num_computed, num_new, lookahead);
+  const bool snapshot = snapshot_at > 0;
   std::int64_t needed = 0;
   for (std::size_t gi = 0; gi < groups_.size(); ++gi)
-    needed += extra_blocks(groups_[gi], r.groups[gi].table.size(), total);
+    needed += extra_blocks(groups_[gi], r.groups[gi].table.size(), total, snapshot);
   if (needed > pool_.num_free()) return false;
-  if (snapshot_interval_ > 0) r.snapshot_at = snapshot_target(r.num_computed, num_new, lookahead);
+  r.snapshot_at = snapshot_at;
   if (needed == 0) return true;
   // Reserve every table before taking any block, so nothing below throws halfway.
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     auto& table = r.groups[gi].table;
-    const std::int64_t extra = extra_blocks(groups_[gi], table.size(), total);
+    const std::int64_t extra = extra_blocks(groups_[gi], table.size(), total, snapshot);
     reserve_for(table, table.size() + static_cast<std::size_t>(extra));
   }
   for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
     auto& table = r.groups[gi].table;
-    const std::int64_t extra = extra_blocks(groups_[gi], table.size(), total);
+    const std::int64_t extra = extra_blocks(groups_[gi], table.size(), total, snapshot);
     if (extra > 0 && !pool_.allocate(static_cast<std::int32_t>(extra), table)) {
       throw_internal("allocation lost blocks it counted");
     }
@@ -404,12 +409,11 @@ void KvCacheManager::keep_snapshot(const Group& g, GroupState& gs, const Request
   if (static_cast<std::int64_t>(table.size()) != 2 + num_spec_tokens_) return;
   const auto& hashes = r.hashes[static_cast<std::size_t>(g.hasher)];
   const auto index = static_cast<std::size_t>(r.snapshot_at / g.block_size - 1);
-  // Another request may have kept this boundary already (equal contents): then the block stays
-  // this request's snapshot slot.
-  if (index >= hashes.size() || !pool_.cache_block(table.back(), hashes[index], GroupId{g.id}))
-    return;
-  // Held by no one, the snapshot waits in the free queue's cached tail (evicted in LRU order like
-  // any cached block); the next allocate() takes a fresh slot.
+  // Another request may have kept this boundary already (equal contents): then cache_block
+  // refuses and the slot simply goes back uncached. Either way the request lets go of it: held by
+  // no one, a kept snapshot waits in the free queue's cached tail, evicted in LRU order like any
+  // cached block, and the next step that reaches a boundary takes a fresh slot.
+  if (index < hashes.size()) pool_.cache_block(table.back(), hashes[index], GroupId{g.id});
   pool_.free(std::span<const BlockId>(&table.back(), 1));
   table.pop_back();
 }
@@ -555,12 +559,13 @@ std::string KvCacheManager::check_invariants() const {
       const BlockId restore = r.groups[gi].restore;
       ++refs[static_cast<std::size_t>(restore.value())];
       if (!is_attention(g.behaviour)) {
-        // Live state + checkpoints, plus the snapshot slot unless a commit just kept it.
+        // Live state + checkpoints, plus the snapshot slot between the step that reached a
+        // boundary and the commit that verified it.
         const auto states = static_cast<std::int64_t>(table.size());
-        const std::int64_t full = blocks_wanted(g, 0);
-        if (!table.empty() && states != full && !(snapshot_interval_ > 0 && states == full - 1)) {
+        const std::int64_t plain = blocks_wanted(g, 0, false);
+        if (!table.empty() && states != plain && !(snapshot_interval_ > 0 && states == plain + 1)) {
           return fmt::format("request {} group {}: {} state blocks, expected {}", id, g.id,
-                             table.size(), full);
+                             table.size(), plain);
         }
         // States the runner writes to are never shared; the restored one is a kept snapshot.
         for (BlockId b : table) {
