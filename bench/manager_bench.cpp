@@ -3,6 +3,7 @@
 // of requests sharing a 1,024-token prefix, hashing included.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <numeric>
 #include <vector>
 
@@ -101,5 +102,38 @@ void BM_AdmitSharedPrefix(benchmark::State& state) {
   state.counters["hit_tokens"] = static_cast<double>(m.find_prefix_hit(cache::RequestId{0}));
 }
 BENCHMARK(BM_AdmitSharedPrefix)->Unit(benchmark::kMicrosecond);
+
+// Free one request that holds a 1,100-token prompt (its 1,024-token prefix shared) plus look-ahead:
+// only the free() call is timed.
+void BM_FreeRequest(benchmark::State& state) {
+  const auto plan = plan_for("llama-3.1-8b", std::nullopt, 4096);
+  cache::KvCacheManager m(plan, 4);
+  m.add_request(cache::RequestId{0}, prompt(1100, 1));
+  if (!m.admit(cache::RequestId{0}, 4)) state.SkipWithError("admission failed");
+  m.commit(cache::RequestId{0}, 1100, std::vector<cache::TokenId>{1});
+  auto shared = prompt(1100, 1);
+  std::int64_t id = 1;
+  for (auto _ : state) {
+    m.add_request(cache::RequestId{id}, shared);
+    if (!m.admit(cache::RequestId{id}, 4)) state.SkipWithError("admission failed");
+    const auto t0 = std::chrono::steady_clock::now();
+    m.free(cache::RequestId{id});
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    ++id;
+  }
+  state.counters["blocks_per_request"] =
+      static_cast<double>(m.block_table(cache::RequestId{0}, 0).size());
+}
+BENCHMARK(BM_FreeRequest)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Host bytes of manager state per block of the decode-step benchmark's pool (1,024 requests).
+void BM_MetadataPerBlock(benchmark::State& state) {
+  const auto plan = plan_for("llama-3.1-8b", std::nullopt, 1024 * 160 + 64);
+  cache::KvCacheManager m(plan, 4);
+  for (auto _ : state) benchmark::DoNotOptimize(m.pool().metadata_bytes_per_block());
+  state.counters["metadata_bytes_per_block"] = m.pool().metadata_bytes_per_block();
+}
+BENCHMARK(BM_MetadataPerBlock)->Iterations(1);
 
 }  // namespace

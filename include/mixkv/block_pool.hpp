@@ -71,6 +71,8 @@ class BlockPool {
   // Share of the usable blocks that are referenced, in [0, 1].
   double usage() const;
   const BlockPoolCounters& counters() const { return counters_; }
+  // Evictions of blocks that were cached under `group` (counters().evictions summed by group).
+  std::int64_t evictions(GroupId group) const;
 
   // Appends `count` blocks, each with one reference, to `out`. The blocks come from the head of the
   // free queue; a cached one loses its prefix-map entry (lazy eviction). With fewer than `count`
@@ -150,6 +152,7 @@ class BlockPool {
   std::vector<std::int32_t> buckets_;  // prefix map: head of each chain, power-of-two count
   std::size_t bucket_mask_ = 0;
   BlockPoolCounters counters_;
+  std::vector<std::int64_t> evictions_by_group_;  // index: group id; grown on first eviction
 };
 
 }  // namespace mixkv::cache

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -56,6 +57,9 @@ struct SimOptions {
   std::int64_t max_batch = 256;    // running requests at most
   std::int64_t sample_every = 4;   // steps between KV usage samples
   std::int64_t max_samples = 256;  // the usage series is thinned to at most this many
+  // Called every 16 steps and once at the end with (requests finished, requests), outside the
+  // manager's timed calls (the CLI draws a progress bar with it).
+  std::function<void(std::int64_t, std::int64_t)> progress;
 };
 
 struct UsageSample {
@@ -69,10 +73,11 @@ struct UsageSample {
 struct GroupUsage {
   int group = 0;
   plan::Behaviour behaviour = plan::Behaviour::kAllTokens;
-  std::int64_t block_size = 0;
+  std::int64_t block_size = 0;        // recurrent groups: the snapshot interval
   std::int64_t peak_blocks_held = 0;  // over the samples
   double mean_blocks_held = 0;        // over the samples
   std::int64_t hit_tokens = 0;        // GroupStats::hit_tokens at the end
+  std::int64_t evictions = 0;         // GroupStats::evictions at the end
 };
 
 struct SimReport {
@@ -109,5 +114,10 @@ SimReport simulate(const plan::CachePlan& plan, int num_spec_tokens,
                    const std::vector<TraceRequest>& trace, const SimOptions& options = {});
 
 nlohmann::json to_json(const SimReport& report);
+
+// The usage series in long form, one row per (sample, group), with a header:
+//   step,running,waiting,blocks_used,group,behaviour,block_size,blocks_held
+// Column names and order are stable; new columns are only ever appended.
+std::string to_csv(const SimReport& report);
 
 }  // namespace mixkv::sim

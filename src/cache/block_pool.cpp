@@ -56,6 +56,9 @@ bool BlockPool::allocate(std::int32_t count, std::vector<BlockId>& out) {
     unlink_from_queue(b);
     Record& r = records_[static_cast<std::size_t>(b)];
     if (r.group != kUncached) {
+      const auto group = static_cast<std::size_t>(r.group);
+      if (group >= evictions_by_group_.size()) evictions_by_group_.resize(group + 1, 0);
+      ++evictions_by_group_[group];
       drop_entry(b);
       ++counters_.evictions;
     }
@@ -131,6 +134,11 @@ std::optional<BlockId> BlockPool::lookup(const BlockHash& hash, GroupId group) {
   if (b == kEnd) return std::nullopt;
   ++counters_.hits;
   return BlockId(b);
+}
+
+std::int64_t BlockPool::evictions(GroupId group) const {
+  const auto g = static_cast<std::size_t>(group.value());
+  return g < evictions_by_group_.size() ? evictions_by_group_[g] : 0;
 }
 
 std::int32_t BlockPool::ref_count(BlockId block) const {

@@ -1,6 +1,9 @@
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
 #include <ostream>
 
 #include "cli.hpp"
@@ -36,12 +39,12 @@ std::string format_report(const model::ModelDesc& desc, const plan::CachePlan& p
   line("time",
        fmt::format("{:.3f} s wall, {:.3f} s in the manager", r.wall_seconds, r.manager_seconds));
   s += "  KV usage per group (blocks held, over the run):\n";
-  s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10} {:>12}\n", "group", "behaviour",
-                   "block size", "peak", "mean", "hit tokens");
+  s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "group", "behaviour",
+                   "block size", "peak", "mean", "hit tokens", "evictions");
   for (const auto& g : r.groups) {
-    s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10.1f} {:>12}\n", g.group,
+    s += fmt::format("    {:>5}  {:<11} {:>10} {:>10} {:>10.1f} {:>12} {:>10}\n", g.group,
                      plan::to_string(g.behaviour), g.block_size, g.peak_blocks_held,
-                     g.mean_blocks_held, g.hit_tokens);
+                     g.mean_blocks_held, g.hit_tokens, g.evictions);
   }
   return s;
 }
@@ -58,6 +61,7 @@ Action add_simulate_command(CLI::App& app) {
     std::uint64_t seed = 0;
     std::int64_t max_batch = 256;
     bool json = false;
+    bool csv = false;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
@@ -81,7 +85,10 @@ Action add_simulate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-batch", args->max_batch, "Running requests at most")
       ->capture_default_str();
-  cmd->add_flag("--json", args->json, "Print the full report as JSON");
+  CLI::Option* json = cmd->add_flag("--json", args->json, "Print the full report as JSON");
+  cmd->add_flag("--csv", args->csv,
+                "Print the KV usage series as CSV, one row per sample and group (docs/cache.md)")
+      ->excludes(json);
 
   return [args](std::ostream& out) {
     const model::ModelDesc desc = describe_from_args(args->model);
@@ -107,11 +114,26 @@ Action add_simulate_command(CLI::App& app) {
     sim_options.acceptance = args->acceptance;
     sim_options.seed = args->seed;
     sim_options.max_batch = args->max_batch;
+    // A bar only for a person watching: never in a pipe, a file or a test's captured stream.
+    if (isatty(STDERR_FILENO) != 0) {
+      sim_options.progress = [](std::int64_t done, std::int64_t total) {
+        constexpr int kWidth = 30;
+        const auto filled = static_cast<int>(kWidth * done / std::max<std::int64_t>(total, 1));
+        std::fprintf(stderr, "\rsimulate: [%s%s] %lld/%lld requests",
+                     std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                     std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
+                     static_cast<long long>(done), static_cast<long long>(total));
+        if (done == total) std::fputs("\r\033[K", stderr);
+        std::fflush(stderr);
+      };
+    }
     const sim::SimReport report = sim::simulate(plan, desc.num_spec_tokens, trace, sim_options);
     if (!report.invariants.empty()) {
       throw_internal("the KV-cache manager broke an invariant: " + report.invariants);
     }
-    if (args->json) {
+    if (args->csv) {
+      out << sim::to_csv(report);
+    } else if (args->json) {
       nlohmann::json j = sim::to_json(report);
       j["model"] = desc.model;
       j["policy"] = plan::to_string(plan.policy);

@@ -353,10 +353,12 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
     running.insert(running.end(), admitted.begin(), admitted.end());
 
     if (options.sample_every > 0 && step % options.sample_every == 0) sample(step);
+    if (options.progress && step % 16 == 0) options.progress(rep.requests_finished, rep.requests);
     ++step;
   }
   rep.steps = step;
   sample(step);
+  if (options.progress) options.progress(rep.requests_finished, rep.requests);
   rep.wall_seconds = seconds(Clock::now() - start);
   rep.manager_seconds = seconds(in_manager);
   if (rep.manager_seconds > 0) {
@@ -383,7 +385,11 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
     for (const auto& pg : plan.groups) {
       if (pg.id == u.group) u.block_size = pg.block_size;
     }
+    // A recurrent group's hits come in snapshot intervals, not in its one-state "block".
+    if (u.behaviour == plan::Behaviour::kRecurrent && manager.snapshot_interval() > 0)
+      u.block_size = manager.snapshot_interval();
     u.hit_tokens = stats[g].hit_tokens;
+    u.evictions = stats[g].evictions;
     double sum = 0;
     for (const auto& s : rep.usage) {
       u.peak_blocks_held = std::max(u.peak_blocks_held, s.blocks_held[g]);
@@ -420,7 +426,8 @@ nlohmann::json to_json(const SimReport& r) {
                       {"block_size", g.block_size},
                       {"peak_blocks_held", g.peak_blocks_held},
                       {"mean_blocks_held", g.mean_blocks_held},
-                      {"hit_tokens", g.hit_tokens}});
+                      {"hit_tokens", g.hit_tokens},
+                      {"evictions", g.evictions}});
   }
   nlohmann::json usage = nlohmann::json::array();
   for (const auto& s : r.usage) {
@@ -452,6 +459,18 @@ nlohmann::json to_json(const SimReport& r) {
           {"groups", groups},
           {"usage", usage},
           {"invariants", r.invariants}};
+}
+
+std::string to_csv(const SimReport& r) {
+  std::string s = "step,running,waiting,blocks_used,group,behaviour,block_size,blocks_held\n";
+  for (const auto& u : r.usage) {
+    for (std::size_t g = 0; g < r.groups.size() && g < u.blocks_held.size(); ++g) {
+      s += fmt::format("{},{},{},{},{},{},{},{}\n", u.step, u.running, u.waiting, u.blocks_used,
+                       r.groups[g].group, plan::to_string(r.groups[g].behaviour),
+                       r.groups[g].block_size, u.blocks_held[g]);
+    }
+  }
+  return s;
 }
 
 }  // namespace mixkv::sim

@@ -34,6 +34,7 @@ class Model {
       const std::int32_t b = queue_.front();
       queue_.pop_front();
       if (key_[b]) {
+        ++evictions_by_group_[key_[b]->second];
         map_.erase(*key_[b]);
         key_[b].reset();
         ++evictions_;
@@ -81,6 +82,9 @@ class Model {
   std::int32_t refs(std::int32_t b) const { return refs_[b]; }
   const std::optional<Key>& key(std::int32_t b) const { return key_[b]; }
   std::int64_t evictions() const { return evictions_; }
+  const std::map<std::int32_t, std::int64_t>& evictions_by_group() const {
+    return evictions_by_group_;
+  }
 
  private:
   std::list<std::int32_t> queue_;
@@ -88,6 +92,7 @@ class Model {
   std::vector<std::optional<Key>> key_;
   std::map<Key, std::int32_t> map_;
   std::int64_t evictions_ = 0;
+  std::map<std::int32_t, std::int64_t> evictions_by_group_;
 };
 
 // A request: the content it computes (a shared-prefix id: equal ids give equal blocks) and its
@@ -122,6 +127,8 @@ void expect_same(const BlockPool& pool, const Model& model, std::int32_t num_blo
     }
   }
   ASSERT_EQ(pool.counters().evictions, model.evictions());
+  for (const auto& [group, count] : model.evictions_by_group())
+    ASSERT_EQ(pool.evictions(GroupId(group)), count) << "group " << group;
   ASSERT_EQ(pool.check_invariants(), "");
 }
 

@@ -152,6 +152,8 @@ TEST(BlockPool, FreedCachedBlocksQueueInLeastRecentlyUsedOrder) {
   const auto next = take(pool, 4);  // the two never-used blocks, then b's (freed first)
   EXPECT_EQ(next, ids({5, 6, 4, 3}));
   EXPECT_EQ(pool.counters().evictions, 2);
+  EXPECT_EQ(pool.evictions(kGroup0), 2);
+  EXPECT_EQ(pool.evictions(GroupId(7)), 0);  // a group that never cached anything
   EXPECT_TRUE(pool.lookup(key(10), kGroup0).has_value());
   EXPECT_FALSE(pool.lookup(key(20), kGroup0).has_value());
 }

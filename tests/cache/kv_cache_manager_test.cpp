@@ -133,9 +133,19 @@ TEST(KvCacheManager, RecurrentGroupsHoldTheLiveStatePlusOneCheckpointPerDraft) {
   const auto desc = testing::describe_builtin("qwen3-next-80b-a3b", {}, d);
   const auto plan = small_plan(desc, plan::Policy::kVllm, 400);
   const int gdn = group_of(plan, plan::Behaviour::kRecurrent);
+  ManagerOptions no_caching;
+  no_caching.enable_prefix_caching = false;
+  KvCacheManager plain(plan, 3, no_caching);
+  plain.add_request(RequestId{1}, tokens(50));
+  ASSERT_EQ(plain.admit(RequestId{1}, 3), 0);
+  EXPECT_EQ(plain.block_table(RequestId{1}, gdn).size(), 4u);  // live + 3 checkpoints
+  EXPECT_EQ(plain.snapshot_interval(), 0);
+
   KvCacheManager m(plan, 3);
   m.add_request(RequestId{1}, tokens(50));
   ASSERT_EQ(m.admit(RequestId{1}, 3), 0);
+  // With prefix caching too: 53 tokens reach no snapshot boundary, so no block for one.
+  ASSERT_GT(m.snapshot_interval(), 53);
   ASSERT_EQ(m.block_table(RequestId{1}, gdn).size(), 4u);
   m.commit(RequestId{1}, 50, std::vector<TokenId>{5});
   const BlockId checkpoint2 = m.block_table(RequestId{1}, gdn)[2];
@@ -143,9 +153,116 @@ TEST(KvCacheManager, RecurrentGroupsHoldTheLiveStatePlusOneCheckpointPerDraft) {
   m.commit(RequestId{1}, 3, std::vector<TokenId>{6, 7, 8}, 2);  // 2 drafts accepted
   EXPECT_EQ(m.block_table(RequestId{1}, gdn)[0], checkpoint2);  // its state is now the live one
   EXPECT_EQ(m.check_invariants(), "");
-  // No prefix hits through recurrent groups yet: a second identical prompt recomputes.
-  m.add_request(RequestId{2}, tokens(50));
-  EXPECT_EQ(m.find_prefix_hit(RequestId{2}), 0);
+}
+
+// qwen3-next under vLLM's policy: attention blocks of 272 tokens, so snapshots every 272.
+struct RecurrentFixture {
+  model::ModelDesc desc;
+  plan::CachePlan plan;
+  int gdn = -1;
+  explicit RecurrentFixture(int k = 0) {
+    model::DescribeOptions d;
+    d.num_spec_tokens = k;
+    d.tp = 4;
+    desc = testing::describe_builtin("qwen3-next-80b-a3b", {}, d);
+    plan = small_plan(desc, plan::Policy::kVllm, 400);
+    gdn = group_of(plan, plan::Behaviour::kRecurrent);
+  }
+};
+
+TEST(KvCacheManager, RecurrentPrefixHitRestoresTheLatestKeptSnapshot) {
+  const RecurrentFixture f;
+  KvCacheManager m(f.plan, 0);
+  ASSERT_EQ(m.snapshot_interval(), 272);
+  m.add_request(RequestId{1}, tokens(700));
+  ASSERT_EQ(m.admit(RequestId{1}, 0), 0);
+  // The prefill crosses 272 and 544: the state after 544 tokens is the one kept.
+  const RecurrentStep prefill = m.recurrent_step(RequestId{1}, f.gdn);
+  EXPECT_TRUE(prefill.restore_from.is_null());
+  EXPECT_EQ(prefill.snapshot_at, 544);
+  EXPECT_EQ(prefill.snapshot, m.block_table(RequestId{1}, f.gdn).back());
+  m.commit(RequestId{1}, 700, std::vector<TokenId>{5});
+  EXPECT_EQ(m.pool().cached_group(prefill.snapshot), GroupId{f.gdn});
+  EXPECT_TRUE(m.pool().is_free(prefill.snapshot));  // kept in the cached tail, held by no one
+  EXPECT_EQ(m.block_table(RequestId{1}, f.gdn).size(), 1u);  // the live state alone
+  ASSERT_TRUE(m.allocate(RequestId{1}, 1, 0));
+  EXPECT_EQ(m.block_table(RequestId{1}, f.gdn).size(), 1u);  // 702 reaches no boundary
+  EXPECT_EQ(m.check_invariants(), "");
+
+  auto prompt = tokens(700);
+  prompt.resize(650);  // shares 650 tokens: the snapshot at 544 is the latest before them
+  prompt.push_back(99999);
+  m.add_request(RequestId{2}, prompt);
+  EXPECT_EQ(m.find_prefix_hit(RequestId{2}), 544);
+  ASSERT_EQ(m.admit(RequestId{2}, 0), 544);
+  const RecurrentStep restored = m.recurrent_step(RequestId{2}, f.gdn);
+  EXPECT_EQ(restored.restore_from, prefill.snapshot);
+  EXPECT_EQ(m.pool().ref_count(prefill.snapshot), 1);  // held until the prefill has copied it
+  EXPECT_EQ(restored.snapshot_at, 0);                  // no boundary in 544..651
+  EXPECT_EQ(m.check_invariants(), "");
+  m.commit(RequestId{2}, static_cast<std::int64_t>(prompt.size()) - 544, std::vector<TokenId>{1});
+  EXPECT_TRUE(m.recurrent_step(RequestId{2}, f.gdn).restore_from.is_null());
+  EXPECT_EQ(m.pool().ref_count(prefill.snapshot), 0);
+  EXPECT_EQ(m.check_invariants(), "");
+  for (const auto& s : m.stats()) {
+    if (s.group == f.gdn) {
+      EXPECT_EQ(s.hit_tokens, 544);
+    }
+  }
+}
+
+TEST(KvCacheManager, RecurrentSnapshotInDraftsIsKeptOnlyOnceAccepted) {
+  const RecurrentFixture f(3);
+  KvCacheManager m(f.plan, 3);
+  const std::int64_t c = m.snapshot_interval();
+  ASSERT_GT(c, 4);
+  m.add_request(RequestId{1}, tokens(c - 2));
+  ASSERT_EQ(m.admit(RequestId{1}, 3), 0);
+  // c - 2 + 3 look-ahead passes c, but only c - 2 are sure: the first boundary, among the drafts.
+  EXPECT_EQ(m.recurrent_step(RequestId{1}, f.gdn).snapshot_at, c);
+  m.commit(RequestId{1}, c - 2, std::vector<TokenId>{5});  // c - 2 computed: not kept
+  ASSERT_EQ(m.block_table(RequestId{1}, f.gdn).size(), 5u);
+  ASSERT_TRUE(m.allocate(RequestId{1}, 1, 3));  // tokens c-2 .. c+1: c is after draft 1
+  const RecurrentStep step = m.recurrent_step(RequestId{1}, f.gdn);
+  EXPECT_EQ(step.snapshot_at, c);
+  m.commit(RequestId{1}, 1, std::vector<TokenId>{6}, 0);  // every draft rejected: c - 1 computed
+  EXPECT_FALSE(m.pool().cached_hash(step.snapshot).has_value());
+  ASSERT_TRUE(m.allocate(RequestId{1}, 1, 3));
+  EXPECT_EQ(m.recurrent_step(RequestId{1}, f.gdn).snapshot_at, c);  // asked for again
+  m.commit(RequestId{1}, 3, std::vector<TokenId>{7, 8, 9}, 2);      // c + 2 computed
+  EXPECT_EQ(m.pool().cached_group(step.snapshot), GroupId{f.gdn});
+  EXPECT_EQ(m.check_invariants(), "");
+}
+
+TEST(KvCacheManager, DrafterDoesNotShortenARecurrentHybridHit) {
+  const RecurrentFixture f(3);
+  std::vector<std::int64_t> hits;
+  for (int k : {0, 3}) {
+    KvCacheManager m(f.plan, k);
+    m.add_request(RequestId{1}, tokens(900));
+    ASSERT_TRUE(m.admit(RequestId{1}, k).has_value());
+    m.commit(RequestId{1}, 900, std::vector<TokenId>{5});
+    m.add_request(RequestId{2}, tokens(900));
+    hits.push_back(*m.admit(RequestId{2}, k));
+    // The prefill keeps the latest boundary before 900; the second request hits exactly there.
+    EXPECT_EQ(hits.back(), 899 / m.snapshot_interval() * m.snapshot_interval());
+  }
+  EXPECT_GT(hits[0], 0);
+  EXPECT_EQ(hits[0], hits[1]);  // the drafter costs no block
+}
+
+TEST(KvCacheManager, SnapshotIntervalMustAlignWithEveryAttentionBlock) {
+  const RecurrentFixture f;
+  ManagerOptions o;
+  o.snapshot_interval = 544;
+  EXPECT_EQ(KvCacheManager(f.plan, 0, o).snapshot_interval(), 544);
+  o.snapshot_interval = 300;
+  testing::expect_error([&] { KvCacheManager(f.plan, 0, o); }, ErrorCode::kInvalidInput,
+                        {"snapshot_interval 300", "group 3", "272"});
+  KvCacheManager m(f.plan, 0);
+  m.add_request(RequestId{1}, tokens(10));
+  testing::expect_error([&] { (void)m.recurrent_step(RequestId{1}, 3); }, ErrorCode::kInvalidInput,
+                        {"group 3", "not a recurrent"});
 }
 
 TEST(KvCacheManager, StatsCountBlocksPaddingAndHits) {
@@ -245,16 +362,14 @@ TEST(KvCacheManagerProperty, RandomSpeculativeWorkloadsKeepEveryInvariant) {
     for (auto id : running) m.free(RequestId{id});
     EXPECT_EQ(m.pool().num_used(), 0);
     EXPECT_GT(failed, 0);  // the pool was really under pressure
-    // Prefixes were shared wherever blocks are small enough for these prompts to fill them
-    // (recurrent models take no hits yet).
+    // Prefixes were shared wherever blocks (and recurrent snapshots) are small enough for these
+    // prompts to fill them.
     std::int64_t largest_block = 0;
-    bool recurrent = false;
     for (const auto& g : plan.groups) {
-      recurrent = recurrent || g.behaviour == plan::Behaviour::kRecurrent;
       if (g.behaviour != plan::Behaviour::kRecurrent)
         largest_block = std::max(largest_block, g.block_size);
     }
-    if (!recurrent && largest_block <= 128) {
+    if (largest_block <= 128) {
       EXPECT_GT(hits, 0);
     }
   }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -78,6 +79,21 @@ TEST(Simulator, SharedPrefixesHitOnAFullAttentionModel) {
   EXPECT_GT(group_hits, 0);
 }
 
+TEST(Simulator, SharedPrefixesHitOnARecurrentHybridThroughSnapshots) {
+  const auto desc = testing::describe_builtin("qwen3-next-80b-a3b");
+  const auto plan = small_plan(desc, 20000);
+  cache::KvCacheManager manager(plan, desc.num_spec_tokens);
+  const SimReport r = simulate(manager, plan, desc.num_spec_tokens, small_trace(60, 0));
+  // Hits stop at the latest snapshot (every 272 tokens here), not the latest 16-token block.
+  EXPECT_GT(r.prefix_hit_rate, 0.05);
+  EXPECT_EQ(r.invariants, "");
+  for (const auto& g : r.groups) {
+    if (g.behaviour != plan::Behaviour::kRecurrent) continue;
+    EXPECT_EQ(g.block_size, manager.snapshot_interval());
+    EXPECT_GT(g.hit_tokens, 0);
+  }
+}
+
 TEST(Simulator, TinyMemoryForcesPreemptionsAndStillFinishes) {
   const auto desc = testing::describe_builtin("llama-3.1-8b", "eagle3-llama-3.1-8b");
   const auto plan = small_plan(desc, 600);  // a few requests of ~2,000 tokens at a time
@@ -88,6 +104,11 @@ TEST(Simulator, TinyMemoryForcesPreemptionsAndStillFinishes) {
   EXPECT_EQ(manager.check_invariants(), "");
   EXPECT_EQ(manager.pool().num_used(), 0);
   for (const auto& s : r.usage) EXPECT_LE(s.blocks_used, plan.pools[0].num_blocks - 1);
+  // Pressure reuses cached blocks; every eviction is charged to the group that cached the block.
+  std::int64_t evictions = 0;
+  for (const auto& g : r.groups) evictions += g.evictions;
+  EXPECT_GT(evictions, 0);
+  EXPECT_EQ(evictions, manager.pool().counters().evictions);
 }
 
 TEST(Simulator, AcceptanceSetsTheMeanAcceptedLength) {
@@ -197,10 +218,60 @@ TEST(SimulateCommand, JsonCarriesTheReportKeys) {
   }
   EXPECT_EQ(j["requests_finished"], 30);
   EXPECT_EQ(j["num_spec_tokens"], 3);
-  for (const char* key : {"group", "behaviour", "block_size", "peak_blocks_held"}) {
+  for (const char* key :
+       {"group", "behaviour", "block_size", "peak_blocks_held", "hit_tokens", "evictions"}) {
     EXPECT_TRUE(j["groups"][0].contains(key)) << key;
   }
   EXPECT_TRUE(j["usage"][0].contains("blocks_held"));
+}
+
+TEST(Simulator, ProgressReportsFinishedRequestsUpToTheTotal) {
+  const auto desc = testing::describe_builtin("llama-3.1-8b");
+  const auto plan = small_plan(desc, 20000);
+  SimOptions o;
+  std::vector<std::int64_t> seen;
+  o.progress = [&](std::int64_t done, std::int64_t total) {
+    EXPECT_EQ(total, 30);
+    seen.push_back(done);
+  };
+  const SimReport r = simulate(plan, 0, small_trace(30, 0), o);
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  EXPECT_EQ(seen.back(), 30);
+  EXPECT_EQ(r.requests_finished, 30);
+}
+
+TEST(SimulateCommand, CsvHasOneRowPerSampleAndGroupUnderAStableHeader) {
+  const testing::CliResult r =
+      run_simulate({"gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests", "30", "--csv"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::istringstream in(r.out);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(line, "step,running,waiting,blocks_used,group,behaviour,block_size,blocks_held");
+  std::vector<std::vector<std::string>> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> cells;
+    std::istringstream cells_in(line);
+    for (std::string c; std::getline(cells_in, c, ',');) cells.push_back(c);
+    ASSERT_EQ(cells.size(), 8u) << line;
+    rows.push_back(cells);
+  }
+  // The same run as JSON: its usage series times its groups gives the rows, in order.
+  const auto j = nlohmann::json::parse(
+      run_simulate({"gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests", "30", "--json"})
+          .out);
+  const std::size_t groups = j["groups"].size();
+  ASSERT_EQ(rows.size(), j["usage"].size() * groups);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& sample = j["usage"][i / groups];
+    EXPECT_EQ(rows[i][0], std::to_string(sample["step"].get<std::int64_t>()));
+    EXPECT_EQ(rows[i][4], std::to_string(j["groups"][i % groups]["group"].get<int>()));
+    EXPECT_EQ(rows[i][7], std::to_string(sample["blocks_held"][i % groups].get<std::int64_t>()));
+  }
+  // stderr is not a terminal here: no progress bar.
+  EXPECT_EQ(r.err.find('\r'), std::string::npos);
+  EXPECT_EQ(run_simulate({"llama-3.1-8b", "--csv", "--json"}).status, 2);  // one format at a time
 }
 
 TEST(SimulateCommand, HumanSummaryAndExitCodes) {
