@@ -1,0 +1,98 @@
+// Greedy generation over the reference runner: a continuous-batching scheduler that admits
+// requests through the KvCacheManager (all-or-nothing allocation, prefix caching), prefills in
+// chunks, preempts by recompute when the pool runs dry, and decodes with optional speculative
+// decoding by a chain drafter (propose k tokens, verify them in one target forward, accept the
+// longest matching prefix plus the bonus token, commit only those to the manager). docs/engine.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mixkv/model_runner.hpp"
+
+namespace mixkv::engine {
+
+// A chain drafter: proposes up to k tokens to follow a request's verified tokens.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  virtual std::string name() const = 0;
+  // `tokens`: request `request`'s prompt and verified outputs so far. May return fewer than k.
+  virtual std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
+                                       int k) = 0;
+};
+
+// Proposes the target's own greedy continuation, known from an earlier plain run: every draft
+// is accepted (the upper bound of speculation).
+class OracleDrafter final : public Drafter {
+ public:
+  // references[i]: request i's prompt followed by its plain greedy output.
+  explicit OracleDrafter(std::vector<std::vector<TokenId>> references);
+  std::string name() const override { return "oracle"; }
+  std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
+                               int k) override;
+
+ private:
+  std::vector<std::vector<TokenId>> references_;
+};
+
+// Proposes seeded uniform random tokens: almost everything is rejected (a fault-injected drafter).
+class RandomDrafter final : public Drafter {
+ public:
+  RandomDrafter(std::int64_t vocab_size, std::uint64_t seed);
+  std::string name() const override { return "random"; }
+  std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
+                               int k) override;
+
+ private:
+  std::int64_t vocab_size_;
+  std::mt19937_64 rng_;
+};
+
+struct GenerateOptions {
+  std::int64_t max_tokens = 32;     // generated tokens per request (no EOS stop: see docs)
+  int num_spec_tokens = 0;          // k; 0 or no drafter: plain decoding
+  int max_batch = 16;               // requests running at once
+  std::int64_t prefill_chunk = 32;  // prompt tokens one request computes per step
+  bool prefix_caching = true;
+};
+
+struct RequestStats {
+  std::int64_t prompt_tokens = 0;
+  std::int64_t generated_tokens = 0;
+  std::int64_t prefix_hit_tokens = 0;  // at the (last) admission
+  std::int64_t drafted_tokens = 0;
+  std::int64_t accepted_tokens = 0;
+  std::int64_t decode_steps = 0;  // target forwards that verified (or plainly decoded) a token
+  std::int64_t preemptions = 0;
+  double seconds = 0;                   // from admission to the last token
+  double acceptance_rate() const;       // accepted / drafted (0 when nothing was drafted)
+  double mean_accepted_length() const;  // tokens per decode step, the bonus token included
+  double tokens_per_second() const;
+};
+
+struct RequestOutput {
+  std::vector<TokenId> tokens;  // generated, max_tokens of them
+  RequestStats stats;
+};
+
+struct GenerateReport {
+  std::vector<RequestOutput> requests;  // in prompt order
+  std::int64_t steps = 0;
+  std::int64_t preemptions = 0;
+  double seconds = 0;
+  std::int64_t generated_tokens() const;
+  double tokens_per_second() const;
+};
+
+// Generates for every prompt. `drafter` may be null (plain decoding). The runner's cache is
+// reused; a fresh manager is made per call. Throws Error when a request cannot fit the cache
+// even alone, or options are out of range.
+GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId>> prompts,
+                        Drafter* drafter, const GenerateOptions& options);
+
+}  // namespace mixkv::engine
