@@ -6,12 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "mixkv/kv_cache_manager.hpp"
 #include "mixkv/model_runner.hpp"
 
 namespace mixkv::engine {
@@ -59,6 +61,9 @@ struct GenerateOptions {
   int max_batch = 16;               // requests running at once
   std::int64_t prefill_chunk = 32;  // prompt tokens one request computes per step
   bool prefix_caching = true;
+  // Called for each finished request just before its blocks are freed (tests inspect the cache).
+  std::function<void(const cache::KvCacheManager&, cache::RequestId, std::size_t request)>
+      before_free;
 };
 
 struct RequestStats {

@@ -260,6 +260,7 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
             r.tokens.begin() + static_cast<std::ptrdiff_t>(r.prompt_len + options.max_tokens));
         st.generated_tokens = options.max_tokens;
         st.seconds = seconds_between(r.admitted_at, Clock::now());
+        if (options.before_free) options.before_free(manager, id_of(i), i);
         manager.free(id_of(i));
         ++finished;
       } else {
