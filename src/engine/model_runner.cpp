@@ -36,23 +36,28 @@ attn::AttentionParams given_params(const attn::AttentionGroup& g, const model::L
 
 std::string layer_prefix(int index) { return fmt::format("model.layers.{}.", index); }
 
-// y[o] = sum_i w[o, i] x[i] in a fixed order: eight interleaved partial sums (lane j takes
-// i = j mod 8), folded pairwise at the end. The order depends only on `in`, never on the batch,
-// so results do not depend on what else is computed; eight lanes let the compiler vectorise
-// without -ffast-math.
-void matvec(const std::vector<float>& w, const float* x, std::int64_t in, std::int64_t out,
-            float* y) {
+// Y[t, o] = sum_i W[o, i] X[t, i] for `tokens` rows of X. Each dot product has one fixed order:
+// eight interleaved partial sums (lane j takes i = j mod 8), folded pairwise at the end. That
+// order depends only on `in`, never on how many tokens share the call, so a token's result is
+// bit-identical alone or in any batch (this file is built with -ffp-contract=off so the compiler
+// cannot fuse some multiply-adds and not others). Sharing each weight row across four tokens
+// measured slower on the tiny models (their weights sit in L2; the loop is compute bound), so
+// the cost is linear in tokens: see docs/engine.md on what speculation can gain on a CPU.
+float dot(const float* row, const float* x, std::int64_t in) {
   constexpr std::int64_t kLanes = 8;
   const std::int64_t body = in / kLanes * kLanes;
-  for (std::int64_t o = 0; o < out; ++o) {
-    const float* row = w.data() + o * in;
-    float lane[kLanes] = {};
-    for (std::int64_t i = 0; i < body; i += kLanes) {
-      for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += row[i + j] * x[i + j];
-    }
-    for (std::int64_t i = body; i < in; ++i) lane[i - body] += row[i] * x[i];
-    y[o] =
-        ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  float lane[kLanes] = {};
+  for (std::int64_t i = 0; i < body; i += kLanes) {
+    for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += row[i + j] * x[i + j];
+  }
+  for (std::int64_t i = body; i < in; ++i) lane[i - body] += row[i] * x[i];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+void matmul(const std::vector<float>& w, const float* x, std::int64_t tokens, std::int64_t in,
+            std::int64_t out, float* y) {
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t o = 0; o < out; ++o) y[t * out + o] = dot(w.data() + o * in, x + t * in, in);
   }
 }
 
@@ -267,23 +272,26 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
     }
   }
 
-  std::vector<float> normed(static_cast<std::size_t>(h));
-  std::vector<float> gate(static_cast<std::size_t>(inter)), up(gate.size());
-  std::vector<float> tmp(static_cast<std::size_t>(h));
+  const auto rows = [](std::int64_t n, std::int64_t width) {
+    return std::vector<float>(static_cast<std::size_t>(n * width));
+  };
+  std::vector<float> normed = rows(total, h);
+  std::vector<float> gate = rows(total, inter), up = rows(total, inter);
+  std::vector<float> tmp = rows(total, h);
   for (const Layer& layer : layers_) {
     const kernels::AttentionSpec& spec = layer.spec;
     const std::int64_t hq = spec.params.num_q_heads;
     const std::int64_t qw = hq * spec.head_size;
     const std::int64_t kw = kernels::k_row_elements(spec);
     const std::int64_t vw = kernels::v_row_elements(spec);
-    std::vector<float> q(static_cast<std::size_t>(total * qw));
-    std::vector<float> k(static_cast<std::size_t>(total * kw));
-    std::vector<float> v(static_cast<std::size_t>(total * vw));
+    std::vector<float> q = rows(total, qw), k = rows(total, kw), v = rows(total, vw);
     for (std::int64_t t = 0; t < total; ++t) {
-      rms_norm(x.data() + t * h, layer.input_norm, h, config_.rms_norm_eps, normed.data());
-      matvec(layer.wq, normed.data(), h, qw, q.data() + t * qw);
-      matvec(layer.wk, normed.data(), h, kw, k.data() + t * kw);
-      matvec(layer.wv, normed.data(), h, vw, v.data() + t * vw);
+      rms_norm(x.data() + t * h, layer.input_norm, h, config_.rms_norm_eps, normed.data() + t * h);
+    }
+    matmul(layer.wq, normed.data(), total, h, qw, q.data());
+    matmul(layer.wk, normed.data(), total, h, kw, k.data());
+    matmul(layer.wv, normed.data(), total, h, vw, v.data());
+    for (std::int64_t t = 0; t < total; ++t) {
       const std::int64_t pos = positions[static_cast<std::size_t>(t)];
       rope(q.data() + t * qw, hq, spec.head_size, pos, config_.rope_theta);
       rope(k.data() + t * kw, spec.params.num_kv_heads, spec.head_size, pos, config_.rope_theta);
@@ -316,34 +324,33 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
         seqs.push_back({pages[r], positions[static_cast<std::size_t>(row)] + 1, 1});
       }
     }
-    std::vector<float> attn(static_cast<std::size_t>(total * hq * spec.head_size_v));
+    const std::int64_t ow = hq * spec.head_size_v;
+    std::vector<float> attn = rows(total, ow);
     kernels::paged_attention(spec, geo, {tensor, seqs, q, layer.sinks, {}}, attn);
 
-    const std::int64_t ow = hq * spec.head_size_v;
+    matmul(layer.wo, attn.data(), total, ow, h, tmp.data());
     for (std::int64_t t = 0; t < total; ++t) {
       float* xt = x.data() + t * h;
-      matvec(layer.wo, attn.data() + t * ow, ow, h, tmp.data());
-      for (std::int64_t i = 0; i < h; ++i) xt[i] += tmp[static_cast<std::size_t>(i)];
-      rms_norm(xt, layer.post_norm, h, config_.rms_norm_eps, normed.data());
-      matvec(layer.gate, normed.data(), h, inter, gate.data());
-      matvec(layer.up, normed.data(), h, inter, up.data());
-      for (std::int64_t i = 0; i < inter; ++i) {
-        const float g = gate[static_cast<std::size_t>(i)];
-        gate[static_cast<std::size_t>(i)] =
-            g / (1.0f + std::exp(-g)) * up[static_cast<std::size_t>(i)];
-      }
-      matvec(layer.down, gate.data(), inter, h, tmp.data());
-      for (std::int64_t i = 0; i < h; ++i) xt[i] += tmp[static_cast<std::size_t>(i)];
+      for (std::int64_t i = 0; i < h; ++i) xt[i] += tmp[static_cast<std::size_t>(t * h + i)];
+      rms_norm(xt, layer.post_norm, h, config_.rms_norm_eps, normed.data() + t * h);
     }
+    matmul(layer.gate, normed.data(), total, h, inter, gate.data());
+    matmul(layer.up, normed.data(), total, h, inter, up.data());
+    for (std::size_t i = 0; i < gate.size(); ++i) {
+      const float g = gate[i];
+      gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SiLU(gate) * up
+    }
+    matmul(layer.down, gate.data(), total, inter, h, tmp.data());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }
 
   ForwardOutput out;
   out.hidden = x;
   out.logits.resize(static_cast<std::size_t>(total * vocab));
   for (std::int64_t t = 0; t < total; ++t) {
-    rms_norm(x.data() + t * h, final_norm_, h, config_.rms_norm_eps, normed.data());
-    matvec(lm_head_, normed.data(), h, vocab, out.logits.data() + t * vocab);
+    rms_norm(x.data() + t * h, final_norm_, h, config_.rms_norm_eps, normed.data() + t * h);
   }
+  matmul(lm_head_, normed.data(), total, h, vocab, out.logits.data());
   return out;
 }
 
