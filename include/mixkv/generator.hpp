@@ -55,6 +55,22 @@ class RandomDrafter final : public Drafter {
   std::mt19937_64 rng_;
 };
 
+// Prompt lookup (n-gram) drafting, as vLLM's "ngram" method: find the most recent earlier
+// occurrence of the last n tokens (n from max_n down to min_n) and propose what followed it,
+// extended through its own proposal so a repeating cycle yields k tokens. No weights: greedy
+// output that repeats itself (as small models' does) is predicted well, anything else not at all.
+class NgramDrafter final : public Drafter {
+ public:
+  NgramDrafter(int min_n = 1, int max_n = 3);
+  std::string name() const override { return "ngram"; }
+  std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
+                               int k) override;
+
+ private:
+  int min_n_;
+  int max_n_;
+};
+
 struct GenerateOptions {
   std::int64_t max_tokens = 32;     // generated tokens per request (no EOS stop: see docs)
   int num_spec_tokens = 0;          // k; 0 or no drafter: plain decoding

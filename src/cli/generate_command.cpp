@@ -97,8 +97,10 @@ Action add_generate_command(CLI::App& app) {
       "not). --batch B runs B requests: the prompt, then the prompt with a suffix. "
       "docs/engine.md.");
   cmd->add_option("MODEL", args->model, "Target model")->required();
-  cmd->add_option("--draft", args->draft,
-                  "Drafter: oracle (the target's own greedy continuation) or random");
+  cmd->add_option(
+      "--draft", args->draft,
+      "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup) or "
+      "random");
   cmd->add_option("--num-spec-tokens", args->num_spec_tokens, "Tokens drafted per step")
       ->capture_default_str();
   auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text (bytes)");
@@ -139,11 +141,13 @@ Action add_generate_command(CLI::App& app) {
                            plain.requests[i].tokens.end());
       }
       drafter = std::make_unique<engine::OracleDrafter>(std::move(refs));
+    } else if (args->draft == "ngram") {
+      drafter = std::make_unique<engine::NgramDrafter>();
     } else if (args->draft == "random") {
       drafter = std::make_unique<engine::RandomDrafter>(runner.vocab_size(), args->seed);
     } else if (!args->draft.empty()) {
       throw_invalid(
-          fmt::format("--draft {}: unknown drafter; use oracle or random (learned tiny "
+          fmt::format("--draft {}: unknown drafter; use oracle, ngram or random (learned tiny "
                       "drafters are not part of the engine yet)",
                       args->draft));
     }

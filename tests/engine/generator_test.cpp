@@ -144,6 +144,37 @@ TEST(Generate, SpeculationIsBitIdenticalInAMixedBatchOfSixteen) {
   }
 }
 
+TEST(NgramDrafter, ProposesWhatFollowedTheLastOccurrenceAndExtendsCycles) {
+  NgramDrafter d(1, 3);
+  // "a b c x a b" -> the last "a b" was followed by "c x a b c ..."
+  const std::vector<TokenId> t = {1, 2, 3, 9, 1, 2};
+  EXPECT_EQ(d.propose(0, t, 3), (std::vector<TokenId>{3, 9, 1}));
+  // A cycle of period 2 yields as many tokens as asked.
+  const std::vector<TokenId> cycle = {5, 7, 5, 7};
+  EXPECT_EQ(d.propose(0, cycle, 5), (std::vector<TokenId>{5, 7, 5, 7, 5}));
+  // Nothing repeats: nothing proposed.
+  const std::vector<TokenId> fresh = {1, 2, 3, 4};
+  EXPECT_TRUE(d.propose(0, fresh, 3).empty());
+  EXPECT_THROW(NgramDrafter(0, 2), Error);
+}
+
+TEST(Generate, NgramDraftsAreVerifiedIntoThePlainTokens) {
+  ModelRunner runner = make_runner({.num_spec_tokens = 4});
+  const auto prompts = mixed_batch();
+  const std::vector<std::vector<TokenId>> some = {prompts[0], prompts[3], prompts[8]};
+  GenerateOptions o;
+  o.max_tokens = 128;
+  const GenerateReport plain = generate(runner, some, nullptr, o);
+  o.num_spec_tokens = 4;
+  NgramDrafter ngram;
+  const GenerateReport got = generate(runner, some, &ngram, o);
+  expect_same_tokens(plain, got);
+  for (const auto& r : got.requests) {
+    EXPECT_GT(r.stats.drafted_tokens, 0);
+    EXPECT_LT(r.stats.decode_steps, 127);  // some drafts were accepted: fewer target steps
+  }
+}
+
 TEST(Generate, RollbackLeavesTheCacheByteForByteAsPlainDecoding) {
   ModelRunner runner = make_runner({.num_spec_tokens = 3});
   const std::vector<std::vector<TokenId>> prompts = {text("rollback: every rejected draft"),
