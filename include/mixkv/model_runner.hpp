@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,12 +52,25 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
 TensorMap generate_weights(const TransformerConfig& config, const model::ModelDesc& desc,
                            std::uint64_t seed);
 
+// An EAGLE-style drafter's own weights (it shares the target's embedding and LM head):
+// draft.fc.weight [hidden, 2 hidden] (the concatenation of a token's embedding and the previous
+// position's target hidden state, projected), draft.layers.{j}.* as a target layer's, and
+// draft.norm.weight.
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shapes(
+    const TransformerConfig& draft, const model::ModelDesc& desc);
+TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
+                                 std::uint64_t seed);
+
 struct RunnerOptions {
   std::int64_t memory_bytes = 64ll << 20;  // KV cache bytes
   std::int64_t block_size = 16;            // attention manager block (tokens)
   std::int64_t max_model_len = 0;          // 0: the config's max_position_embeddings
   int num_spec_tokens = 0;                 // planned speculative tokens
   plan::Policy policy = plan::Policy::kMixkv;
+  // An EAGLE-style drafter (one or more decoder layers fed by target hidden states): described
+  // with the target, so its layers are planned into the same cache and the manager's block
+  // tables cover them. Its weights come with the target's (draft_weight_shapes).
+  std::optional<model::ModelSource> draft = std::nullopt;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),
@@ -85,6 +99,14 @@ class ModelRunner {
   // or speculation around it (docs/engine.md, determinism).
   ForwardOutput forward(std::span<const SequenceInput> batch);
 
+  // The drafter's layers over `batch` (its cache slots as the target's), fed per token with
+  // features[t] (hidden wide): the previous position's target hidden state, or the drafter's own
+  // output standing in for it. Returns the drafter's logits (through the target's LM head) and
+  // its hidden states. Throws when the runner has no drafter.
+  ForwardOutput draft_forward(std::span<const SequenceInput> batch,
+                              std::span<const float> features);
+  bool has_drafter() const { return !draft_layers_.empty(); }
+
   const TransformerConfig& config() const { return config_; }
   const model::ModelDesc& desc() const { return desc_; }
   const plan::CachePlan& plan() const { return plan_; }
@@ -94,6 +116,9 @@ class ModelRunner {
 
  private:
   struct Layer {
+    std::int64_t intermediate = 0;
+    double rms_norm_eps = 1e-5;
+    double rope_theta = 10000.0;
     layout::LayerGeometry geometry;
     kernels::AttentionSpec spec;
     std::vector<float> input_norm, post_norm, wq, wk, wv, wo, sinks, gate, up, down;
@@ -104,8 +129,17 @@ class ModelRunner {
   std::vector<attn::AttentionGroup> groups_;
   layout::Geometry geometry_;
   std::vector<std::vector<std::byte>> tensors_;
+  void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
+                   std::vector<float>& x) const;
+  void run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
+                  const std::vector<std::int64_t>& positions, std::vector<float>& x);
+  ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps) const;
+
   std::vector<Layer> layers_;
+  std::vector<Layer> draft_layers_;
   std::vector<float> embed_, final_norm_, lm_head_;
+  std::vector<float> draft_fc_, draft_norm_;
+  double draft_eps_ = 1e-5;
 };
 
 // Greedy sampling: the index of the largest logit, the lowest one on ties.

@@ -106,39 +106,14 @@ TransformerConfig read_transformer_config(const model::ModelSource& source) {
   return t;
 }
 
-std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
-    const TransformerConfig& c, const model::ModelDesc& desc) {
-  std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
-  const std::int64_t h = c.hidden_size;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, h}});
-  for (const model::LayerDesc& l : desc.layers) {
-    if (l.owner != model::Owner::kTarget) continue;
-    const std::string p = layer_prefix(l.index);
-    const std::int64_t q = std::int64_t{l.num_q_heads} * l.head_size;
-    const std::int64_t kv = std::int64_t{l.num_kv_heads} * l.head_size;
-    out.push_back({p + "input_layernorm.weight", {h}});
-    out.push_back({p + "self_attn.q_proj.weight", {q, h}});
-    out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
-    out.push_back(
-        {p + "self_attn.v_proj.weight", {std::int64_t{l.num_kv_heads} * l.head_size_v, h}});
-    out.push_back(
-        {p + "self_attn.o_proj.weight", {h, std::int64_t{l.num_q_heads} * l.head_size_v}});
-    if (l.sinks) out.push_back({p + "self_attn.sinks", {l.num_q_heads}});
-    out.push_back({p + "post_attention_layernorm.weight", {h}});
-    out.push_back({p + "mlp.gate_proj.weight", {c.intermediate_size, h}});
-    out.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, h}});
-    out.push_back({p + "mlp.down_proj.weight", {h, c.intermediate_size}});
-  }
-  out.push_back({"model.norm.weight", {h}});
-  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, h}});
-  return out;
-}
+namespace {
 
-TensorMap generate_weights(const TransformerConfig& config, const model::ModelDesc& desc,
-                           std::uint64_t seed) {
+TensorMap random_tensors(
+    const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& shapes,
+    std::uint64_t seed) {
   TensorMap out;
   std::mt19937_64 rng(seed);
-  for (const auto& [name, shape] : weight_shapes(config, desc)) {
+  for (const auto& [name, shape] : shapes) {
     Tensor t;
     t.shape = shape;
     t.values.resize(static_cast<std::size_t>(t.numel()));
@@ -159,23 +134,99 @@ TensorMap generate_weights(const TransformerConfig& config, const model::ModelDe
   return out;
 }
 
+void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
+                      const std::string& p, const model::LayerDesc& l, std::int64_t h,
+                      std::int64_t inter) {
+  const std::int64_t q = std::int64_t{l.num_q_heads} * l.head_size;
+  const std::int64_t kv = std::int64_t{l.num_kv_heads} * l.head_size;
+  out.push_back({p + "input_layernorm.weight", {h}});
+  out.push_back({p + "self_attn.q_proj.weight", {q, h}});
+  out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
+  out.push_back({p + "self_attn.v_proj.weight", {std::int64_t{l.num_kv_heads} * l.head_size_v, h}});
+  out.push_back({p + "self_attn.o_proj.weight", {h, std::int64_t{l.num_q_heads} * l.head_size_v}});
+  if (l.sinks) out.push_back({p + "self_attn.sinks", {l.num_q_heads}});
+  out.push_back({p + "post_attention_layernorm.weight", {h}});
+  out.push_back({p + "mlp.gate_proj.weight", {inter, h}});
+  out.push_back({p + "mlp.up_proj.weight", {inter, h}});
+  out.push_back({p + "mlp.down_proj.weight", {h, inter}});
+}
+
+// Checkpoint prefix of a layer: "model.layers.3." for the target, "draft.layers.0." for a drafter.
+std::string weight_prefix(const model::LayerDesc& l) {
+  return l.owner == model::Owner::kTarget ? layer_prefix(l.index) : l.name + ".";
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
+    const TransformerConfig& c, const model::ModelDesc& desc) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}});
+  for (const model::LayerDesc& l : desc.layers) {
+    if (l.owner == model::Owner::kTarget) {
+      add_layer_shapes(out, weight_prefix(l), l, c.hidden_size, c.intermediate_size);
+    }
+  }
+  out.push_back({"model.norm.weight", {c.hidden_size}});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
+  return out;
+}
+
+TensorMap generate_weights(const TransformerConfig& config, const model::ModelDesc& desc,
+                           std::uint64_t seed) {
+  return random_tensors(weight_shapes(config, desc), seed);
+}
+
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shapes(
+    const TransformerConfig& draft, const model::ModelDesc& desc) {
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
+  const std::int64_t h = draft.hidden_size;
+  out.push_back({"draft.fc.weight", {h, 2 * h}});
+  for (const model::LayerDesc& l : desc.layers) {
+    if (l.owner == model::Owner::kDraft) {
+      add_layer_shapes(out, weight_prefix(l), l, h, draft.intermediate_size);
+    }
+  }
+  out.push_back({"draft.norm.weight", {h}});
+  return out;
+}
+
+TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
+                                 std::uint64_t seed) {
+  return random_tensors(draft_weight_shapes(draft, desc), seed);
+}
+
 ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weights,
                          const RunnerOptions& options)
     : config_(read_transformer_config(config)) {
   model::DescribeOptions dopt;
-  desc_ = model::describe(config, std::nullopt, dopt);
+  std::optional<TransformerConfig> draft_config;
+  if (options.draft) {
+    draft_config = read_transformer_config(*options.draft);
+    dopt.num_spec_tokens = options.num_spec_tokens;
+    if (draft_config->hidden_size != config_.hidden_size ||
+        draft_config->vocab_size != config_.vocab_size) {
+      throw_invalid(fmt::format(
+          "{}: the drafter's hidden_size {} and vocab_size {} must equal the target's ({} and {}): "
+          "it reads the target's hidden states and shares its embedding and LM head",
+          options.draft->origin, draft_config->hidden_size, draft_config->vocab_size,
+          config_.hidden_size, config_.vocab_size));
+    }
+  }
+  desc_ = model::describe(config, options.draft, dopt);
   desc_.num_spec_tokens = options.num_spec_tokens;
+  if (desc_.draft_info && desc_.draft_info->kind != model::DraftKind::kEagle) {
+    throw_unsupported(fmt::format("{}: a {} drafter; the runner serves EAGLE-style chain drafters",
+                                  options.draft->origin, model::to_string(desc_.draft_info->kind)));
+  }
   for (const model::LayerDesc& l : desc_.layers) {
+    const bool target = l.owner == model::Owner::kTarget;
+    const std::string& origin = target ? config.origin : options.draft->origin;
     if (l.kind != model::LayerKind::kFull && l.kind != model::LayerKind::kSliding) {
       throw_unsupported(fmt::format(
           "{}: layer {} is {}; the reference runner serves full and sliding attention layers only "
           "(recurrent kernels are not part of mixkv yet)",
-          config.origin, l.name, model::to_string(l.kind)));
-    }
-    if (l.num_q_heads != config_.num_q_heads || l.head_size != config_.head_dim) {
-      throw_invalid(fmt::format("{}: layer {} has {} heads of {}, the config {} of {}",
-                                config.origin, l.name, l.num_q_heads, l.head_size,
-                                config_.num_q_heads, config_.head_dim));
+          origin, l.name, model::to_string(l.kind)));
     }
   }
   plan::PlanOptions popt;
@@ -195,7 +246,14 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   }
 
   // Weights: each one present with the expected shape.
-  auto take = [&](const std::string& name, const std::vector<std::int64_t>& shape) {
+  std::map<std::string, std::vector<std::int64_t>, std::less<>> shapes;
+  for (auto& [name, shape] : weight_shapes(config_, desc_)) shapes.emplace(name, shape);
+  if (draft_config) {
+    for (auto& [name, shape] : draft_weight_shapes(*draft_config, desc_))
+      shapes.emplace(name, shape);
+  }
+  auto get = [&](const std::string& name) {
+    const std::vector<std::int64_t>& shape = shapes.at(name);
     const auto it = weights.find(name);
     if (it == weights.end()) {
       throw_invalid(fmt::format("{}: weight {} (shape [{}]) is missing from the checkpoint",
@@ -208,19 +266,26 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     }
     return it->second.values;
   };
-  std::map<std::string, std::vector<std::int64_t>, std::less<>> shapes;
-  for (auto& [name, shape] : weight_shapes(config_, desc_)) shapes.emplace(name, shape);
-  auto get = [&](const std::string& name) { return take(name, shapes.at(name)); };
 
   embed_ = get("model.embed_tokens.weight");
   final_norm_ = get("model.norm.weight");
   lm_head_ = config_.tie_word_embeddings ? embed_ : get("lm_head.weight");
+  if (draft_config) {
+    draft_fc_ = get("draft.fc.weight");
+    draft_norm_ = get("draft.norm.weight");
+    draft_eps_ = draft_config->rms_norm_eps;
+  }
   for (const model::LayerDesc& l : desc_.layers) {
+    const bool target = l.owner == model::Owner::kTarget;
+    const TransformerConfig& c = target ? config_ : *draft_config;
     Layer layer;
+    layer.intermediate = c.intermediate_size;
+    layer.rms_norm_eps = c.rms_norm_eps;
+    layer.rope_theta = c.rope_theta;
     layer.geometry = geometry_.layer(l.name);
     const auto& group = groups_.at(static_cast<std::size_t>(layer.geometry.attention_group));
     layer.spec = kernels::attention_spec(given_params(group, l), l);
-    const std::string p = layer_prefix(l.index);
+    const std::string p = weight_prefix(l);
     layer.input_norm = get(p + "input_layernorm.weight");
     layer.wq = get(p + "self_attn.q_proj.weight");
     layer.wk = get(p + "self_attn.k_proj.weight");
@@ -231,7 +296,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     layer.gate = get(p + "mlp.gate_proj.weight");
     layer.up = get(p + "mlp.up_proj.weight");
     layer.down = get(p + "mlp.down_proj.weight");
-    layers_.push_back(std::move(layer));
+    (target ? layers_ : draft_layers_).push_back(std::move(layer));
   }
 }
 
@@ -239,11 +304,10 @@ std::span<const std::byte> ModelRunner::cache_tensor(int tensor) const {
   return tensors_.at(static_cast<std::size_t>(tensor));
 }
 
-ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
+void ModelRunner::check_batch(std::span<const SequenceInput> batch,
+                              std::vector<std::int64_t>& positions, std::vector<float>& x) const {
   const std::int64_t h = config_.hidden_size;
-  const std::int64_t inter = config_.intermediate_size;
   const std::int64_t vocab = config_.vocab_size;
-  std::int64_t total = 0;
   for (std::size_t r = 0; r < batch.size(); ++r) {
     const SequenceInput& s = batch[r];
     if (s.block_tables.size() != plan_.groups.size()) {
@@ -253,32 +317,78 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
                       r, s.block_tables.size(), plan_.groups.size()));
     }
     if (s.start < 0) throw_invalid(fmt::format("forward: request {} starts at {}", r, s.start));
-    total += static_cast<std::int64_t>(s.tokens.size());
-  }
-  std::vector<float> x(static_cast<std::size_t>(total * h));
-  std::vector<std::int64_t> positions;
-  {
-    std::int64_t row = 0;
-    for (const SequenceInput& s : batch) {
-      for (std::size_t i = 0; i < s.tokens.size(); ++i, ++row) {
-        const TokenId t = s.tokens[i];
-        if (t < 0 || t >= vocab) {
-          throw_invalid(
-              fmt::format("forward: token id {} is outside the vocabulary of {}", t, vocab));
-        }
-        std::copy_n(embed_.begin() + t * h, h, x.begin() + row * h);
-        positions.push_back(s.start + static_cast<std::int64_t>(i));
+    for (std::size_t i = 0; i < s.tokens.size(); ++i) {
+      const TokenId t = s.tokens[i];
+      if (t < 0 || t >= vocab) {
+        throw_invalid(
+            fmt::format("forward: token id {} is outside the vocabulary of {}", t, vocab));
       }
+      x.insert(x.end(), embed_.begin() + t * h, embed_.begin() + (t + 1) * h);
+      positions.push_back(s.start + static_cast<std::int64_t>(i));
     }
   }
+}
 
+ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
+  std::vector<std::int64_t> positions;
+  std::vector<float> x;
+  check_batch(batch, positions, x);
+  run_layers(layers_, batch, positions, x);
+  return head(std::move(x), final_norm_, config_.rms_norm_eps);
+}
+
+ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
+                                         std::span<const float> features) {
+  if (!has_drafter()) throw_invalid("draft_forward: the runner has no drafter");
+  std::vector<std::int64_t> positions;
+  std::vector<float> embedded;
+  check_batch(batch, positions, embedded);
+  const std::int64_t h = config_.hidden_size;
+  const auto total = static_cast<std::int64_t>(positions.size());
+  if (static_cast<std::int64_t>(features.size()) != total * h) {
+    throw_invalid(fmt::format("draft_forward: {} tokens need {} feature values, got {}", total,
+                              total * h, features.size()));
+  }
+  // EAGLE's input: [embedding of the token; hidden state that predicted it] projected to hidden.
+  std::vector<float> both(static_cast<std::size_t>(total * 2 * h));
+  for (std::int64_t t = 0; t < total; ++t) {
+    std::copy_n(embedded.begin() + t * h, h, both.begin() + t * 2 * h);
+    std::copy_n(features.begin() + t * h, h, both.begin() + t * 2 * h + h);
+  }
+  std::vector<float> x(static_cast<std::size_t>(total * h));
+  matmul(draft_fc_, both.data(), total, 2 * h, h, x.data());
+  run_layers(draft_layers_, batch, positions, x);
+  return head(std::move(x), draft_norm_, draft_eps_);
+}
+
+ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& norm,
+                                double eps) const {
+  const std::int64_t h = config_.hidden_size;
+  const std::int64_t vocab = config_.vocab_size;
+  const auto total = static_cast<std::int64_t>(x.size()) / h;
+  std::vector<float> normed(x.size());
+  for (std::int64_t t = 0; t < total; ++t) {
+    rms_norm(x.data() + t * h, norm, h, eps, normed.data() + t * h);
+  }
+  ForwardOutput out;
+  out.logits.resize(static_cast<std::size_t>(total * vocab));
+  matmul(lm_head_, normed.data(), total, h, vocab, out.logits.data());
+  out.hidden = std::move(x);
+  return out;
+}
+
+void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
+                             const std::vector<std::int64_t>& positions, std::vector<float>& x) {
+  const std::int64_t h = config_.hidden_size;
+  const auto total = static_cast<std::int64_t>(positions.size());
   const auto rows = [](std::int64_t n, std::int64_t width) {
     return std::vector<float>(static_cast<std::size_t>(n * width));
   };
   std::vector<float> normed = rows(total, h);
-  std::vector<float> gate = rows(total, inter), up = rows(total, inter);
   std::vector<float> tmp = rows(total, h);
-  for (const Layer& layer : layers_) {
+  for (const Layer& layer : layers) {
+    const std::int64_t inter = layer.intermediate;
+    const double eps = layer.rms_norm_eps;
     const kernels::AttentionSpec& spec = layer.spec;
     const std::int64_t hq = spec.params.num_q_heads;
     const std::int64_t qw = hq * spec.head_size;
@@ -286,15 +396,15 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
     const std::int64_t vw = kernels::v_row_elements(spec);
     std::vector<float> q = rows(total, qw), k = rows(total, kw), v = rows(total, vw);
     for (std::int64_t t = 0; t < total; ++t) {
-      rms_norm(x.data() + t * h, layer.input_norm, h, config_.rms_norm_eps, normed.data() + t * h);
+      rms_norm(x.data() + t * h, layer.input_norm, h, eps, normed.data() + t * h);
     }
     matmul(layer.wq, normed.data(), total, h, qw, q.data());
     matmul(layer.wk, normed.data(), total, h, kw, k.data());
     matmul(layer.wv, normed.data(), total, h, vw, v.data());
     for (std::int64_t t = 0; t < total; ++t) {
       const std::int64_t pos = positions[static_cast<std::size_t>(t)];
-      rope(q.data() + t * qw, hq, spec.head_size, pos, config_.rope_theta);
-      rope(k.data() + t * kw, spec.params.num_kv_heads, spec.head_size, pos, config_.rope_theta);
+      rope(q.data() + t * qw, hq, spec.head_size, pos, layer.rope_theta);
+      rope(k.data() + t * kw, spec.params.num_kv_heads, spec.head_size, pos, layer.rope_theta);
     }
 
     // K/V of every new token into the cache, then one query per kernel sequence.
@@ -332,8 +442,9 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
     for (std::int64_t t = 0; t < total; ++t) {
       float* xt = x.data() + t * h;
       for (std::int64_t i = 0; i < h; ++i) xt[i] += tmp[static_cast<std::size_t>(t * h + i)];
-      rms_norm(xt, layer.post_norm, h, config_.rms_norm_eps, normed.data() + t * h);
+      rms_norm(xt, layer.post_norm, h, eps, normed.data() + t * h);
     }
+    std::vector<float> gate = rows(total, inter), up = rows(total, inter);
     matmul(layer.gate, normed.data(), total, h, inter, gate.data());
     matmul(layer.up, normed.data(), total, h, inter, up.data());
     for (std::size_t i = 0; i < gate.size(); ++i) {
@@ -343,15 +454,6 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
     matmul(layer.down, gate.data(), total, inter, h, tmp.data());
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
   }
-
-  ForwardOutput out;
-  out.hidden = x;
-  out.logits.resize(static_cast<std::size_t>(total * vocab));
-  for (std::int64_t t = 0; t < total; ++t) {
-    rms_norm(x.data() + t * h, final_norm_, h, config_.rms_norm_eps, normed.data() + t * h);
-  }
-  matmul(lm_head_, normed.data(), total, h, vocab, out.logits.data());
-  return out;
 }
 
 TokenId argmax(std::span<const float> logits) {
