@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <span>
@@ -18,14 +19,30 @@
 
 namespace mixkv::engine {
 
+// What a drafter is told about one request.
+struct DraftContext {
+  std::size_t request = 0;
+  std::span<const TokenId> tokens = {};  // prompt and verified outputs
+  std::int64_t num_computed = 0;         // positions whose target KV is in the cache
+  std::span<const std::span<const cache::BlockId>> block_tables = {};  // per KV-cache group
+};
+
 // A chain drafter: proposes up to k tokens to follow a request's verified tokens.
 class Drafter {
  public:
   virtual ~Drafter() = default;
   virtual std::string name() const = 0;
-  // `tokens`: request `request`'s prompt and verified outputs so far. May return fewer than k.
-  virtual std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
-                                       int k) = 0;
+  // ctx.tokens.back() is the last verified token, not computed yet (num_computed ==
+  // tokens.size() - 1). May return fewer than k tokens. Drafts may be written into the
+  // request's look-ahead slots: the block tables hold num_computed + 1 + k positions.
+  virtual std::vector<TokenId> propose(const DraftContext& ctx, int k) = 0;
+  // The target's hidden states of the request's newly verified positions [first,
+  // ctx.num_computed), before the manager commits them; ctx.tokens includes the tokens they
+  // verified (and the token sampled after them).
+  virtual void observe(const DraftContext& /*ctx*/, std::int64_t /*first*/,
+                       std::span<const float> /*hidden*/) {}
+  // The request's blocks are freed (finished, or preempted: it is admitted again later).
+  virtual void forget(std::size_t /*request*/) {}
 };
 
 // Proposes the target's own greedy continuation, known from an earlier plain run: every draft
@@ -35,8 +52,7 @@ class OracleDrafter final : public Drafter {
   // references[i]: request i's prompt followed by its plain greedy output.
   explicit OracleDrafter(std::vector<std::vector<TokenId>> references);
   std::string name() const override { return "oracle"; }
-  std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
-                               int k) override;
+  std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
 
  private:
   std::vector<std::vector<TokenId>> references_;
@@ -47,8 +63,7 @@ class RandomDrafter final : public Drafter {
  public:
   RandomDrafter(std::int64_t vocab_size, std::uint64_t seed);
   std::string name() const override { return "random"; }
-  std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
-                               int k) override;
+  std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
 
  private:
   std::int64_t vocab_size_;
@@ -63,12 +78,38 @@ class NgramDrafter final : public Drafter {
  public:
   NgramDrafter(int min_n = 1, int max_n = 3);
   std::string name() const override { return "ngram"; }
-  std::vector<TokenId> propose(std::size_t request, std::span<const TokenId> tokens,
-                               int k) override;
+  std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
 
  private:
   int min_n_;
   int max_n_;
+};
+
+// EAGLE-style drafter on the runner's drafter layers (RunnerOptions::draft). Position q of its
+// cache holds the layer input fc([embedding(t_q); h_(q-1)]), h the target's hidden state at the
+// position before. observe() runs it over the newly verified positions with the real hidden
+// states before they are committed (so every cached block holds what a plain run would have
+// put there) and through the last sampled token, whose output is the first draft; propose()
+// chains the remaining k - 1 drafts on the drafter's own hidden states.
+class EagleDrafter final : public Drafter {
+ public:
+  explicit EagleDrafter(ModelRunner& runner);
+  std::string name() const override { return "eagle"; }
+  std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
+  void observe(const DraftContext& ctx, std::int64_t first, std::span<const float> hidden) override;
+  void forget(std::size_t request) override;
+
+ private:
+  struct State {
+    std::int64_t next = 0;         // first position the drafter has not computed for real
+    std::int64_t hidden_base = 0;  // position of hidden's first row
+    std::vector<float> hidden;     // target hidden states not consumed yet
+    std::int64_t pending_at = -1;  // position whose drafter output gave `pending`
+    TokenId pending = 0;
+    std::vector<float> pending_hidden;
+  };
+  ModelRunner& runner_;
+  std::map<std::size_t, State> states_;
 };
 
 struct GenerateOptions {

@@ -36,6 +36,8 @@ struct TinyModel {
   // Empty when the runner serves every layer; else what it still lacks (the model can be
   // described and planned, but not run).
   std::string_view missing;
+  // Drafters: the tiny target they serve; empty for targets.
+  std::string_view draft_for;
 };
 
 std::span<const TinyModel> tiny_models();

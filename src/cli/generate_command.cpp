@@ -117,10 +117,26 @@ Action add_generate_command(CLI::App& app) {
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
-    const Loaded loaded = load_model(args->model);
+    Loaded loaded = load_model(args->model);
     engine::RunnerOptions ro;
     ro.memory_bytes = plan::parse_memory_size(args->memory);
     ro.num_spec_tokens = args->draft.empty() ? 0 : args->num_spec_tokens;
+    // A tiny EAGLE drafter: its layers join the target's plan, its weights the target's.
+    const engine::TinyModel* tiny_draft = engine::find_tiny_model(args->draft);
+    if (tiny_draft != nullptr) {
+      if (tiny_draft->draft_for != args->model) {
+        throw_invalid(fmt::format(
+            "--draft {} is a drafter for {}, not for {}", args->draft,
+            tiny_draft->draft_for.empty() ? "nothing (it is a target)" : tiny_draft->draft_for,
+            args->model));
+      }
+      ro.draft = engine::tiny_model_source(*tiny_draft);
+      model::DescribeOptions d;
+      d.num_spec_tokens = ro.num_spec_tokens;
+      const auto desc = model::describe(loaded.source, ro.draft, d);
+      loaded.weights.merge(engine::generate_draft_weights(
+          engine::read_transformer_config(*ro.draft), desc, tiny_draft->seed));
+    }
     engine::ModelRunner runner(loaded.source, loaded.weights, ro);
 
     std::vector<engine::TokenId> prompt = args->prompt_ids;
@@ -141,6 +157,8 @@ Action add_generate_command(CLI::App& app) {
                            plain.requests[i].tokens.end());
       }
       drafter = std::make_unique<engine::OracleDrafter>(std::move(refs));
+    } else if (tiny_draft != nullptr) {
+      drafter = std::make_unique<engine::EagleDrafter>(runner);
     } else if (args->draft == "ngram") {
       drafter = std::make_unique<engine::NgramDrafter>();
     } else if (args->draft == "random") {

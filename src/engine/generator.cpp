@@ -23,8 +23,9 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 OracleDrafter::OracleDrafter(std::vector<std::vector<TokenId>> references)
     : references_(std::move(references)) {}
 
-std::vector<TokenId> OracleDrafter::propose(std::size_t request, std::span<const TokenId> tokens,
-                                            int k) {
+std::vector<TokenId> OracleDrafter::propose(const DraftContext& ctx, int k) {
+  const std::size_t request = ctx.request;
+  const std::span<const TokenId> tokens = ctx.tokens;
   if (request >= references_.size()) return {};
   const auto& ref = references_[request];
   // Only a request still on its reference path has a known continuation.
@@ -39,7 +40,7 @@ std::vector<TokenId> OracleDrafter::propose(std::size_t request, std::span<const
 RandomDrafter::RandomDrafter(std::int64_t vocab_size, std::uint64_t seed)
     : vocab_size_(vocab_size), rng_(seed) {}
 
-std::vector<TokenId> RandomDrafter::propose(std::size_t, std::span<const TokenId>, int k) {
+std::vector<TokenId> RandomDrafter::propose(const DraftContext&, int k) {
   std::uniform_int_distribution<TokenId> dist(0, static_cast<TokenId>(vocab_size_ - 1));
   std::vector<TokenId> out(static_cast<std::size_t>(std::max(k, 0)));
   for (TokenId& t : out) t = dist(rng_);
@@ -53,7 +54,8 @@ NgramDrafter::NgramDrafter(int min_n, int max_n) : min_n_(min_n), max_n_(max_n) 
   }
 }
 
-std::vector<TokenId> NgramDrafter::propose(std::size_t, std::span<const TokenId> tokens, int k) {
+std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
+  const std::span<const TokenId> tokens = ctx.tokens;
   const auto size = static_cast<std::int64_t>(tokens.size());
   for (std::int64_t n = max_n_; n >= min_n_; --n) {
     if (size <= n) continue;
@@ -73,6 +75,76 @@ std::vector<TokenId> NgramDrafter::propose(std::size_t, std::span<const TokenId>
   }
   return {};
 }
+
+EagleDrafter::EagleDrafter(ModelRunner& runner) : runner_(runner) {
+  if (!runner.has_drafter()) {
+    throw_invalid("the eagle drafter needs a runner built with its drafter (RunnerOptions::draft)");
+  }
+}
+
+void EagleDrafter::observe(const DraftContext& ctx, std::int64_t first,
+                           std::span<const float> hidden) {
+  const std::int64_t h = runner_.config().hidden_size;
+  State& st = states_[ctx.request];
+  if (st.hidden_base + static_cast<std::int64_t>(st.hidden.size()) / h != first) {
+    // A gap: the prefix before `first` came from the cache (its drafter KV too). Start there;
+    // the state before it is unknown, so the first position is fed zeros.
+    st.hidden.clear();
+    st.hidden_base = first;
+    st.next = std::max(st.next, first);
+  }
+  st.hidden.insert(st.hidden.end(), hidden.begin(), hidden.end());
+  // Positions [next, num_computed]: each token with the hidden state of the position before.
+  const std::int64_t from = st.next;
+  const std::int64_t to = ctx.num_computed;
+  if (to < from || to >= static_cast<std::int64_t>(ctx.tokens.size())) return;
+  std::vector<float> features(static_cast<std::size_t>((to - from + 1) * h), 0.0f);
+  for (std::int64_t q = from; q <= to; ++q) {
+    const std::int64_t row = q - 1 - st.hidden_base;
+    if (row < 0 || row >= static_cast<std::int64_t>(st.hidden.size()) / h) continue;
+    std::copy_n(st.hidden.begin() + row * h, h, features.begin() + (q - from) * h);
+  }
+  SequenceInput in;
+  in.tokens =
+      ctx.tokens.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from + 1));
+  in.start = from;
+  in.block_tables.assign(ctx.block_tables.begin(), ctx.block_tables.end());
+  const ForwardOutput out = runner_.draft_forward(std::span(&in, 1), features);
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  const auto last = static_cast<std::size_t>(to - from);
+  st.pending_at = to;
+  st.pending = argmax(std::span<const float>(out.logits).subspan(last * vocab, vocab));
+  st.pending_hidden.assign(out.hidden.begin() + static_cast<std::ptrdiff_t>(last) * h,
+                           out.hidden.end());
+  st.next = to + 1;
+  // The observed rows end at position to - 1: all consumed. h_to comes with the next call.
+  st.hidden.clear();
+  st.hidden_base = to;
+}
+
+std::vector<TokenId> EagleDrafter::propose(const DraftContext& ctx, int k) {
+  const auto it = states_.find(ctx.request);
+  if (it == states_.end() || k < 1) return {};
+  State& st = it->second;
+  if (st.pending_at != ctx.num_computed) return {};
+  std::vector<TokenId> drafts = {st.pending};
+  std::vector<float> feature = st.pending_hidden;
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  SequenceInput in;
+  in.block_tables.assign(ctx.block_tables.begin(), ctx.block_tables.end());
+  // Later drafts stand on the drafter's own output in place of the target's hidden state;
+  // their slots are look-ahead and are rewritten by the next observe().
+  for (int i = 1; i < k; ++i) {
+    in.tokens = std::span<const TokenId>(&drafts.back(), 1);
+    in.start = ctx.num_computed + i;
+    const ForwardOutput out = runner_.draft_forward(std::span(&in, 1), feature);
+    drafts.push_back(argmax(std::span<const float>(out.logits).subspan(0, vocab)));
+    feature = out.hidden;
+  }
+  return drafts;
+}
+
+void EagleDrafter::forget(std::size_t request) { states_.erase(request); }
 
 double RequestStats::acceptance_rate() const {
   return drafted_tokens > 0
@@ -110,6 +182,7 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
     throw_invalid("generate: max_batch and prefill_chunk must be positive");
   }
   const int k = drafter != nullptr ? options.num_spec_tokens : 0;
+  if (k == 0) drafter = nullptr;  // nothing to draft: plain decoding
   const plan::CachePlan& plan = runner.plan();
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     const auto len = static_cast<std::int64_t>(prompts[i].size());
@@ -148,6 +221,7 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
   const auto start = Clock::now();
   auto id_of = [](std::size_t i) { return cache::RequestId{static_cast<std::int64_t>(i)}; };
   auto preempt = [&](std::size_t i) {
+    if (drafter != nullptr) drafter->forget(i);
     manager.free(id_of(i));
     reqs[i].computed = 0;
     reqs[i].prefilling = true;
@@ -205,6 +279,9 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
       Request& r = reqs[i];
       SequenceInput in;
       in.start = r.computed;
+      for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+        in.block_tables.push_back(manager.block_table(id_of(i), static_cast<int>(g)));
+      }
       if (r.prefilling) {
         const auto n = std::min<std::int64_t>(
             options.prefill_chunk, static_cast<std::int64_t>(r.tokens.size()) - r.computed);
@@ -213,12 +290,14 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
         draft_counts.push_back(0);
       } else {
         r.step_input.assign(1, r.tokens.back());
-        if (drafter != nullptr && k > 0) {
+        if (drafter != nullptr) {
           const auto left =
               options.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
-          std::vector<TokenId> drafts = drafter->propose(i, r.tokens, k);
-          drafts.resize(std::min<std::size_t>(
-              drafts.size(), static_cast<std::size_t>(std::max<std::int64_t>(0, left))));
+          std::vector<TokenId> drafts =
+              drafter->propose({i, r.tokens, r.computed, in.block_tables}, k);
+          drafts.resize(
+              std::min<std::size_t>({drafts.size(), static_cast<std::size_t>(k),
+                                     static_cast<std::size_t>(std::max<std::int64_t>(0, left))}));
           for (TokenId t : drafts) {
             if (t < 0 || t >= runner.vocab_size()) {
               throw_invalid(fmt::format("drafter {} proposed token {} outside the vocabulary of {}",
@@ -229,9 +308,6 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
         }
         in.tokens = r.step_input;
         draft_counts.push_back(r.step_input.size() - 1);
-      }
-      for (std::size_t g = 0; g < plan.groups.size(); ++g) {
-        in.block_tables.push_back(manager.block_table(id_of(i), static_cast<int>(g)));
       }
       batch.push_back(std::move(in));
     }
@@ -250,14 +326,24 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
       Request& r = reqs[i];
       const std::size_t n = batch[j].tokens.size();
       RequestStats& st = r.out.stats;
+      // The drafter sees the verified positions' hidden states before the manager commits them.
+      const std::int64_t first = r.computed;
+      auto observe = [&](std::size_t rows) {
+        if (drafter == nullptr) return;
+        const auto h = static_cast<std::size_t>(runner.config().hidden_size);
+        drafter->observe(
+            {i, r.tokens, first + static_cast<std::int64_t>(rows), batch[j].block_tables}, first,
+            std::span<const float>(fwd.hidden).subspan(at * h, rows * h));
+      };
       if (r.prefilling) {
         r.computed += static_cast<std::int64_t>(n);
         if (r.computed == static_cast<std::int64_t>(r.tokens.size())) {
-          const TokenId next = argmax(row(at + n - 1));
-          manager.commit(id_of(i), static_cast<std::int64_t>(n), std::span(&next, 1));
-          r.tokens.push_back(next);
+          r.tokens.push_back(argmax(row(at + n - 1)));
           r.prefilling = false;
+          observe(n);
+          manager.commit(id_of(i), static_cast<std::int64_t>(n), std::span(&r.tokens.back(), 1));
         } else {
+          observe(n);
           manager.commit(id_of(i), static_cast<std::int64_t>(n), {});
         }
       } else {
@@ -272,10 +358,11 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
             r.step_input.begin() + 1,
             r.step_input.begin() + 1 + static_cast<std::ptrdiff_t>(accepted));
         fresh.push_back(bonus);
-        manager.commit(id_of(i), static_cast<std::int64_t>(accepted + 1), fresh,
-                       static_cast<int>(accepted));
         r.computed += static_cast<std::int64_t>(accepted + 1);
         r.tokens.insert(r.tokens.end(), fresh.begin(), fresh.end());
+        observe(accepted + 1);
+        manager.commit(id_of(i), static_cast<std::int64_t>(accepted + 1), fresh,
+                       static_cast<int>(accepted));
         st.drafted_tokens += static_cast<std::int64_t>(drafts);
         st.accepted_tokens += static_cast<std::int64_t>(accepted);
         ++st.decode_steps;
@@ -289,6 +376,7 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
         st.generated_tokens = options.max_tokens;
         st.seconds = seconds_between(r.admitted_at, Clock::now());
         if (options.before_free) options.before_free(manager, id_of(i), i);
+        if (drafter != nullptr) drafter->forget(i);
         manager.free(id_of(i));
         ++finished;
       } else {

@@ -204,6 +204,12 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   if (options.draft) {
     draft_config = read_transformer_config(*options.draft);
     dopt.num_spec_tokens = options.num_spec_tokens;
+    // The drafter's cache in its own dtype (its config's torch_dtype), not the target's.
+    const model::ConfigReader draft_root(*options.draft->doc, options.draft->origin);
+    if (auto dtype = draft_root.optional_string("torch_dtype")) {
+      dopt.draft_kv_dtype = parse_dtype(*dtype);
+      if (!dopt.draft_kv_dtype) draft_root.fail("torch_dtype", "is not a dtype mixkv knows");
+    }
     if (draft_config->hidden_size != config_.hidden_size ||
         draft_config->vocab_size != config_.vocab_size) {
       throw_invalid(fmt::format(

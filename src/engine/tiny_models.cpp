@@ -58,13 +58,38 @@ constexpr std::string_view kTinyHybrid = R"({
   "eos_token_id": 257
 })";
 
+// EAGLE-style drafter for tiny-swa: one llama decoder layer, MHA (4 query and 4 KV heads) beside
+// the GQA target, and a bfloat16 cache beside the target's float32 one. Its weights are random
+// like the target's, so it proposes almost nothing the target accepts: it exercises the
+// drafter's path through the shared cache, not speculation's gain.
+constexpr std::string_view kTinyEagle = R"({
+  "_source": "mixkv tiny EAGLE drafter with generated weights, seed 13",
+  "model_type": "llama",
+  "architectures": ["EagleLlamaForCausalLM"],
+  "hidden_size": 64,
+  "intermediate_size": 96,
+  "num_hidden_layers": 1,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 4,
+  "head_dim": 16,
+  "vocab_size": 260,
+  "max_position_embeddings": 2048,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16"
+})";
+
 constexpr std::array kModels = {
     TinyModel{"tiny-swa",
               "gpt-oss-like: 4 layers alternating sliding window 32 (sinks) / full, GQA 4/2", 7,
-              kTinySwa, ""},
+              kTinySwa, "", ""},
     TinyModel{"tiny-hybrid", "Qwen3-Next-like: 6 Gated DeltaNet + 2 full layers, GQA 4/2", 11,
               kTinyHybrid,
-              "Gated DeltaNet kernels (the recurrent kernels are not part of mixkv yet)"},
+              "Gated DeltaNet kernels (the recurrent kernels are not part of mixkv yet)", ""},
+    TinyModel{"tiny-eagle",
+              "EAGLE-style drafter for tiny-swa: 1 llama layer, MHA 4/4, bfloat16 cache", 13,
+              kTinyEagle, "", "tiny-swa"},
 };
 
 constexpr std::array<std::string_view, 4> kSpecials = {"<|bos|>", "<|eos|>", "<|pad|>", "<|unk|>"};

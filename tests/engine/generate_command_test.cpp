@@ -69,6 +69,20 @@ TEST(GenerateCommand, BatchPrintsOneObjectPerRequestAndRandomDraftsChangeNothing
   EXPECT_EQ(lengths.size(), 4u);  // mixed prompt lengths
 }
 
+TEST(GenerateCommand, TinyEagleDraftsThroughTheSharedCache) {
+  const auto r = run_cli("generate", {"tiny-swa", "--draft", "tiny-eagle", "--num-spec-tokens", "3",
+                                      "--max-tokens", "16", "--batch", "2", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const auto& j : json_lines(r.out)) {
+    EXPECT_EQ(j["stats"]["drafter"], "eagle");
+    EXPECT_EQ(j["stats"]["identical_to_plain"], true);
+    EXPECT_GT(j["stats"]["drafted_tokens"].get<int>(), 0);
+  }
+  const auto wrong = run_cli("generate", {"tiny-swa", "--draft", "tiny-swa"});
+  EXPECT_EQ(wrong.status, 2);
+  EXPECT_NE(wrong.err.find("not for tiny-swa"), std::string::npos) << wrong.err;
+}
+
 TEST(GenerateCommand, HumanReportShowsBothSpeeds) {
   const auto r = run_cli("generate", {"tiny-swa", "--draft", "oracle", "--max-tokens", "8"});
   ASSERT_EQ(r.status, 0) << r.err;

@@ -20,6 +20,20 @@ ModelRunner make_runner(const RunnerOptions& o = {}) {
   return ModelRunner(src, generate_weights(config, desc, m.seed), o);
 }
 
+// tiny-swa with the tiny-eagle drafter's layers in the same plan, and both models' weights.
+ModelRunner make_eagle_runner(RunnerOptions o) {
+  const TinyModel& m = *find_tiny_model("tiny-swa");
+  const TinyModel& e = *find_tiny_model("tiny-eagle");
+  const model::ModelSource src = tiny_model_source(m);
+  o.draft = tiny_model_source(e);
+  model::DescribeOptions d;
+  d.num_spec_tokens = o.num_spec_tokens;
+  const auto desc = model::describe(src, o.draft, d);
+  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
+  w.merge(generate_draft_weights(read_transformer_config(*o.draft), desc, e.seed));
+  return ModelRunner(src, w, o);
+}
+
 std::vector<TokenId> text(std::string_view s) { return encode_bytes(s); }
 
 std::vector<std::vector<TokenId>> references(const std::vector<std::vector<TokenId>>& prompts,
@@ -148,13 +162,13 @@ TEST(NgramDrafter, ProposesWhatFollowedTheLastOccurrenceAndExtendsCycles) {
   NgramDrafter d(1, 3);
   // "a b c x a b" -> the last "a b" was followed by "c x a b c ..."
   const std::vector<TokenId> t = {1, 2, 3, 9, 1, 2};
-  EXPECT_EQ(d.propose(0, t, 3), (std::vector<TokenId>{3, 9, 1}));
+  EXPECT_EQ(d.propose({.tokens = t}, 3), (std::vector<TokenId>{3, 9, 1}));
   // A cycle of period 2 yields as many tokens as asked.
   const std::vector<TokenId> cycle = {5, 7, 5, 7};
-  EXPECT_EQ(d.propose(0, cycle, 5), (std::vector<TokenId>{5, 7, 5, 7, 5}));
+  EXPECT_EQ(d.propose({.tokens = cycle}, 5), (std::vector<TokenId>{5, 7, 5, 7, 5}));
   // Nothing repeats: nothing proposed.
   const std::vector<TokenId> fresh = {1, 2, 3, 4};
-  EXPECT_TRUE(d.propose(0, fresh, 3).empty());
+  EXPECT_TRUE(d.propose({.tokens = fresh}, 3).empty());
   EXPECT_THROW(NgramDrafter(0, 2), Error);
 }
 
@@ -205,6 +219,69 @@ TEST(Generate, RollbackLeavesTheCacheByteForByteAsPlainDecoding) {
       EXPECT_EQ(it->second, bytes) << key.first << " position " << key.second;
     }
   }
+}
+
+TEST(TinyEagle, ItsLayersArePlannedBesideTheTargetsWithTheirOwnHeadsAndDtype) {
+  ModelRunner runner = make_eagle_runner({.num_spec_tokens = 3});
+  ASSERT_TRUE(runner.has_drafter());
+  const model::LayerDesc& draft = runner.desc().layers.back();
+  EXPECT_EQ(draft.name, "draft.layers.0");
+  EXPECT_EQ(draft.owner, model::Owner::kDraft);
+  EXPECT_EQ(draft.num_kv_heads, 4);  // MHA beside the GQA target
+  EXPECT_EQ(runner.desc().layers.front().num_kv_heads, 2);
+  EXPECT_EQ(draft.kv_dtype, DType::kBfloat16);
+  EXPECT_EQ(runner.desc().layers.front().kv_dtype, DType::kFloat32);
+  const layout::LayerGeometry& g = runner.geometry().layer("draft.layers.0");
+  EXPECT_EQ(g.k_token_bytes, 4 * 16 * 2);
+}
+
+TEST(Generate, EagleSpeculationIsBitIdenticalToPlainDecoding) {
+  ModelRunner runner = make_eagle_runner({.num_spec_tokens = 4});
+  GenerateOptions o;
+  o.max_tokens = 256;
+  const std::vector<std::vector<TokenId>> one = {text("Once upon a time, in a paged cache,")};
+  const GenerateReport plain = generate(runner, one, nullptr, o);
+  o.num_spec_tokens = 4;
+  EagleDrafter eagle(runner);
+  const GenerateReport got = generate(runner, one, &eagle, o);
+  expect_same_tokens(plain, got);
+  const RequestStats& st = got.requests[0].stats;
+  // k drafts per step, fewer only in the last steps, where fewer tokens are left.
+  EXPECT_LE(st.drafted_tokens, 4 * st.decode_steps);
+  EXPECT_GE(st.drafted_tokens, 4 * (st.decode_steps - 4));
+
+  // A mixed batch of 16 (shared prefixes, a prompt beyond the window), 48 tokens each.
+  const auto prompts = mixed_batch();
+  o.max_tokens = 48;
+  o.num_spec_tokens = 0;
+  const GenerateReport plain16 = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 4;
+  o.max_batch = 6;  // later requests take prefix hits, drafter blocks included
+  const GenerateReport got16 = generate(runner, prompts, &eagle, o);
+  expect_same_tokens(plain16, got16);
+}
+
+TEST(Generate, EagleDrafterCacheDoesNotDependOnHowManyTokensWereDrafted) {
+  ModelRunner runner = make_eagle_runner({.num_spec_tokens = 4});
+  const std::vector<std::vector<TokenId>> prompts = {text("the drafter's own pages"),
+                                                     text(std::string(40, 'q'))};
+  GenerateOptions o;
+  o.max_tokens = 60;
+  std::vector<CacheImage> images;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
+    images.push_back(cache_image(runner, m, id));
+  };
+  EagleDrafter eagle(runner);
+  for (int k : {1, 4}) {
+    o.num_spec_tokens = k;
+    generate(runner, prompts, &eagle, o);
+  }
+  ASSERT_EQ(images.size(), 4u);
+  std::size_t drafter_positions = 0;
+  for (const auto& [key, bytes] : images[0]) drafter_positions += key.first == "draft.layers.0";
+  EXPECT_EQ(drafter_positions, 23u + 59u);  // every verified position of request 0
+  EXPECT_EQ(images[0], images[2]);
+  EXPECT_EQ(images[1], images[3]);
 }
 
 TEST(Generate, PrefixCachingServesASharedPrompt) {
