@@ -31,6 +31,8 @@ demo: build
 	./$(BUILD_DIR)/mixkv simulate gpt-oss-20b --draft eagle3-gpt-oss-20b --requests 200
 	@echo
 	./$(BUILD_DIR)/mixkv verify qwen3.5-27b --draft mha-draft-qwen3.5-27b --tp 4 --memory-scale 512MiB
+	@echo
+	./$(BUILD_DIR)/mixkv generate tiny-swa --draft oracle --num-spec-tokens 4 --max-tokens 128
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

@@ -24,6 +24,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   add(add_plan_command);
   add(add_verify_command);
   add(add_simulate_command);
+  add(add_generate_command);
 
   try {
     std::vector<std::string> reversed(args.rbegin(),

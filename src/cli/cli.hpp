@@ -1,6 +1,6 @@
 // The `mixkv` command line: a thin shell over the library. Output goes to `out`, diagnostics to
 // `err`; the return value is the process exit status (0 ok, 2 bad usage or input, 1 internal,
-// 3 `verify` found a mismatch).
+// 3 `verify` found a mismatch, or `generate`'s speculative tokens differ from plain ones).
 #pragma once
 
 #include <functional>
@@ -23,6 +23,7 @@ Action add_models_command(CLI::App& app);
 Action add_plan_command(CLI::App& app);
 Action add_verify_command(CLI::App& app);
 Action add_simulate_command(CLI::App& app);
+Action add_generate_command(CLI::App& app);
 
 // Thrown by an action whose output is complete but whose exit status is not 0 (`verify`: 3 on a
 // mismatch).

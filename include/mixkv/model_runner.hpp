@@ -1,0 +1,148 @@
+// The reference model runner: a small decoder-only transformer on the CPU whose attention layers
+// read and write mixkv's paged cache (plan -> attention groups -> geometry -> allocated tensors ->
+// write_kv through slot mappings -> paged_attention). Embedding, RMSNorm, RoPE, attention,
+// SwiGLU MLP, LM head. Weights come from a safetensors checkpoint or are generated from a seed.
+// docs/engine.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mixkv/attention_groups.hpp"
+#include "mixkv/attention_kernel.hpp"
+#include "mixkv/block_pool.hpp"
+#include "mixkv/describe.hpp"
+#include "mixkv/geometry.hpp"
+#include "mixkv/plan.hpp"
+#include "mixkv/safetensors.hpp"
+#include "mixkv/tiny_models.hpp"
+
+namespace mixkv::engine {
+
+// The whole-model numbers the runner needs beyond the ModelDesc (which gives the layers).
+struct TransformerConfig {
+  std::int64_t hidden_size = 0;
+  std::int64_t intermediate_size = 0;
+  std::int64_t vocab_size = 0;
+  std::int64_t num_layers = 0;
+  std::int64_t num_q_heads = 0;
+  std::int64_t num_kv_heads = 0;
+  std::int64_t head_dim = 0;
+  double rms_norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  bool operator==(const TransformerConfig&) const = default;
+};
+
+// Reads the fields above from a HuggingFace config (top level or `text_config`); throws Error
+// naming the field.
+TransformerConfig read_transformer_config(const model::ModelSource& source);
+
+// The HuggingFace (Llama-style) names and shapes of every weight the runner reads, for `desc`'s
+// target layers: model.embed_tokens.weight, model.layers.{i}.{input_layernorm, self_attn.
+// {q,k,v,o}_proj, self_attn.sinks, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
+// lm_head (unless tied).
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
+    const TransformerConfig& config, const model::ModelDesc& desc);
+
+// Seeded, deterministic float32 weights of those shapes.
+TensorMap generate_weights(const TransformerConfig& config, const model::ModelDesc& desc,
+                           std::uint64_t seed);
+
+// An EAGLE-style drafter's own weights (it shares the target's embedding and LM head):
+// draft.fc.weight [hidden, 2 hidden] (the concatenation of a token's embedding and the previous
+// position's target hidden state, projected), draft.layers.{j}.* as a target layer's, and
+// draft.norm.weight.
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shapes(
+    const TransformerConfig& draft, const model::ModelDesc& desc);
+TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
+                                 std::uint64_t seed);
+
+struct RunnerOptions {
+  std::int64_t memory_bytes = 64ll << 20;  // KV cache bytes
+  std::int64_t block_size = 16;            // attention manager block (tokens)
+  std::int64_t max_model_len = 0;          // 0: the config's max_position_embeddings
+  int num_spec_tokens = 0;                 // planned speculative tokens
+  plan::Policy policy = plan::Policy::kMixkv;
+  // An EAGLE-style drafter (one or more decoder layers fed by target hidden states): described
+  // with the target, so its layers are planned into the same cache and the manager's block
+  // tables cover them. Its weights come with the target's (draft_weight_shapes).
+  std::optional<model::ModelSource> draft = std::nullopt;
+};
+
+// One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),
+// with the request's manager block table of every KV-cache group (the blocks must hold those
+// positions; earlier positions' K/V must already be in the cache).
+struct SequenceInput {
+  std::span<const TokenId> tokens;
+  std::int64_t start = 0;
+  std::vector<std::span<const cache::BlockId>> block_tables;  // per KV-cache group
+};
+
+struct ForwardOutput {
+  std::vector<float> logits;  // [tokens, vocab], batch order
+  std::vector<float> hidden;  // [tokens, hidden]: the last layer's output before the final norm
+};
+
+class ModelRunner {
+ public:
+  // Throws Error when a layer kind is not served (recurrent, MLA, chunked), a weight is missing
+  // or misshapen, or the cache cannot be planned.
+  ModelRunner(const model::ModelSource& config, const TensorMap& weights,
+              const RunnerOptions& options = {});
+
+  // Writes every input token's K/V into the cache, then attends. Each query attends through its
+  // own one-query kernel call, so a token's logits are bit-identical whatever the batch, chunking
+  // or speculation around it (docs/engine.md, determinism).
+  ForwardOutput forward(std::span<const SequenceInput> batch);
+
+  // The drafter's layers over `batch` (its cache slots as the target's), fed per token with
+  // features[t] (hidden wide): the previous position's target hidden state, or the drafter's own
+  // output standing in for it. Returns the drafter's logits (through the target's LM head) and
+  // its hidden states. Throws when the runner has no drafter.
+  ForwardOutput draft_forward(std::span<const SequenceInput> batch,
+                              std::span<const float> features);
+  bool has_drafter() const { return !draft_layers_.empty(); }
+
+  const TransformerConfig& config() const { return config_; }
+  const model::ModelDesc& desc() const { return desc_; }
+  const plan::CachePlan& plan() const { return plan_; }
+  const layout::Geometry& geometry() const { return geometry_; }
+  std::span<const std::byte> cache_tensor(int tensor) const;
+  std::int64_t vocab_size() const { return config_.vocab_size; }
+
+ private:
+  struct Layer {
+    std::int64_t intermediate = 0;
+    double rms_norm_eps = 1e-5;
+    double rope_theta = 10000.0;
+    layout::LayerGeometry geometry;
+    kernels::AttentionSpec spec;
+    std::vector<float> input_norm, post_norm, wq, wk, wv, wo, sinks, gate, up, down;
+  };
+  TransformerConfig config_;
+  model::ModelDesc desc_;
+  plan::CachePlan plan_;
+  std::vector<attn::AttentionGroup> groups_;
+  layout::Geometry geometry_;
+  std::vector<std::vector<std::byte>> tensors_;
+  void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
+                   std::vector<float>& x) const;
+  void run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
+                  const std::vector<std::int64_t>& positions, std::vector<float>& x);
+  ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps) const;
+
+  std::vector<Layer> layers_;
+  std::vector<Layer> draft_layers_;
+  std::vector<float> embed_, final_norm_, lm_head_;
+  std::vector<float> draft_fc_, draft_norm_;
+  double draft_eps_ = 1e-5;
+};
+
+// Greedy sampling: the index of the largest logit, the lowest one on ties.
+TokenId argmax(std::span<const float> logits);
+
+}  // namespace mixkv::engine

@@ -1,0 +1,393 @@
+#include "mixkv/generator.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+
+#include "mixkv/error.hpp"
+#include "mixkv/kv_cache_manager.hpp"
+
+namespace mixkv::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+OracleDrafter::OracleDrafter(std::vector<std::vector<TokenId>> references)
+    : references_(std::move(references)) {}
+
+std::vector<TokenId> OracleDrafter::propose(const DraftContext& ctx, int k) {
+  const std::size_t request = ctx.request;
+  const std::span<const TokenId> tokens = ctx.tokens;
+  if (request >= references_.size()) return {};
+  const auto& ref = references_[request];
+  // Only a request still on its reference path has a known continuation.
+  if (tokens.size() > ref.size() || !std::equal(tokens.begin(), tokens.end(), ref.begin())) {
+    return {};
+  }
+  const std::size_t n = std::min(ref.size() - tokens.size(), static_cast<std::size_t>(k));
+  return {ref.begin() + static_cast<std::ptrdiff_t>(tokens.size()),
+          ref.begin() + static_cast<std::ptrdiff_t>(tokens.size() + n)};
+}
+
+RandomDrafter::RandomDrafter(std::int64_t vocab_size, std::uint64_t seed)
+    : vocab_size_(vocab_size), rng_(seed) {}
+
+std::vector<TokenId> RandomDrafter::propose(const DraftContext&, int k) {
+  std::uniform_int_distribution<TokenId> dist(0, static_cast<TokenId>(vocab_size_ - 1));
+  std::vector<TokenId> out(static_cast<std::size_t>(std::max(k, 0)));
+  for (TokenId& t : out) t = dist(rng_);
+  return out;
+}
+
+NgramDrafter::NgramDrafter(int min_n, int max_n) : min_n_(min_n), max_n_(max_n) {
+  if (min_n < 1 || max_n < min_n) {
+    throw_invalid(fmt::format("ngram drafter: n from {} to {} is not a range of positive lengths",
+                              min_n, max_n));
+  }
+}
+
+std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
+  const std::span<const TokenId> tokens = ctx.tokens;
+  const auto size = static_cast<std::int64_t>(tokens.size());
+  for (std::int64_t n = max_n_; n >= min_n_; --n) {
+    if (size <= n) continue;
+    const auto suffix = tokens.subspan(static_cast<std::size_t>(size - n));
+    // The most recent earlier occurrence: start j, ending before the suffix's own start.
+    for (std::int64_t j = size - n - 1; j >= 0; --j) {
+      if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + j)) continue;
+      std::vector<TokenId> seq(tokens.begin(), tokens.end());
+      std::vector<TokenId> out;
+      for (std::int64_t i = 0; i < k; ++i) {
+        const TokenId next = seq[static_cast<std::size_t>(j + n + i)];
+        out.push_back(next);
+        seq.push_back(next);
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+EagleDrafter::EagleDrafter(ModelRunner& runner) : runner_(runner) {
+  if (!runner.has_drafter()) {
+    throw_invalid("the eagle drafter needs a runner built with its drafter (RunnerOptions::draft)");
+  }
+}
+
+void EagleDrafter::observe(const DraftContext& ctx, std::int64_t first,
+                           std::span<const float> hidden) {
+  const std::int64_t h = runner_.config().hidden_size;
+  State& st = states_[ctx.request];
+  if (st.hidden_base + static_cast<std::int64_t>(st.hidden.size()) / h != first) {
+    // A gap: the prefix before `first` came from the cache (its drafter KV too). Start there;
+    // the state before it is unknown, so the first position is fed zeros.
+    st.hidden.clear();
+    st.hidden_base = first;
+    st.next = std::max(st.next, first);
+  }
+  st.hidden.insert(st.hidden.end(), hidden.begin(), hidden.end());
+  // Positions [next, num_computed]: each token with the hidden state of the position before.
+  const std::int64_t from = st.next;
+  const std::int64_t to = ctx.num_computed;
+  if (to < from || to >= static_cast<std::int64_t>(ctx.tokens.size())) return;
+  std::vector<float> features(static_cast<std::size_t>((to - from + 1) * h), 0.0f);
+  for (std::int64_t q = from; q <= to; ++q) {
+    const std::int64_t row = q - 1 - st.hidden_base;
+    if (row < 0 || row >= static_cast<std::int64_t>(st.hidden.size()) / h) continue;
+    std::copy_n(st.hidden.begin() + row * h, h, features.begin() + (q - from) * h);
+  }
+  SequenceInput in;
+  in.tokens =
+      ctx.tokens.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from + 1));
+  in.start = from;
+  in.block_tables.assign(ctx.block_tables.begin(), ctx.block_tables.end());
+  const ForwardOutput out = runner_.draft_forward(std::span(&in, 1), features);
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  const auto last = static_cast<std::size_t>(to - from);
+  st.pending_at = to;
+  st.pending = argmax(std::span<const float>(out.logits).subspan(last * vocab, vocab));
+  st.pending_hidden.assign(out.hidden.begin() + static_cast<std::ptrdiff_t>(last) * h,
+                           out.hidden.end());
+  st.next = to + 1;
+  // The observed rows end at position to - 1: all consumed. h_to comes with the next call.
+  st.hidden.clear();
+  st.hidden_base = to;
+}
+
+std::vector<TokenId> EagleDrafter::propose(const DraftContext& ctx, int k) {
+  const auto it = states_.find(ctx.request);
+  if (it == states_.end() || k < 1) return {};
+  State& st = it->second;
+  if (st.pending_at != ctx.num_computed) return {};
+  std::vector<TokenId> drafts = {st.pending};
+  std::vector<float> feature = st.pending_hidden;
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  SequenceInput in;
+  in.block_tables.assign(ctx.block_tables.begin(), ctx.block_tables.end());
+  // Later drafts stand on the drafter's own output in place of the target's hidden state;
+  // their slots are look-ahead and are rewritten by the next observe().
+  for (int i = 1; i < k; ++i) {
+    in.tokens = std::span<const TokenId>(&drafts.back(), 1);
+    in.start = ctx.num_computed + i;
+    const ForwardOutput out = runner_.draft_forward(std::span(&in, 1), feature);
+    drafts.push_back(argmax(std::span<const float>(out.logits).subspan(0, vocab)));
+    feature = out.hidden;
+  }
+  return drafts;
+}
+
+void EagleDrafter::forget(std::size_t request) { states_.erase(request); }
+
+double RequestStats::acceptance_rate() const {
+  return drafted_tokens > 0
+             ? static_cast<double>(accepted_tokens) / static_cast<double>(drafted_tokens)
+             : 0.0;
+}
+double RequestStats::mean_accepted_length() const {
+  return decode_steps > 0 ? static_cast<double>(accepted_tokens + decode_steps) /
+                                static_cast<double>(decode_steps)
+                          : 0.0;
+}
+double RequestStats::tokens_per_second() const {
+  return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0;
+}
+
+std::int64_t GenerateReport::generated_tokens() const {
+  std::int64_t n = 0;
+  for (const auto& r : requests) n += r.stats.generated_tokens;
+  return n;
+}
+double GenerateReport::tokens_per_second() const {
+  return seconds > 0 ? static_cast<double>(generated_tokens()) / seconds : 0.0;
+}
+
+GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId>> prompts,
+                        Drafter* drafter, const GenerateOptions& options) {
+  if (options.max_tokens < 1) {
+    throw_invalid(fmt::format("--max-tokens {} is not positive", options.max_tokens));
+  }
+  if (options.num_spec_tokens < 0 || options.num_spec_tokens > 32) {
+    throw_invalid(
+        fmt::format("--num-spec-tokens {} is out of range; use 0 to 32", options.num_spec_tokens));
+  }
+  if (options.max_batch < 1 || options.prefill_chunk < 1) {
+    throw_invalid("generate: max_batch and prefill_chunk must be positive");
+  }
+  const int k = drafter != nullptr ? options.num_spec_tokens : 0;
+  if (k == 0) drafter = nullptr;  // nothing to draft: plain decoding
+  const plan::CachePlan& plan = runner.plan();
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto len = static_cast<std::int64_t>(prompts[i].size());
+    if (len < 1) throw_invalid(fmt::format("request {}: the prompt is empty", i));
+    if (len + options.max_tokens + k > plan.max_model_len) {
+      throw_invalid(fmt::format(
+          "request {}: {} prompt tokens + {} generated + {} speculative exceed the planned "
+          "max_model_len {}; shorten the prompt or --max-tokens",
+          i, len, options.max_tokens, k, plan.max_model_len));
+    }
+  }
+
+  struct Request {
+    std::vector<TokenId> tokens;  // prompt, then verified outputs
+    std::size_t prompt_len = 0;
+    std::int64_t computed = 0;  // mirrors the manager's num_computed
+    bool prefilling = true;     // false once tokens.back() is a sampled, uncomputed token
+    bool started = false;
+    Clock::time_point admitted_at;
+    std::vector<TokenId> step_input;  // decode: last token + drafts
+    RequestOutput out;
+  };
+  std::vector<Request> reqs(prompts.size());
+  std::deque<std::size_t> waiting;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    reqs[i].tokens = prompts[i];
+    reqs[i].prompt_len = prompts[i].size();
+    reqs[i].out.stats.prompt_tokens = static_cast<std::int64_t>(prompts[i].size());
+    waiting.push_back(i);
+  }
+
+  cache::KvCacheManager manager(plan, k, {options.prefix_caching, 0});
+  GenerateReport report;
+  std::vector<std::size_t> running;
+  std::size_t finished = 0;
+  const auto start = Clock::now();
+  auto id_of = [](std::size_t i) { return cache::RequestId{static_cast<std::int64_t>(i)}; };
+  auto preempt = [&](std::size_t i) {
+    if (drafter != nullptr) drafter->forget(i);
+    manager.free(id_of(i));
+    reqs[i].computed = 0;
+    reqs[i].prefilling = true;
+    ++reqs[i].out.stats.preemptions;
+    ++report.preemptions;
+    waiting.push_front(i);
+  };
+
+  while (finished < reqs.size()) {
+    // Admission, FIFO, all or nothing in every group; the prefix hit skips computed blocks.
+    while (!waiting.empty() && static_cast<int>(running.size()) < options.max_batch) {
+      const std::size_t i = waiting.front();
+      Request& r = reqs[i];
+      manager.add_request(id_of(i), r.tokens);
+      const auto hit = manager.admit(id_of(i), k);
+      if (!hit) {
+        manager.free(id_of(i));
+        if (running.empty()) {
+          throw_invalid(fmt::format(
+              "request {}: {} tokens plus {} look-ahead do not fit the KV cache ({} blocks) even "
+              "alone; give more cache memory",
+              i, r.tokens.size(), k, manager.pool().num_blocks()));
+        }
+        break;
+      }
+      waiting.pop_front();
+      r.computed = *hit;
+      r.out.stats.prefix_hit_tokens = *hit;
+      if (!r.started) r.started = true, r.admitted_at = Clock::now();
+      running.push_back(i);
+    }
+
+    // Room for each decoding request's token plus k look-ahead; preempt the newest on failure.
+    for (std::size_t j = 0; j < running.size(); ++j) {
+      const std::size_t i = running[j];
+      if (reqs[i].prefilling) continue;
+      while (!manager.allocate(id_of(i), 1, k)) {
+        if (running.size() == 1) {
+          throw_invalid(
+              fmt::format("request {} no longer fits the KV cache alone ({} blocks); "
+                          "give more cache memory",
+                          i, manager.pool().num_blocks()));
+        }
+        const std::size_t victim = running.back();
+        running.pop_back();
+        preempt(victim);
+        if (victim == i) break;
+      }
+    }
+
+    // The step's batch: a prefill chunk or last token + drafts per request.
+    std::vector<SequenceInput> batch;
+    std::vector<std::size_t> draft_counts;
+    for (const std::size_t i : running) {
+      Request& r = reqs[i];
+      SequenceInput in;
+      in.start = r.computed;
+      for (std::size_t g = 0; g < plan.groups.size(); ++g) {
+        in.block_tables.push_back(manager.block_table(id_of(i), static_cast<int>(g)));
+      }
+      if (r.prefilling) {
+        const auto n = std::min<std::int64_t>(
+            options.prefill_chunk, static_cast<std::int64_t>(r.tokens.size()) - r.computed);
+        in.tokens = std::span<const TokenId>(r.tokens).subspan(static_cast<std::size_t>(r.computed),
+                                                               static_cast<std::size_t>(n));
+        draft_counts.push_back(0);
+      } else {
+        r.step_input.assign(1, r.tokens.back());
+        if (drafter != nullptr) {
+          const auto left =
+              options.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
+          std::vector<TokenId> drafts =
+              drafter->propose({i, r.tokens, r.computed, in.block_tables}, k);
+          drafts.resize(
+              std::min<std::size_t>({drafts.size(), static_cast<std::size_t>(k),
+                                     static_cast<std::size_t>(std::max<std::int64_t>(0, left))}));
+          for (TokenId t : drafts) {
+            if (t < 0 || t >= runner.vocab_size()) {
+              throw_invalid(fmt::format("drafter {} proposed token {} outside the vocabulary of {}",
+                                        drafter->name(), t, runner.vocab_size()));
+            }
+          }
+          r.step_input.insert(r.step_input.end(), drafts.begin(), drafts.end());
+        }
+        in.tokens = r.step_input;
+        draft_counts.push_back(r.step_input.size() - 1);
+      }
+      batch.push_back(std::move(in));
+    }
+    const ForwardOutput fwd = runner.forward(batch);
+    ++report.steps;
+
+    // Verify, commit only what the target confirms, retire finished requests.
+    const auto vocab = static_cast<std::size_t>(runner.vocab_size());
+    auto row = [&](std::size_t r) {
+      return std::span<const float>(fwd.logits).subspan(r * vocab, vocab);
+    };
+    std::size_t at = 0;
+    std::size_t kept = 0;
+    for (std::size_t j = 0; j < running.size(); ++j) {
+      const std::size_t i = running[j];
+      Request& r = reqs[i];
+      const std::size_t n = batch[j].tokens.size();
+      RequestStats& st = r.out.stats;
+      // The drafter sees the verified positions' hidden states before the manager commits them.
+      const std::int64_t first = r.computed;
+      auto observe = [&](std::size_t rows) {
+        if (drafter == nullptr) return;
+        const auto h = static_cast<std::size_t>(runner.config().hidden_size);
+        drafter->observe(
+            {i, r.tokens, first + static_cast<std::int64_t>(rows), batch[j].block_tables}, first,
+            std::span<const float>(fwd.hidden).subspan(at * h, rows * h));
+      };
+      if (r.prefilling) {
+        r.computed += static_cast<std::int64_t>(n);
+        if (r.computed == static_cast<std::int64_t>(r.tokens.size())) {
+          r.tokens.push_back(argmax(row(at + n - 1)));
+          r.prefilling = false;
+          observe(n);
+          manager.commit(id_of(i), static_cast<std::int64_t>(n), std::span(&r.tokens.back(), 1));
+        } else {
+          observe(n);
+          manager.commit(id_of(i), static_cast<std::int64_t>(n), {});
+        }
+      } else {
+        const std::size_t drafts = draft_counts[j];
+        std::size_t accepted = 0;
+        TokenId bonus = argmax(row(at));
+        while (accepted < drafts && r.step_input[accepted + 1] == bonus) {
+          ++accepted;
+          bonus = argmax(row(at + accepted));
+        }
+        std::vector<TokenId> fresh(
+            r.step_input.begin() + 1,
+            r.step_input.begin() + 1 + static_cast<std::ptrdiff_t>(accepted));
+        fresh.push_back(bonus);
+        r.computed += static_cast<std::int64_t>(accepted + 1);
+        r.tokens.insert(r.tokens.end(), fresh.begin(), fresh.end());
+        observe(accepted + 1);
+        manager.commit(id_of(i), static_cast<std::int64_t>(accepted + 1), fresh,
+                       static_cast<int>(accepted));
+        st.drafted_tokens += static_cast<std::int64_t>(drafts);
+        st.accepted_tokens += static_cast<std::int64_t>(accepted);
+        ++st.decode_steps;
+      }
+      at += n;
+      const auto generated = static_cast<std::int64_t>(r.tokens.size() - r.prompt_len);
+      if (!r.prefilling && generated >= options.max_tokens) {
+        r.out.tokens.assign(
+            r.tokens.begin() + static_cast<std::ptrdiff_t>(r.prompt_len),
+            r.tokens.begin() + static_cast<std::ptrdiff_t>(r.prompt_len + options.max_tokens));
+        st.generated_tokens = options.max_tokens;
+        st.seconds = seconds_between(r.admitted_at, Clock::now());
+        if (options.before_free) options.before_free(manager, id_of(i), i);
+        if (drafter != nullptr) drafter->forget(i);
+        manager.free(id_of(i));
+        ++finished;
+      } else {
+        running[kept++] = i;
+      }
+    }
+    running.resize(kept);
+  }
+  report.seconds = seconds_between(start, Clock::now());
+  for (Request& r : reqs) report.requests.push_back(std::move(r.out));
+  return report;
+}
+
+}  // namespace mixkv::engine

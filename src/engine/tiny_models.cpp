@@ -1,0 +1,134 @@
+#include "mixkv/tiny_models.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+
+namespace mixkv::engine {
+namespace {
+
+// gpt-oss-like: sliding-window (32 tokens, with learned sinks) and full layers alternating,
+// GQA 4/2. Dense SwiGLU MLP instead of gpt-oss's experts (docs/engine.md).
+constexpr std::string_view kTinySwa = R"({
+  "_source": "mixkv tiny model with generated weights (seed 7); shapes chosen to run in milliseconds",
+  "model_type": "gpt_oss",
+  "architectures": ["GptOssForCausalLM"],
+  "hidden_size": 64,
+  "intermediate_size": 128,
+  "num_hidden_layers": 4,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 16,
+  "sliding_window": 32,
+  "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "vocab_size": 260,
+  "max_position_embeddings": 2048,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float32",
+  "bos_token_id": 256,
+  "eos_token_id": 257
+})";
+
+// Qwen3-Next-like: Gated DeltaNet layers with a full-attention layer every fourth, GQA 4/2.
+constexpr std::string_view kTinyHybrid = R"({
+  "_source": "mixkv tiny model with generated weights (seed 11); shapes chosen to run in milliseconds",
+  "model_type": "qwen3_next",
+  "architectures": ["Qwen3NextForCausalLM"],
+  "hidden_size": 64,
+  "intermediate_size": 128,
+  "num_hidden_layers": 8,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 16,
+  "full_attention_interval": 4,
+  "linear_num_key_heads": 2,
+  "linear_num_value_heads": 4,
+  "linear_key_head_dim": 16,
+  "linear_value_head_dim": 16,
+  "linear_conv_kernel_dim": 4,
+  "vocab_size": 260,
+  "max_position_embeddings": 2048,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float32",
+  "bos_token_id": 256,
+  "eos_token_id": 257
+})";
+
+// EAGLE-style drafter for tiny-swa: one llama decoder layer, MHA (4 query and 4 KV heads) beside
+// the GQA target, and a bfloat16 cache beside the target's float32 one. Its weights are random
+// like the target's, so it proposes almost nothing the target accepts: it exercises the
+// drafter's path through the shared cache, not speculation's gain.
+constexpr std::string_view kTinyEagle = R"({
+  "_source": "mixkv tiny EAGLE drafter with generated weights, seed 13",
+  "model_type": "llama",
+  "architectures": ["EagleLlamaForCausalLM"],
+  "hidden_size": 64,
+  "intermediate_size": 96,
+  "num_hidden_layers": 1,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 4,
+  "head_dim": 16,
+  "vocab_size": 260,
+  "max_position_embeddings": 2048,
+  "rms_norm_eps": 1e-05,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16"
+})";
+
+constexpr std::array kModels = {
+    TinyModel{"tiny-swa",
+              "gpt-oss-like: 4 layers alternating sliding window 32 (sinks) / full, GQA 4/2", 7,
+              kTinySwa, "", ""},
+    TinyModel{"tiny-hybrid", "Qwen3-Next-like: 6 Gated DeltaNet + 2 full layers, GQA 4/2", 11,
+              kTinyHybrid,
+              "Gated DeltaNet kernels (the recurrent kernels are not part of mixkv yet)", ""},
+    TinyModel{"tiny-eagle",
+              "EAGLE-style drafter for tiny-swa: 1 llama layer, MHA 4/4, bfloat16 cache", 13,
+              kTinyEagle, "", "tiny-swa"},
+};
+
+constexpr std::array<std::string_view, 4> kSpecials = {"<|bos|>", "<|eos|>", "<|pad|>", "<|unk|>"};
+
+}  // namespace
+
+std::vector<TokenId> encode_bytes(std::string_view text) {
+  std::vector<TokenId> out;
+  out.reserve(text.size());
+  for (char c : text) out.push_back(static_cast<TokenId>(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string decode_bytes(std::span<const TokenId> tokens) {
+  std::string out;
+  for (TokenId t : tokens) {
+    if (t >= 0 && t < 256) {
+      out.push_back(static_cast<char>(static_cast<unsigned char>(t)));
+    } else if (t >= kBosToken && t < kByteVocabSize) {
+      out += kSpecials[static_cast<std::size_t>(t - kBosToken)];
+    } else {
+      out += fmt::format("<|{}|>", t);
+    }
+  }
+  return out;
+}
+
+std::span<const TinyModel> tiny_models() { return kModels; }
+
+const TinyModel* find_tiny_model(std::string_view name) {
+  for (const TinyModel& m : kModels) {
+    if (m.name == name) return &m;
+  }
+  return nullptr;
+}
+
+model::ModelSource tiny_model_source(const TinyModel& model) {
+  return model::parse_model_source(std::string(model.name), fmt::format("tiny {}", model.name),
+                                   model.config_json);
+}
+
+}  // namespace mixkv::engine

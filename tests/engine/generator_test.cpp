@@ -1,0 +1,343 @@
+// Greedy generation: speculative decoding with an oracle or a random drafter gives exactly the
+// tokens of plain decoding, at batch 1 and in a mixed batch; the scheduler's admission, prefix
+// caching and preemption do not change a token.
+#include "mixkv/generator.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "mixkv/error.hpp"
+
+namespace mixkv::engine {
+namespace {
+
+ModelRunner make_runner(const RunnerOptions& o = {}) {
+  const TinyModel& m = *find_tiny_model("tiny-swa");
+  const model::ModelSource src = tiny_model_source(m);
+  const auto config = read_transformer_config(src);
+  const auto desc = model::describe(src, std::nullopt, {});
+  return ModelRunner(src, generate_weights(config, desc, m.seed), o);
+}
+
+// tiny-swa with the tiny-eagle drafter's layers in the same plan, and both models' weights.
+ModelRunner make_eagle_runner(RunnerOptions o) {
+  const TinyModel& m = *find_tiny_model("tiny-swa");
+  const TinyModel& e = *find_tiny_model("tiny-eagle");
+  const model::ModelSource src = tiny_model_source(m);
+  o.draft = tiny_model_source(e);
+  model::DescribeOptions d;
+  d.num_spec_tokens = o.num_spec_tokens;
+  const auto desc = model::describe(src, o.draft, d);
+  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
+  w.merge(generate_draft_weights(read_transformer_config(*o.draft), desc, e.seed));
+  return ModelRunner(src, w, o);
+}
+
+std::vector<TokenId> text(std::string_view s) { return encode_bytes(s); }
+
+std::vector<std::vector<TokenId>> references(const std::vector<std::vector<TokenId>>& prompts,
+                                             const GenerateReport& plain) {
+  std::vector<std::vector<TokenId>> out;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    out.push_back(prompts[i]);
+    out.back().insert(out.back().end(), plain.requests[i].tokens.begin(),
+                      plain.requests[i].tokens.end());
+  }
+  return out;
+}
+
+// 16 prompts: lengths from 1 to 100 tokens (the longest beyond the 32-token window), every
+// other one starting with the previous one's first 40 tokens.
+std::vector<std::vector<TokenId>> mixed_batch() {
+  std::vector<std::vector<TokenId>> prompts;
+  const std::string base =
+      "The quick brown fox jumps over the lazy dog while the cache keeps every page in place, "
+      "and nothing is lost.";
+  for (int i = 0; i < 16; ++i) {
+    const std::size_t len = i == 0 ? 100 : static_cast<std::size_t>(1 + (i * 37) % 70);
+    std::string s;
+    for (std::size_t j = 0; j < len; ++j)
+      s.push_back(static_cast<char>('a' + (i * 5 + j * 3) % 26));
+    if (i % 2 == 1) s = base.substr(0, 40) + s;
+    prompts.push_back(text(s));
+  }
+  return prompts;
+}
+
+// The cached K/V bytes of every verified token a request still holds, per layer, keyed by
+// position (block ids differ between runs; the bytes of a position must not).
+using CacheImage = std::map<std::pair<std::string, std::int64_t>, std::vector<std::byte>>;
+CacheImage cache_image(const ModelRunner& runner, const cache::KvCacheManager& m,
+                       cache::RequestId id) {
+  CacheImage image;
+  for (const layout::LayerGeometry& g : runner.geometry().layers) {
+    const auto table = m.block_table(id, g.kv_cache_group);
+    std::vector<std::int64_t> blocks;
+    for (cache::BlockId b : table) blocks.push_back(b.value());
+    const auto tensor = runner.cache_tensor(g.tensor);
+    for (std::int64_t p = 0; p < m.num_computed(id); ++p) {
+      if (table[static_cast<std::size_t>(p / g.block_tokens)].is_null())
+        continue;  // left the window
+      const layout::TokenLocation at = layout::locate_token(g, blocks, p);
+      std::vector<std::byte> bytes(tensor.begin() + at.k_offset,
+                                   tensor.begin() + at.k_offset + g.k_token_bytes);
+      bytes.insert(bytes.end(), tensor.begin() + at.v_offset,
+                   tensor.begin() + at.v_offset + g.v_token_bytes);
+      image[{g.layer, p}] = std::move(bytes);
+    }
+  }
+  return image;
+}
+
+void expect_same_tokens(const GenerateReport& a, const GenerateReport& b) {
+  ASSERT_EQ(a.requests.size(), b.requests.size());
+  for (std::size_t i = 0; i < a.requests.size(); ++i) {
+    EXPECT_EQ(a.requests[i].tokens, b.requests[i].tokens) << "request " << i;
+  }
+}
+
+TEST(Generate, SpeculationIsBitIdenticalToPlainDecodingAtBatchOne) {
+  ModelRunner runner = make_runner({.num_spec_tokens = 4});
+  const std::vector<std::vector<TokenId>> prompts = {text("Once upon a time, in a paged cache,")};
+  GenerateOptions o;
+  o.max_tokens = 256;
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  ASSERT_EQ(plain.requests[0].tokens.size(), 256u);
+  EXPECT_EQ(plain.requests[0].stats.decode_steps, 255);
+
+  o.num_spec_tokens = 4;
+  OracleDrafter oracle(references(prompts, plain));
+  const GenerateReport fast = generate(runner, prompts, &oracle, o);
+  expect_same_tokens(plain, fast);
+  const RequestStats& s = fast.requests[0].stats;
+  EXPECT_EQ(s.acceptance_rate(), 1.0);
+  EXPECT_EQ(s.accepted_tokens + s.decode_steps, 255);  // every decode token verified once
+  EXPECT_EQ(s.decode_steps, 51);                       // 255 tokens in steps of 1 + 4
+  EXPECT_DOUBLE_EQ(s.mean_accepted_length(), 5.0);
+
+  RandomDrafter random(runner.vocab_size(), 1);
+  const GenerateReport slow = generate(runner, prompts, &random, o);
+  expect_same_tokens(plain, slow);
+  EXPECT_LT(slow.requests[0].stats.acceptance_rate(), 0.05);
+  EXPECT_GT(slow.requests[0].stats.drafted_tokens, 900);
+}
+
+TEST(Generate, SpeculationIsBitIdenticalInAMixedBatchOfSixteen) {
+  ModelRunner runner = make_runner({.num_spec_tokens = 3});
+  const auto prompts = mixed_batch();
+  GenerateOptions o;
+  o.max_tokens = 256;
+  o.max_batch = 16;
+  o.prefill_chunk = 24;
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 3;
+  OracleDrafter oracle(references(prompts, plain));
+  const GenerateReport fast = generate(runner, prompts, &oracle, o);
+  expect_same_tokens(plain, fast);
+  // Random drafts, nearly all rolled back; two per step keep the test short.
+  o.num_spec_tokens = 2;
+  RandomDrafter random(runner.vocab_size(), 2);
+  const GenerateReport slow = generate(runner, prompts, &random, o);
+  expect_same_tokens(plain, slow);
+  o.num_spec_tokens = 3;
+  for (const auto& r : fast.requests) EXPECT_EQ(r.stats.acceptance_rate(), 1.0);
+
+  // Five at a time: later requests find their shared prefix cached, and still match.
+  o.max_batch = 5;
+  const GenerateReport narrow = generate(runner, prompts, &oracle, o);
+  expect_same_tokens(plain, narrow);
+  std::int64_t hits = 0;
+  for (const auto& r : narrow.requests) hits += r.stats.prefix_hit_tokens;
+  EXPECT_GT(hits, 0);
+
+  // Each request alone (another batch composition, another chunking) gives the same tokens.
+  o.num_spec_tokens = 0;
+  o.prefill_chunk = 7;
+  for (std::size_t i : {std::size_t{0}, std::size_t{15}}) {
+    const std::vector<std::vector<TokenId>> one = {prompts[i]};
+    EXPECT_EQ(generate(runner, one, nullptr, o).requests[0].tokens, plain.requests[i].tokens)
+        << "request " << i;
+  }
+}
+
+TEST(NgramDrafter, ProposesWhatFollowedTheLastOccurrenceAndExtendsCycles) {
+  NgramDrafter d(1, 3);
+  // "a b c x a b" -> the last "a b" was followed by "c x a b c ..."
+  const std::vector<TokenId> t = {1, 2, 3, 9, 1, 2};
+  EXPECT_EQ(d.propose({.tokens = t}, 3), (std::vector<TokenId>{3, 9, 1}));
+  // A cycle of period 2 yields as many tokens as asked.
+  const std::vector<TokenId> cycle = {5, 7, 5, 7};
+  EXPECT_EQ(d.propose({.tokens = cycle}, 5), (std::vector<TokenId>{5, 7, 5, 7, 5}));
+  // Nothing repeats: nothing proposed.
+  const std::vector<TokenId> fresh = {1, 2, 3, 4};
+  EXPECT_TRUE(d.propose({.tokens = fresh}, 3).empty());
+  EXPECT_THROW(NgramDrafter(0, 2), Error);
+}
+
+TEST(Generate, NgramDraftsAreVerifiedIntoThePlainTokens) {
+  ModelRunner runner = make_runner({.num_spec_tokens = 4});
+  const auto prompts = mixed_batch();
+  const std::vector<std::vector<TokenId>> some = {prompts[0], prompts[3], prompts[8]};
+  GenerateOptions o;
+  o.max_tokens = 128;
+  const GenerateReport plain = generate(runner, some, nullptr, o);
+  o.num_spec_tokens = 4;
+  NgramDrafter ngram;
+  const GenerateReport got = generate(runner, some, &ngram, o);
+  expect_same_tokens(plain, got);
+  for (const auto& r : got.requests) {
+    EXPECT_GT(r.stats.drafted_tokens, 0);
+    EXPECT_LT(r.stats.decode_steps, 127);  // some drafts were accepted: fewer target steps
+  }
+}
+
+TEST(Generate, RollbackLeavesTheCacheByteForByteAsPlainDecoding) {
+  ModelRunner runner = make_runner({.num_spec_tokens = 3});
+  const std::vector<std::vector<TokenId>> prompts = {text("rollback: every rejected draft"),
+                                                     text(std::string(45, 'w'))};
+  GenerateOptions o;
+  o.max_tokens = 80;
+  std::vector<CacheImage> images;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
+    images.push_back(cache_image(runner, m, id));
+  };
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 3;
+  RandomDrafter random(runner.vocab_size(), 3);
+  const GenerateReport spec = generate(runner, prompts, &random, o);
+  expect_same_tokens(plain, spec);
+  ASSERT_EQ(images.size(), 4u);
+  // Sliding layers hold the window only, full layers everything: 2 full layers of 30 + 79
+  // positions, so the images are not trivially empty.
+  EXPECT_GT(images[0].size(), 2u * (30 + 79));
+  EXPECT_EQ(images[0].size() + images[1].size(), images[2].size() + images[3].size());
+  for (std::size_t i = 0; i < 2; ++i) {
+    const CacheImage& want = images[i];
+    const CacheImage& got = images[i + 2];
+    EXPECT_EQ(want.size(), got.size());
+    for (const auto& [key, bytes] : want) {
+      const auto it = got.find(key);
+      ASSERT_NE(it, got.end()) << key.first << " position " << key.second;
+      EXPECT_EQ(it->second, bytes) << key.first << " position " << key.second;
+    }
+  }
+}
+
+TEST(TinyEagle, ItsLayersArePlannedBesideTheTargetsWithTheirOwnHeadsAndDtype) {
+  ModelRunner runner = make_eagle_runner({.num_spec_tokens = 3});
+  ASSERT_TRUE(runner.has_drafter());
+  const model::LayerDesc& draft = runner.desc().layers.back();
+  EXPECT_EQ(draft.name, "draft.layers.0");
+  EXPECT_EQ(draft.owner, model::Owner::kDraft);
+  EXPECT_EQ(draft.num_kv_heads, 4);  // MHA beside the GQA target
+  EXPECT_EQ(runner.desc().layers.front().num_kv_heads, 2);
+  EXPECT_EQ(draft.kv_dtype, DType::kBfloat16);
+  EXPECT_EQ(runner.desc().layers.front().kv_dtype, DType::kFloat32);
+  const layout::LayerGeometry& g = runner.geometry().layer("draft.layers.0");
+  EXPECT_EQ(g.k_token_bytes, 4 * 16 * 2);
+}
+
+TEST(Generate, EagleSpeculationIsBitIdenticalToPlainDecoding) {
+  ModelRunner runner = make_eagle_runner({.num_spec_tokens = 4});
+  GenerateOptions o;
+  o.max_tokens = 256;
+  const std::vector<std::vector<TokenId>> one = {text("Once upon a time, in a paged cache,")};
+  const GenerateReport plain = generate(runner, one, nullptr, o);
+  o.num_spec_tokens = 4;
+  EagleDrafter eagle(runner);
+  const GenerateReport got = generate(runner, one, &eagle, o);
+  expect_same_tokens(plain, got);
+  const RequestStats& st = got.requests[0].stats;
+  // k drafts per step, fewer only in the last steps, where fewer tokens are left.
+  EXPECT_LE(st.drafted_tokens, 4 * st.decode_steps);
+  EXPECT_GE(st.drafted_tokens, 4 * (st.decode_steps - 4));
+
+  // A mixed batch of 16 (shared prefixes, a prompt beyond the window), 48 tokens each.
+  const auto prompts = mixed_batch();
+  o.max_tokens = 48;
+  o.num_spec_tokens = 0;
+  const GenerateReport plain16 = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 4;
+  o.max_batch = 6;  // later requests take prefix hits, drafter blocks included
+  const GenerateReport got16 = generate(runner, prompts, &eagle, o);
+  expect_same_tokens(plain16, got16);
+}
+
+TEST(Generate, EagleDrafterCacheDoesNotDependOnHowManyTokensWereDrafted) {
+  ModelRunner runner = make_eagle_runner({.num_spec_tokens = 4});
+  const std::vector<std::vector<TokenId>> prompts = {text("the drafter's own pages"),
+                                                     text(std::string(40, 'q'))};
+  GenerateOptions o;
+  o.max_tokens = 60;
+  std::vector<CacheImage> images;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
+    images.push_back(cache_image(runner, m, id));
+  };
+  EagleDrafter eagle(runner);
+  for (int k : {1, 4}) {
+    o.num_spec_tokens = k;
+    generate(runner, prompts, &eagle, o);
+  }
+  ASSERT_EQ(images.size(), 4u);
+  std::size_t drafter_positions = 0;
+  for (const auto& [key, bytes] : images[0]) drafter_positions += key.first == "draft.layers.0";
+  EXPECT_EQ(drafter_positions, 23u + 59u);  // every verified position of request 0
+  EXPECT_EQ(images[0], images[2]);
+  EXPECT_EQ(images[1], images[3]);
+}
+
+TEST(Generate, PrefixCachingServesASharedPrompt) {
+  ModelRunner runner = make_runner();
+  std::vector<TokenId> shared = text(std::string(70, 'x') + "tail one");
+  std::vector<TokenId> other = text(std::string(70, 'x') + "tail two, longer");
+  GenerateOptions o;
+  o.max_tokens = 8;
+  o.max_batch = 1;  // the second request is admitted after the first computed the prefix
+  const std::vector<std::vector<TokenId>> prompts = {shared, other};
+  const GenerateReport r = generate(runner, prompts, nullptr, o);
+  EXPECT_EQ(r.requests[0].stats.prefix_hit_tokens, 0);
+  EXPECT_EQ(r.requests[1].stats.prefix_hit_tokens, 64);  // whole 16-token blocks of the prefix
+  o.prefix_caching = false;
+  const GenerateReport cold = generate(runner, prompts, nullptr, o);
+  EXPECT_EQ(cold.requests[1].stats.prefix_hit_tokens, 0);
+  expect_same_tokens(r, cold);
+}
+
+TEST(Generate, PreemptionByRecomputeKeepsTheTokens) {
+  const auto prompts = mixed_batch();
+  GenerateOptions o;
+  o.max_tokens = 96;
+  o.max_batch = 16;
+  ModelRunner roomy = make_runner({.num_spec_tokens = 2});
+  const GenerateReport want = generate(roomy, prompts, nullptr, o);
+  // 256 KiB hold about 1.5 requests of 256 tokens, far from 16 growing ones.
+  ModelRunner tight =
+      make_runner({.memory_bytes = 256 << 10, .max_model_len = 256, .num_spec_tokens = 2});
+  o.num_spec_tokens = 2;
+  OracleDrafter oracle(references(prompts, want));
+  const GenerateReport got = generate(tight, prompts, &oracle, o);
+  EXPECT_GT(got.preemptions, 0);
+  expect_same_tokens(want, got);
+}
+
+TEST(Generate, BadOptionsAndOversizedPromptsAreRefused) {
+  ModelRunner runner = make_runner({.max_model_len = 128});
+  GenerateOptions o;
+  o.max_tokens = 0;
+  const std::vector<std::vector<TokenId>> p = {text("hi")};
+  EXPECT_THROW(generate(runner, p, nullptr, o), Error);
+  o.max_tokens = 200;
+  try {
+    generate(runner, p, nullptr, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_model_len 128"), std::string::npos) << e.what();
+  }
+  const std::vector<std::vector<TokenId>> empty = {{}};
+  o.max_tokens = 4;
+  EXPECT_THROW(generate(runner, empty, nullptr, o), Error);
+}
+
+}  // namespace
+}  // namespace mixkv::engine

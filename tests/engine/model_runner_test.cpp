@@ -1,0 +1,194 @@
+// The reference runner: tiny models through the describe path, weights from a seed or a
+// safetensors checkpoint, and logits independent of batch composition and chunking.
+#include "mixkv/model_runner.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "mixkv/error.hpp"
+#include "mixkv/kv_cache_manager.hpp"
+
+namespace mixkv::engine {
+namespace {
+
+const TinyModel& swa() { return *find_tiny_model("tiny-swa"); }
+
+ModelRunner make_runner(const TinyModel& m, const RunnerOptions& o = {}) {
+  const model::ModelSource src = tiny_model_source(m);
+  const auto config = read_transformer_config(src);
+  const auto desc = model::describe(src, std::nullopt, {});
+  return ModelRunner(src, generate_weights(config, desc, m.seed), o);
+}
+
+// A prompt of `n` bytes that differs per `salt`.
+std::vector<TokenId> prompt(std::size_t n, int salt) {
+  std::vector<TokenId> p;
+  for (std::size_t i = 0; i < n; ++i) p.push_back(static_cast<TokenId>((i * 7 + salt * 13) % 256));
+  return p;
+}
+
+// Runs every prompt through the manager in chunks of `chunk` tokens, all requests in each
+// step's batch, and returns each prompt's logits rows.
+std::vector<std::vector<float>> prefill_logits(ModelRunner& runner,
+                                               const std::vector<std::vector<TokenId>>& prompts,
+                                               std::int64_t chunk) {
+  cache::KvCacheManager m(runner.plan(), 0);
+  std::vector<std::vector<float>> out(prompts.size());
+  std::vector<std::int64_t> done(prompts.size(), 0);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    m.add_request(cache::RequestId{static_cast<std::int64_t>(i)}, prompts[i]);
+    EXPECT_EQ(m.admit(cache::RequestId{static_cast<std::int64_t>(i)}, 0), 0);
+  }
+  const auto v = static_cast<std::size_t>(runner.vocab_size());
+  for (;;) {
+    std::vector<SequenceInput> batch;
+    std::vector<std::size_t> who;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const auto left = static_cast<std::int64_t>(prompts[i].size()) - done[i];
+      if (left == 0) continue;
+      SequenceInput in;
+      in.start = done[i];
+      in.tokens = std::span<const TokenId>(prompts[i])
+                      .subspan(static_cast<std::size_t>(done[i]),
+                               static_cast<std::size_t>(std::min(chunk, left)));
+      for (std::size_t g = 0; g < runner.plan().groups.size(); ++g)
+        in.block_tables.push_back(
+            m.block_table(cache::RequestId{static_cast<std::int64_t>(i)}, static_cast<int>(g)));
+      batch.push_back(in);
+      who.push_back(i);
+    }
+    if (batch.empty()) break;
+    const ForwardOutput f = runner.forward(batch);
+    std::size_t row = 0;
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      const std::size_t i = who[b];
+      const auto n = batch[b].tokens.size();
+      out[i].insert(out[i].end(), f.logits.begin() + static_cast<std::ptrdiff_t>(row * v),
+                    f.logits.begin() + static_cast<std::ptrdiff_t>((row + n) * v));
+      row += n;
+      m.commit(cache::RequestId{static_cast<std::int64_t>(i)}, static_cast<std::int64_t>(n), {});
+      done[i] += static_cast<std::int64_t>(n);
+    }
+  }
+  return out;
+}
+
+TEST(TinyModels, DescribeAndPlanThroughTheNormalPath) {
+  const model::ModelDesc desc = model::describe(tiny_model_source(swa()), std::nullopt, {});
+  ASSERT_EQ(desc.layers.size(), 4u);
+  EXPECT_EQ(desc.layers[0].kind, model::LayerKind::kSliding);
+  EXPECT_EQ(desc.layers[0].window, 32);
+  EXPECT_TRUE(desc.layers[0].sinks);
+  EXPECT_EQ(desc.layers[1].kind, model::LayerKind::kFull);
+  EXPECT_EQ(desc.layers[1].num_kv_heads, 2);
+  const auto hybrid =
+      model::describe(tiny_model_source(*find_tiny_model("tiny-hybrid")), std::nullopt, {});
+  int gdn = 0;
+  for (const auto& l : hybrid.layers) gdn += l.kind == model::LayerKind::kGdn;
+  EXPECT_EQ(gdn, 6);
+  EXPECT_EQ(find_tiny_model("qwen3-8b"), nullptr);
+}
+
+TEST(TinyModels, ByteVocabularyRoundTripsText) {
+  const std::string text = "héllo, world\n\x01\xff";
+  EXPECT_EQ(decode_bytes(encode_bytes(text)), text);
+  const std::vector<TokenId> specials = {kBosToken, 'a', kEosToken, 999};
+  EXPECT_EQ(decode_bytes(specials), "<|bos|>a<|eos|><|999|>");
+}
+
+TEST(ModelRunner, RecurrentLayersAreRefusedNamingTheLayer) {
+  const TinyModel& m = *find_tiny_model("tiny-hybrid");
+  EXPECT_FALSE(m.missing.empty());
+  try {
+    make_runner(m);
+    FAIL() << "tiny-hybrid ran without recurrent kernels";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("layers.0 is gdn"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ModelRunner, GeneratedWeightsAreDeterministicPerSeed) {
+  const model::ModelSource src = tiny_model_source(swa());
+  const auto config = read_transformer_config(src);
+  const auto desc = model::describe(src, std::nullopt, {});
+  EXPECT_EQ(generate_weights(config, desc, 7), generate_weights(config, desc, 7));
+  EXPECT_NE(generate_weights(config, desc, 7), generate_weights(config, desc, 8));
+  EXPECT_EQ(generate_weights(config, desc, 7).count("model.layers.0.self_attn.sinks"), 1u);
+}
+
+TEST(ModelRunner, LogitsDoNotDependOnBatchCompositionOrChunking) {
+  ModelRunner runner = make_runner(swa());
+  // Longer than the 32-token window, and a shared prefix.
+  const std::vector<TokenId> a = prompt(90, 1);
+  std::vector<TokenId> b = prompt(50, 2);
+  std::vector<TokenId> c(a.begin(), a.begin() + 40);
+  c.push_back(7);
+  const auto alone = prefill_logits(runner, {a}, 1000);
+  const auto together = prefill_logits(runner, {b, a, c}, 13);
+  const auto token_by_token = prefill_logits(runner, {a}, 1);
+  ASSERT_EQ(alone[0].size(), 90u * 260u);
+  EXPECT_EQ(together[1], alone[0]);  // bit-identical
+  EXPECT_EQ(token_by_token[0], alone[0]);
+  // The shared prefix gives the same logits at the shared positions.
+  EXPECT_TRUE(std::equal(together[2].begin(), together[2].begin() + 40 * 260, alone[0].begin()));
+  // And the window matters: a prompt differing only before the window still changes logits
+  // through the full layers, so the model is not trivially position-blind.
+  std::vector<TokenId> a2 = a;
+  a2[0] = (a2[0] + 1) % 256;
+  const auto other = prefill_logits(runner, {a2}, 1000);
+  EXPECT_NE(std::vector<float>(other[0].end() - 260, other[0].end()),
+            std::vector<float>(alone[0].end() - 260, alone[0].end()));
+}
+
+TEST(ModelRunner, SafetensorsCheckpointGivesTheSameLogitsAsGeneratedWeights) {
+  const model::ModelSource src = tiny_model_source(swa());
+  const auto config = read_transformer_config(src);
+  const auto desc = model::describe(src, std::nullopt, {});
+  const TensorMap weights = generate_weights(config, desc, swa().seed);
+  const auto dir =
+      std::filesystem::temp_directory_path() /
+      ("mixkv_ckpt_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  std::filesystem::create_directories(dir);
+  write_safetensors((dir / "model.safetensors").string(), weights);
+  { std::ofstream(dir / "config.json") << swa().config_json; }
+  const model::ModelSource loaded = model::load_model_source(dir.string());
+  ModelRunner from_file(loaded, read_safetensors((dir / "model.safetensors").string()));
+  ModelRunner generated(src, weights);
+  const std::vector<TokenId> p = prompt(40, 3);
+  EXPECT_EQ(prefill_logits(from_file, {p}, 16), prefill_logits(generated, {p}, 16));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ModelRunner, MissingOrMisshapenWeightsAreNamed) {
+  const model::ModelSource src = tiny_model_source(swa());
+  const auto config = read_transformer_config(src);
+  const auto desc = model::describe(src, std::nullopt, {});
+  TensorMap w = generate_weights(config, desc, 1);
+  w.erase("model.layers.2.mlp.up_proj.weight");
+  try {
+    ModelRunner r(src, w);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.2.mlp.up_proj.weight"), std::string::npos);
+  }
+  w = generate_weights(config, desc, 1);
+  w["lm_head.weight"].shape = {64, 260};
+  try {
+    ModelRunner r(src, w);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight has shape [64, 260]"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ModelRunner, ArgmaxBreaksTiesTowardTheLowestId) {
+  const std::vector<float> l = {0.0f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(argmax(l), 1);
+}
+
+}  // namespace
+}  // namespace mixkv::engine

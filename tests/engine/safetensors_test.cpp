@@ -1,0 +1,129 @@
+// safetensors: the writer's files read back exactly, and every malformed header is refused with
+// an error naming the tensor or field.
+#include "mixkv/safetensors.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "mixkv/error.hpp"
+
+namespace mixkv::engine {
+namespace {
+
+TensorMap sample_tensors() {
+  TensorMap m;
+  m["a.weight"] = Tensor{DType::kFloat32, {2, 3}, {1.5f, -2.0f, 0.25f, 3.0f, 1e-3f, -7.0f}};
+  m["b.bias"] = Tensor{DType::kBfloat16, {4}, {1.0f, -0.5f, 2.0f, 0.0f}};
+  m["c.scale"] = Tensor{DType::kFloat16, {1, 2}, {0.5f, -65504.0f}};
+  return m;
+}
+
+// A file from a header written by hand and `data_bytes` zero bytes of data.
+std::vector<std::byte> file_with_header(const std::string& header, std::size_t data_bytes) {
+  std::vector<std::byte> out(8 + header.size() + data_bytes);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<std::size_t>(i)] = static_cast<std::byte>((header.size() >> (8 * i)) & 0xFF);
+  std::memcpy(out.data() + 8, header.data(), header.size());
+  return out;
+}
+
+std::string error_of(const std::vector<std::byte>& file) {
+  try {
+    parse_safetensors(file, "test.safetensors");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidInput);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Safetensors, WrittenTensorsReadBackWithTheirDtypesAndValues) {
+  const TensorMap m = sample_tensors();
+  const TensorMap back = parse_safetensors(serialize_safetensors(m), "mem");
+  EXPECT_EQ(back, m);  // every value above is exact in its dtype
+}
+
+TEST(Safetensors, ValuesAreRoundedToTheStoredDtype) {
+  TensorMap m;
+  m["x"] = Tensor{DType::kBfloat16, {1}, {1.00390625f}};  // 1 + 2^-8: halfway, ties to even
+  const TensorMap back = parse_safetensors(serialize_safetensors(m), "mem");
+  EXPECT_EQ(back.at("x").values[0], 1.0f);
+}
+
+TEST(Safetensors, HeaderFollowsTheFormat) {
+  const std::vector<std::byte> f = serialize_safetensors(sample_tensors());
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | std::to_integer<std::uint64_t>(f[i]);
+  EXPECT_EQ((8 + n) % 8, 0u);  // data aligned
+  const auto header = nlohmann::json::parse(reinterpret_cast<const char*>(f.data()) + 8,
+                                            reinterpret_cast<const char*>(f.data()) + 8 + n);
+  EXPECT_EQ(header["b.bias"]["dtype"], "BF16");
+  EXPECT_EQ(header["a.weight"]["shape"], nlohmann::json({2, 3}));
+  EXPECT_EQ(header["a.weight"]["data_offsets"], nlohmann::json({0, 24}));
+  EXPECT_EQ(f.size(), 8 + n + 24 + 8 + 4);
+}
+
+TEST(Safetensors, FileRoundTripsThroughDisk) {
+  const auto path =
+      std::filesystem::temp_directory_path() /
+      ("mixkv_st_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+       ".safetensors");
+  write_safetensors(path.string(), sample_tensors());
+  EXPECT_EQ(read_safetensors(path.string()), sample_tensors());
+  std::filesystem::remove(path);
+}
+
+TEST(Safetensors, MetadataIsIgnored) {
+  const auto f = file_with_header(
+      R"({"__metadata__":{"format":"pt"},"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+      4);
+  EXPECT_EQ(parse_safetensors(f, "m").size(), 1u);
+}
+
+TEST(Safetensors, TruncatedFilesAreRefused) {
+  EXPECT_NE(error_of(std::vector<std::byte>(5)).find("too short"), std::string::npos);
+  auto f = file_with_header(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4);
+  f.resize(12);
+  EXPECT_NE(error_of(f).find("header length"), std::string::npos);
+}
+
+TEST(Safetensors, BadHeadersNameTheTensorAndField) {
+  struct Case {
+    std::string header;
+    std::size_t data;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"not json", 0, "not valid JSON"},
+      {"[1]", 0, "not a JSON object"},
+      {R"({"w":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8, "tensor w: dtype \"I64\""},
+      {R"({"w":{"shape":[1],"data_offsets":[0,4]}})", 4, "tensor w has no 'dtype'"},
+      {R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4, "tensor w: shape"},
+      {R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 4, "needs 8 bytes"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 4, "fall outside"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4, "fall outside"},
+      {R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", 4, "tensor w: data_offsets"},
+      {R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+       8, "overlap"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = error_of(file_with_header(c.header, c.data));
+    EXPECT_NE(e.find(c.expect), std::string::npos) << c.header << " -> " << e;
+    EXPECT_NE(e.find("test.safetensors"), std::string::npos) << e;
+  }
+}
+
+TEST(Safetensors, WriterRefusesUnsupportedDtypesAndShapeMismatches) {
+  TensorMap m;
+  m["q"] = Tensor{DType::kFp8E4m3, {1}, {1.0f}};
+  EXPECT_THROW(serialize_safetensors(m), Error);
+  m["q"] = Tensor{DType::kFloat32, {2}, {1.0f}};
+  EXPECT_THROW(serialize_safetensors(m), Error);
+}
+
+}  // namespace
+}  // namespace mixkv::engine
