@@ -71,6 +71,12 @@ struct AttentionGroup {
   bool operator==(const AttentionGroup&) const = default;
 };
 
+// What the kernel of `layer` (a member of `group`) is given: the group's parameters where the
+// group's backend fixes them for the whole group (one builder per group), the layer's own
+// elsewhere (a cpu group may mix layers with and without sinks, say); the cache dtype is always
+// the group's.
+AttentionParams kernel_params(const AttentionGroup& group, const model::LayerDesc& layer);
+
 // Partitions every KV-cache group of `plan` into attention groups and picks each group's kernel
 // page from its own heads. Throws Error when a group's backend cannot serve it (dtype,
 // non-causal) or no kernel page divides its manager block, naming the group, its heads, the

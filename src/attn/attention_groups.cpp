@@ -137,6 +137,18 @@ AttentionParams attention_params(const model::LayerDesc& layer) {
   return p;
 }
 
+AttentionParams kernel_params(const AttentionGroup& group, const model::LayerDesc& layer) {
+  const BackendCaps& caps = capabilities(group.backend);
+  AttentionParams p = attention_params(layer);
+  if (caps.uniform_window) p.window_left = group.params.window_left;
+  if (caps.uniform_soft_cap) p.soft_cap = group.params.soft_cap;
+  if (caps.uniform_scale) p.scale = group.params.scale;
+  if (caps.uniform_sinks) p.sinks = group.params.sinks;
+  if (caps.uniform_causal) p.causal = group.params.causal;
+  p.kv_dtype = group.params.kv_dtype;
+  return p;
+}
+
 std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
                                                    const plan::CachePlan& plan) {
   const BackendCaps& caps = capabilities(plan.backend);

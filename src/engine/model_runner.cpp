@@ -20,20 +20,6 @@ model::ConfigReader language_model(const model::ConfigReader& root) {
   return root;
 }
 
-// What a layer's kernel is given: its attention group's parameters where the group's backend
-// fixes them for the whole group, the layer's own elsewhere (the same rule `mixkv verify` uses).
-attn::AttentionParams given_params(const attn::AttentionGroup& g, const model::LayerDesc& layer) {
-  const attn::BackendCaps& caps = attn::capabilities(g.backend);
-  attn::AttentionParams p = attn::attention_params(layer);
-  if (caps.uniform_window) p.window_left = g.params.window_left;
-  if (caps.uniform_soft_cap) p.soft_cap = g.params.soft_cap;
-  if (caps.uniform_scale) p.scale = g.params.scale;
-  if (caps.uniform_sinks) p.sinks = g.params.sinks;
-  if (caps.uniform_causal) p.causal = g.params.causal;
-  p.kv_dtype = g.params.kv_dtype;
-  return p;
-}
-
 std::string layer_prefix(int index) { return fmt::format("model.layers.{}.", index); }
 
 // Y[t, o] = sum_i W[o, i] X[t, i] for `tokens` rows of X. Each dot product has one fixed order:
@@ -290,7 +276,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     layer.rope_theta = c.rope_theta;
     layer.geometry = geometry_.layer(l.name);
     const auto& group = groups_.at(static_cast<std::size_t>(layer.geometry.attention_group));
-    layer.spec = kernels::attention_spec(given_params(group, l), l);
+    layer.spec = kernels::attention_spec(attn::kernel_params(group, l), l);
     const std::string p = weight_prefix(l);
     layer.input_norm = get(p + "input_layernorm.weight");
     layer.wq = get(p + "self_attn.q_proj.weight");

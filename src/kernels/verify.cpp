@@ -193,21 +193,6 @@ std::string describe_params(const attn::AttentionParams& p, bool mla) {
   return s;
 }
 
-// What the kernel of `layer` is given: the group's parameters where its backend's builder fixes
-// them for the whole group, the layer's own elsewhere (a cpu group may mix layers with and
-// without sinks, say).
-attn::AttentionParams given_params(const attn::AttentionGroup& g, const model::LayerDesc& layer) {
-  const attn::BackendCaps& caps = attn::capabilities(g.backend);
-  attn::AttentionParams p = attn::attention_params(layer);
-  if (caps.uniform_window) p.window_left = g.params.window_left;
-  if (caps.uniform_soft_cap) p.soft_cap = g.params.soft_cap;
-  if (caps.uniform_scale) p.scale = g.params.scale;
-  if (caps.uniform_sinks) p.sinks = g.params.sinks;
-  if (caps.uniform_causal) p.causal = g.params.causal;
-  p.kv_dtype = g.params.kv_dtype;
-  return p;
-}
-
 std::string describe_recurrent(const model::LayerDesc& layer, int num_spec_tokens) {
   if (layer.kind == model::LayerKind::kGdn) {
     const GdnLayerSpec s = gdn_layer_spec(layer, num_spec_tokens);
@@ -287,7 +272,8 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     r.params = describe_params(g.params, false);
     for (const auto& name : g.layers) {
       try {
-        const AttentionSpec s = attention_spec(given_params(g, layer_desc(name)), layer_desc(name));
+        const AttentionSpec s =
+            attention_spec(attn::kernel_params(g, layer_desc(name)), layer_desc(name));
         r.params = describe_params(g.params, s.mla);
       } catch (const Error& e) {
         r.status = GroupStatus::kSkipped;
@@ -452,8 +438,8 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   for (std::size_t gi = 0; gi < groups.size(); ++gi) {
     const attn::AttentionGroup& g = groups[gi];
     if (report.groups[gi].status != GroupStatus::kPass) continue;
-    const AttentionSpec first =
-        attention_spec(given_params(g, layer_desc(g.layers.front())), layer_desc(g.layers.front()));
+    const AttentionSpec first = attention_spec(attn::kernel_params(g, layer_desc(g.layers.front())),
+                                               layer_desc(g.layers.front()));
     double cost = 0;
     for (const VerifyRequest& q : report.requests) {
       cost += 3.0 * static_cast<double>(1 + queries_for(g, q)) * first.params.num_q_heads *
@@ -477,7 +463,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       c.layer_index = static_cast<std::size_t>(c.desc - desc.layers.data());
       c.group = &g;
       c.geometry = geometry.layer(c.desc->name);
-      c.spec = attention_spec(given_params(g, *c.desc), *c.desc);
+      c.spec = attention_spec(attn::kernel_params(g, *c.desc), *c.desc);
       c.reference = attention_spec(attn::attention_params(*c.desc), *c.desc);
       if (c.spec.params.kv_dtype == DType::kFp8E4m3 || c.spec.params.kv_dtype == DType::kFp8E5m2) {
         c.scales = KvScales{0.05f, 0.02f};
