@@ -243,6 +243,13 @@ double max_abs(std::span<const double> v) {
   return m;
 }
 
+// `count` of the indices 0 .. n-1, evenly spread, first and last included (just 0 for one).
+std::set<std::size_t> even_sample(std::size_t n, std::size_t count) {
+  std::set<std::size_t> picked;
+  for (std::size_t k = 0; k < count; ++k) picked.insert(count == 1 ? 0 : k * (n - 1) / (count - 1));
+  return picked;
+}
+
 }  // namespace
 
 VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) {
@@ -452,10 +459,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     }
     const auto sample = static_cast<std::size_t>(
         std::clamp(kReferenceBudget / std::max(cost, 1.0), std::min(2.0, most), most));
-    std::set<std::size_t> picked;
-    for (std::size_t k = 0; k < sample; ++k) {
-      picked.insert(sample == 1 ? 0 : k * (n - 1) / (sample - 1));
-    }
+    const std::set<std::size_t> picked = even_sample(n, sample);
     for (std::size_t li : picked) {
       LayerCase c;
       c.result = gi;
@@ -589,10 +593,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       sample = static_cast<std::size_t>(
           std::clamp(kRecurrentBudget / std::max(cost, 1.0), 1.0, static_cast<double>(sample)));
     }
-    std::set<std::size_t> picked;
-    for (std::size_t k = 0; k < sample; ++k) {
-      picked.insert(sample == 1 ? 0 : k * (n - 1) / (sample - 1));
-    }
+    const std::set<std::size_t> picked = even_sample(n, sample);
     for (std::size_t li : picked) {
       RecurrentCase c;
       c.result = gi;

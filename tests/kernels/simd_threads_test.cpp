@@ -210,21 +210,33 @@ std::vector<Case> cases() {
 const std::vector<std::pair<std::int64_t, std::int64_t>> kShapes = {
     {700, 1}, {33, 3}, {120, 40}, {1, 1}, {260, 1}};
 
+// One layer holding a request of each of kShapes (16-token pages, consecutive blocks), and sinks
+// when the case has them.
+struct Shapes {
+  Layer layer;
+  std::vector<testing::Request> requests;
+  std::vector<float> sinks;
+};
+Shapes make_shapes(const Case& c, std::mt19937_64& rng) {
+  std::int64_t pages = 1;
+  for (auto [kv, nq] : kShapes) pages += (kv + 15) / 16;
+  Shapes s{make_layer(c.spec, pages), {}, {}};
+  Layer& l = s.layer;
+  std::int64_t next = 1;
+  for (auto [kv, nq] : kShapes) {
+    std::vector<std::int64_t> blocks;
+    for (std::int64_t i = 0; i < (kv + 15) / 16; ++i) blocks.push_back(next++);
+    s.requests.push_back(
+        testing::make_request(l.spec, l.geometry, {}, l.cache, blocks, kv, nq, rng));
+  }
+  if (c.spec.params.sinks) s.sinks = testing::random_values(rng, 12, 2.0f);
+  return s;
+}
+
 TEST(PagedAttentionThreads, OutputsAreBitIdenticalWhateverTheWorkerCount) {
   for (const Case& c : cases()) {
     std::mt19937_64 rng(11);
-    std::int64_t pages = 1;
-    for (auto [kv, nq] : kShapes) pages += (kv + 15) / 16;
-    Layer l = make_layer(c.spec, pages);
-    std::vector<testing::Request> all;
-    std::int64_t next = 1;
-    for (auto [kv, nq] : kShapes) {
-      std::vector<std::int64_t> blocks;
-      for (std::int64_t i = 0; i < (kv + 15) / 16; ++i) blocks.push_back(next++);
-      all.push_back(testing::make_request(l.spec, l.geometry, {}, l.cache, blocks, kv, nq, rng));
-    }
-    const std::vector<float> sinks =
-        c.spec.params.sinks ? testing::random_values(rng, 12, 2.0f) : std::vector<float>{};
+    auto [l, all, sinks] = make_shapes(c, rng);
     const std::vector<std::size_t> everyone = {0, 1, 2, 3, 4};
     const auto serial = run_batch(l, all, everyone, sinks, nullptr);
     for (int workers : {1, 2, 3, 7}) {
@@ -246,18 +258,7 @@ TEST(PagedAttentionThreads, OutputsAreBitIdenticalWhateverTheWorkerCount) {
 TEST(PagedAttentionThreads, ARequestAloneMatchesItselfInsideAnyBatch) {
   for (const Case& c : cases()) {
     std::mt19937_64 rng(12);
-    std::int64_t pages = 1;
-    for (auto [kv, nq] : kShapes) pages += (kv + 15) / 16;
-    Layer l = make_layer(c.spec, pages);
-    std::vector<testing::Request> all;
-    std::int64_t next = 1;
-    for (auto [kv, nq] : kShapes) {
-      std::vector<std::int64_t> blocks;
-      for (std::int64_t i = 0; i < (kv + 15) / 16; ++i) blocks.push_back(next++);
-      all.push_back(testing::make_request(l.spec, l.geometry, {}, l.cache, blocks, kv, nq, rng));
-    }
-    const std::vector<float> sinks =
-        c.spec.params.sinks ? testing::random_values(rng, 12, 2.0f) : std::vector<float>{};
+    auto [l, all, sinks] = make_shapes(c, rng);
     ThreadPool pool(3);
     for (std::size_t r = 0; r < all.size(); ++r) {
       const auto alone = run_batch(l, all, {r}, sinks, &pool);
