@@ -113,6 +113,10 @@ class Engine {
         EXPECT_EQ(*hit, 0);
         zero_state(l, live);  // a fresh request starts from zero states
       }
+      // The boundary to keep is one the pieces below end at.
+      EXPECT_TRUE(step.snapshot_at == 0 ||
+                  (step.snapshot_at % c == 0 && step.snapshot_at > *hit && step.snapshot_at <= len))
+          << step.snapshot_at;
       // Pieces end at every snapshot boundary, and at the prompt's end.
       for (std::int64_t p = *hit; p < len;) {
         const std::int64_t end = std::min(len, (p / c + 1) * c);
