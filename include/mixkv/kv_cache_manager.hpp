@@ -55,7 +55,9 @@ struct RecurrentStep {
   BlockId restore_from;
   // 0, or a token count P in (computed, computed + new + look-ahead]: copy the state after the
   // first P tokens into `snapshot` (a decode step: the checkpoint of that position; a prefill:
-  // split the chunk at P). commit() caches it when P is verified.
+  // the state after the piece ending at P). commit() caches it when P is verified. For hits to be
+  // bit-exact the runner splits every prefill at every multiple of snapshot_interval(), not only
+  // at P: recurrent kernels round states between calls (docs/cache.md).
   std::int64_t snapshot_at = 0;
   BlockId snapshot;
   bool operator==(const RecurrentStep&) const = default;
