@@ -16,7 +16,9 @@
 #include "mixkv/block_pool.hpp"
 #include "mixkv/describe.hpp"
 #include "mixkv/geometry.hpp"
+#include "mixkv/kv_cache_manager.hpp"
 #include "mixkv/plan.hpp"
+#include "mixkv/recurrent_kernel.hpp"
 #include "mixkv/safetensors.hpp"
 #include "mixkv/tiny_models.hpp"
 
@@ -44,7 +46,8 @@ TransformerConfig read_transformer_config(const model::ModelSource& source);
 // The HuggingFace (Llama-style) names and shapes of every weight the runner reads, for `desc`'s
 // target layers: model.embed_tokens.weight, model.layers.{i}.{input_layernorm, self_attn.
 // {q,k,v,o}_proj, self_attn.sinks, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
-// lm_head (unless tied).
+// lm_head (unless tied). Gated DeltaNet layers have Qwen3-Next's linear_attn.{in_proj_qkvz,
+// in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj} in place of self_attn (docs/engine.md).
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
     const TransformerConfig& config, const model::ModelDesc& desc);
 
@@ -76,10 +79,18 @@ struct RunnerOptions {
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),
 // with the request's manager block table of every KV-cache group (the blocks must hold those
 // positions; earlier positions' K/V must already be in the cache).
+//
+// Recurrent groups (Gated DeltaNet): table[0] is the live state. With `checkpoints` (a decode or
+// verify step) the state after token i goes to table[i], which must then hold every token;
+// without (a prefill chunk) every token updates table[0]. `recurrent[g]`, when given, is the
+// manager's RecurrentStep for group g: a prefix hit's state to copy into table[0] first, and the
+// snapshot block to copy the state after `snapshot_at` tokens into.
 struct SequenceInput {
   std::span<const TokenId> tokens;
   std::int64_t start = 0;
   std::vector<std::span<const cache::BlockId>> block_tables;  // per KV-cache group
+  bool checkpoints = false;
+  std::vector<cache::RecurrentStep> recurrent = {};  // per KV-cache group, or empty
 };
 
 struct ForwardOutput {
@@ -89,7 +100,7 @@ struct ForwardOutput {
 
 class ModelRunner {
  public:
-  // Throws Error when a layer kind is not served (recurrent, MLA, chunked), a weight is missing
+  // Throws Error when a layer kind is not served (Mamba2, MLA, chunked), a weight is missing
   // or misshapen, or the cache cannot be planned.
   ModelRunner(const model::ModelSource& config, const TensorMap& weights,
               const RunnerOptions& options = {});
@@ -116,6 +127,12 @@ class ModelRunner {
 
  private:
   struct Layer {
+    std::string name;
+    bool gdn = false;  // a Gated DeltaNet layer (else attention)
+    kernels::GdnLayerSpec gdn_spec;
+    // Gated DeltaNet weights: in_proj_qkvz and in_proj_ba rows grouped per key head as
+    // Qwen3-Next's checkpoints are; a_neg = -exp(A_log); norm over each value head.
+    std::vector<float> in_qkvz, in_ba, conv_w, dt_bias, a_neg, gdn_norm, out_proj;
     std::int64_t intermediate = 0;
     double rms_norm_eps = 1e-5;
     double rope_theta = 10000.0;
@@ -131,6 +148,8 @@ class ModelRunner {
   std::vector<std::vector<std::byte>> tensors_;
   void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
                    std::vector<float>& x) const;
+  void run_gdn(const Layer& layer, std::span<const SequenceInput> batch,
+               const std::vector<float>& normed, std::vector<float>& out);
   void run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
                   const std::vector<std::int64_t>& positions, std::vector<float>& x);
   ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps) const;

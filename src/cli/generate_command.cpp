@@ -91,8 +91,9 @@ Action add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "generate", "Greedy generation through the reference engine, plain and speculative");
   cmd->footer(
-      "MODEL: tiny-swa (mixkv's tiny models have generated weights and a byte-level vocabulary; "
-      "tiny-hybrid needs recurrent kernels not yet in mixkv) or a directory with config.json and "
+      "MODEL: tiny-swa or tiny-hybrid (mixkv's tiny models have generated weights and a "
+      "byte-level vocabulary; tiny-hybrid mixes Gated DeltaNet and full attention layers) or a "
+      "directory with config.json and "
       "model.safetensors. With --draft, the prompts are "
       "generated twice, plain and speculative, and the tokens must match (exit status 3 if "
       "not). --batch B runs B requests: the prompt, then the prompt with a suffix. "

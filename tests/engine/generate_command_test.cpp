@@ -120,7 +120,7 @@ TEST(GenerateCommand, ReadsACheckpointDirectory) {
 TEST(GenerateCommand, BadInputIsAnErrorWithStatusTwo) {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"no-such-model"},
-           {"tiny-hybrid"},
+           {"tiny-hybrid", "--draft", "tiny-eagle"},
            {"tiny-swa", "--draft", "eagle-from-nowhere"},
            {"tiny-swa", "--batch", "0"},
            {"tiny-swa", "--max-tokens", "0"},
