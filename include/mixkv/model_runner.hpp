@@ -58,7 +58,9 @@ TensorMap generate_weights(const TransformerConfig& config, const model::ModelDe
 // An EAGLE-style drafter's own weights (it shares the target's embedding and LM head):
 // draft.fc.weight [hidden, 2 hidden] (the concatenation of a token's embedding and the previous
 // position's target hidden state, projected), draft.layers.{j}.* as a target layer's, and
-// draft.norm.weight.
+// draft.norm.weight. For the target's MTP layers (`desc` from model::describe_mtp) the names are
+// Qwen3-Next's: mtp.fc.weight, mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight
+// (RMSNorms of the two halves before fc), mtp.layers.{j}.*, mtp.norm.weight.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shapes(
     const TransformerConfig& draft, const model::ModelDesc& desc);
 TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
@@ -74,6 +76,9 @@ struct RunnerOptions {
   // with the target, so its layers are planned into the same cache and the manager's block
   // tables cover them. Its weights come with the target's (draft_weight_shapes).
   std::optional<model::ModelSource> draft = std::nullopt;
+  // Draft with the target config's own MTP layers (num_nextn_predict_layers) instead: planned
+  // like an EAGLE drafter's (model::describe_mtp), weights under mtp.* with the target's.
+  bool mtp = false;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),
@@ -158,6 +163,7 @@ class ModelRunner {
   std::vector<Layer> draft_layers_;
   std::vector<float> embed_, final_norm_, lm_head_;
   std::vector<float> draft_fc_, draft_norm_;
+  std::vector<float> mtp_norm_embedding_, mtp_norm_hidden_;  // MTP only: before draft_fc_
   double draft_eps_ = 1e-5;
 };
 

@@ -101,8 +101,8 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option("MODEL", args->model, "Target model")->required();
   cmd->add_option(
       "--draft", args->draft,
-      "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup) or "
-      "random");
+      "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup), random, "
+      "mtp (the target's MTP layers: tiny-hybrid) or tiny-eagle (with tiny-swa)");
   cmd->add_option("--num-spec-tokens", args->num_spec_tokens, "Tokens drafted per step")
       ->capture_default_str();
   auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text (bytes)");
@@ -139,6 +139,19 @@ Action add_generate_command(CLI::App& app) {
       loaded.weights.merge(engine::generate_draft_weights(
           engine::read_transformer_config(*ro.draft), desc, tiny_draft->seed));
     }
+    // The target's own MTP layers: weights come with a checkpoint's, or are generated for a tiny
+    // model (seed + 1).
+    const bool mtp = args->draft == model::kMtpDraft;
+    if (mtp) {
+      ro.mtp = true;
+      if (const engine::TinyModel* tiny = engine::find_tiny_model(args->model)) {
+        model::DescribeOptions d;
+        d.num_spec_tokens = ro.num_spec_tokens;
+        loaded.weights.merge(
+            engine::generate_draft_weights(engine::read_transformer_config(loaded.source),
+                                           model::describe_mtp(loaded.source, d), tiny->seed + 1));
+      }
+    }
     engine::ModelRunner runner(loaded.source, loaded.weights, ro);
 
     std::vector<engine::TokenId> prompt = args->prompt_ids;
@@ -159,7 +172,7 @@ Action add_generate_command(CLI::App& app) {
                            plain.requests[i].tokens.end());
       }
       drafter = std::make_unique<engine::OracleDrafter>(std::move(refs));
-    } else if (tiny_draft != nullptr) {
+    } else if (tiny_draft != nullptr || mtp) {
       drafter = std::make_unique<engine::EagleDrafter>(runner);
     } else if (args->draft == "ngram") {
       drafter = std::make_unique<engine::NgramDrafter>();
@@ -167,8 +180,8 @@ Action add_generate_command(CLI::App& app) {
       drafter = std::make_unique<engine::RandomDrafter>(runner.vocab_size(), args->seed);
     } else if (!args->draft.empty()) {
       throw_invalid(
-          fmt::format("--draft {}: unknown drafter; use oracle, ngram or random (learned tiny "
-                      "drafters are not part of the engine yet)",
+          fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "
+                      "with MTP layers) or tiny-eagle (with tiny-swa)",
                       args->draft));
     }
     engine::GenerateReport spec;

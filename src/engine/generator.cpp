@@ -76,7 +76,11 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
   return {};
 }
 
-EagleDrafter::EagleDrafter(ModelRunner& runner) : runner_(runner) {
+EagleDrafter::EagleDrafter(ModelRunner& runner)
+    : runner_(runner),
+      name_(runner.desc().draft_info && runner.desc().draft_info->kind == model::DraftKind::kMtp
+                ? "mtp"
+                : "eagle") {
   if (!runner.has_drafter()) {
     throw_invalid("the eagle drafter needs a runner built with its drafter (RunnerOptions::draft)");
   }

@@ -203,13 +203,19 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shap
     const TransformerConfig& draft, const model::ModelDesc& desc) {
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
   const std::int64_t h = draft.hidden_size;
-  out.push_back({"draft.fc.weight", {h, 2 * h}});
+  const bool mtp = desc.draft_info && desc.draft_info->kind == model::DraftKind::kMtp;
+  const std::string p = mtp ? "mtp." : "draft.";
+  out.push_back({p + "fc.weight", {h, 2 * h}});
+  if (mtp) {
+    out.push_back({p + "pre_fc_norm_embedding.weight", {h}});
+    out.push_back({p + "pre_fc_norm_hidden.weight", {h}});
+  }
   for (const model::LayerDesc& l : desc.layers) {
     if (l.owner == model::Owner::kDraft) {
       add_layer_shapes(out, weight_prefix(l), l, h, draft.intermediate_size, desc.num_spec_tokens);
     }
   }
-  out.push_back({"draft.norm.weight", {h}});
+  out.push_back({p + "norm.weight", {h}});
   return out;
 }
 
@@ -242,15 +248,28 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
           config_.hidden_size, config_.vocab_size));
     }
   }
-  desc_ = model::describe(config, options.draft, dopt);
+  if (options.mtp) {
+    if (options.draft) {
+      throw_invalid(fmt::format("{}: give either a drafter model or the MTP layers, not both",
+                                config.origin));
+    }
+    // The MTP layers are the target's: its config, dtype and weights.
+    draft_config = config_;
+    desc_ = model::describe_mtp(config, dopt);
+  } else {
+    desc_ = model::describe(config, options.draft, dopt);
+  }
   desc_.num_spec_tokens = options.num_spec_tokens;
-  if (desc_.draft_info && desc_.draft_info->kind != model::DraftKind::kEagle) {
-    throw_unsupported(fmt::format("{}: a {} drafter; the runner serves EAGLE-style chain drafters",
-                                  options.draft->origin, model::to_string(desc_.draft_info->kind)));
+  if (desc_.draft_info && desc_.draft_info->kind != model::DraftKind::kEagle &&
+      desc_.draft_info->kind != model::DraftKind::kMtp) {
+    throw_unsupported(
+        fmt::format("{}: a {} drafter; the runner serves EAGLE-style chain drafters and MTP layers",
+                    options.draft ? options.draft->origin : config.origin,
+                    model::to_string(desc_.draft_info->kind)));
   }
   for (const model::LayerDesc& l : desc_.layers) {
     const bool target = l.owner == model::Owner::kTarget;
-    const std::string& origin = target ? config.origin : options.draft->origin;
+    const std::string& origin = target || !options.draft ? config.origin : options.draft->origin;
     const bool gdn = l.kind == model::LayerKind::kGdn && target;
     if (l.kind != model::LayerKind::kFull && l.kind != model::LayerKind::kSliding && !gdn) {
       throw_unsupported(fmt::format(
@@ -301,9 +320,14 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   final_norm_ = get("model.norm.weight");
   lm_head_ = config_.tie_word_embeddings ? embed_ : get("lm_head.weight");
   if (draft_config) {
-    draft_fc_ = get("draft.fc.weight");
-    draft_norm_ = get("draft.norm.weight");
+    const std::string p = options.mtp ? "mtp." : "draft.";
+    draft_fc_ = get(p + "fc.weight");
+    draft_norm_ = get(p + "norm.weight");
     draft_eps_ = draft_config->rms_norm_eps;
+    if (options.mtp) {
+      mtp_norm_embedding_ = get(p + "pre_fc_norm_embedding.weight");
+      mtp_norm_hidden_ = get(p + "pre_fc_norm_hidden.weight");
+    }
   }
   for (const model::LayerDesc& l : desc_.layers) {
     const bool target = l.owner == model::Owner::kTarget;
@@ -394,10 +418,16 @@ ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
                               total * h, features.size()));
   }
   // EAGLE's input: [embedding of the token; hidden state that predicted it] projected to hidden.
+  // MTP (DeepSeek-V3, Qwen3-Next) RMS-normalises each half first.
   std::vector<float> both(static_cast<std::size_t>(total * 2 * h));
   for (std::int64_t t = 0; t < total; ++t) {
-    std::copy_n(embedded.begin() + t * h, h, both.begin() + t * 2 * h);
-    std::copy_n(features.begin() + t * h, h, both.begin() + t * 2 * h + h);
+    float* row = both.data() + t * 2 * h;
+    std::copy_n(embedded.begin() + t * h, h, row);
+    std::copy_n(features.begin() + t * h, h, row + h);
+    if (!mtp_norm_embedding_.empty()) {
+      rms_norm(row, mtp_norm_embedding_, h, draft_eps_, row);
+      rms_norm(row + h, mtp_norm_hidden_, h, draft_eps_, row + h);
+    }
   }
   std::vector<float> x(static_cast<std::size_t>(total * h));
   matmul(draft_fc_, both.data(), total, 2 * h, h, x.data());

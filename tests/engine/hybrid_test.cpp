@@ -20,6 +20,19 @@ ModelRunner make_hybrid(const RunnerOptions& o = {}) {
   return ModelRunner(src, generate_weights(read_transformer_config(src), desc, m.seed), o);
 }
 
+// tiny-hybrid with its MTP layer as the drafter (weights seeded seed + 1, as `mixkv generate`).
+ModelRunner make_hybrid_mtp(RunnerOptions o) {
+  const TinyModel& m = *find_tiny_model("tiny-hybrid");
+  const model::ModelSource src = tiny_model_source(m);
+  const auto config = read_transformer_config(src);
+  TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), m.seed);
+  model::DescribeOptions d;
+  d.num_spec_tokens = o.num_spec_tokens;
+  w.merge(generate_draft_weights(config, model::describe_mtp(src, d), m.seed + 1));
+  o.mtp = true;
+  return ModelRunner(src, w, o);
+}
+
 std::vector<std::vector<TokenId>> references(const std::vector<std::vector<TokenId>>& prompts,
                                              const GenerateReport& plain) {
   std::vector<std::vector<TokenId>> out;
@@ -67,6 +80,7 @@ struct Image {
 Image image_of(const ModelRunner& runner, const cache::KvCacheManager& m, cache::RequestId id) {
   Image image;
   for (const layout::LayerGeometry& g : runner.geometry().layers) {
+    if (!g.layer.starts_with("layers.")) continue;  // the target's layers only
     const auto table = m.block_table(id, g.kv_cache_group);
     const auto tensor = runner.cache_tensor(g.tensor);
     if (g.recurrent) {
@@ -241,6 +255,50 @@ TEST(TinyHybrid, RollbackLeavesRecurrentStatesAndPagesByteForByteAsPlainDecoding
   // The states are not trivially equal: two requests end in different states.
   EXPECT_FALSE(same_bits(images[0].states.at("layers.0.temporal"),
                          images[1].states.at("layers.0.temporal")));
+}
+
+TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
+  ModelRunner runner = make_hybrid_mtp({.num_spec_tokens = 2});
+  ASSERT_TRUE(runner.has_drafter());
+  const model::LayerDesc& mtp = runner.desc().layers.back();
+  EXPECT_EQ(mtp.name, "mtp.layers.0");
+  EXPECT_EQ(mtp.kind, model::LayerKind::kFull);
+  // Batch 1, 256 tokens.
+  GenerateOptions o;
+  o.max_tokens = 256;
+  const std::vector<std::vector<TokenId>> one = {encode_bytes("The MTP layer drafts ahead.")};
+  const GenerateReport plain_one = generate(runner, one, nullptr, o);
+  o.num_spec_tokens = 2;
+  EagleDrafter drafter(runner);
+  EXPECT_EQ(drafter.name(), "mtp");
+  const GenerateReport got_one = generate(runner, one, &drafter, o);
+  expect_same_tokens(plain_one, got_one, "mtp, batch 1");
+  EXPECT_GT(got_one.requests[0].stats.drafted_tokens, 400);
+
+  // The mixed batch, six at a time (prefix hits through the snapshots and the MTP layer's
+  // blocks): the same tokens, and the target's states and pages of a plain run.
+  const auto prompts = mixed_batch();
+  o = {};
+  o.max_tokens = 256;
+  o.max_batch = 16;
+  std::map<std::size_t, Image> plain_images, mtp_images;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
+    plain_images[i] = image_of(runner, m, id);
+  };
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 2;
+  o.max_batch = 6;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
+    mtp_images[i] = image_of(runner, m, id);
+  };
+  const GenerateReport got = generate(runner, prompts, &drafter, o);
+  expect_same_tokens(plain, got, "mtp, mixed batch");
+  std::int64_t hits = 0;
+  for (const auto& r : got.requests) hits += r.stats.prefix_hit_tokens;
+  EXPECT_GE(hits, 3 * 64);
+  for (std::size_t i = 0; i < 16; ++i) {
+    expect_same_image(plain_images.at(i), mtp_images.at(i), "mtp, request " + std::to_string(i));
+  }
 }
 
 TEST(TinyHybrid, TooFewStateBlocksForAVerifyAreRefused) {
