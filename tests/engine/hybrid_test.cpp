@@ -44,9 +44,9 @@ std::vector<std::vector<TokenId>> references(const std::vector<std::vector<Token
   return out;
 }
 
-// 16 prompts of 1 to 100 tokens; every other one starts with the same 64 tokens. tiny-hybrid's
-// snapshot interval is 32 (its attention block) and a prefill keeps the state at its last
-// boundary, so every sharer of fewer than 128 tokens keeps, and later ones hit, the state at 64.
+// 16 prompts of 1 to 134 tokens; every other one starts with the same 64 tokens. tiny-hybrid's
+// snapshot interval is 16 (its attention block) and each prefill chunk keeps the latest boundary
+// it crosses, so the sharers keep the state at 64 (chunks of 24 or 32) and later ones hit it.
 std::vector<std::vector<TokenId>> mixed_batch() {
   std::vector<std::vector<TokenId>> prompts;
   const std::string base =
