@@ -79,6 +79,8 @@ struct RunnerOptions {
   // Draft with the target config's own MTP layers (num_nextn_predict_layers) instead: planned
   // like an EAGLE drafter's (model::describe_mtp), weights under mtp.* with the target's.
   bool mtp = false;
+  // Recurrent states' dtype (model::DescribeOptions::ssm_dtype); nullopt: the config's.
+  std::optional<DType> ssm_dtype = std::nullopt;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),

@@ -231,6 +231,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   std::optional<TransformerConfig> draft_config;
   // Recurrent layers' conv states keep num_spec_tokens extra rows, with or without a drafter.
   dopt.num_spec_tokens = options.num_spec_tokens;
+  dopt.ssm_dtype = options.ssm_dtype;
   if (options.draft) {
     draft_config = read_transformer_config(*options.draft);
     // The drafter's cache in its own dtype (its config's torch_dtype), not the target's.

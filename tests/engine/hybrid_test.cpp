@@ -257,6 +257,31 @@ TEST(TinyHybrid, RollbackLeavesRecurrentStatesAndPagesByteForByteAsPlainDecoding
                          images[1].states.at("layers.0.temporal")));
 }
 
+TEST(TinyHybrid, Bfloat16StatesGiveTheSameTokensPlainAndSpeculative) {
+  // One kernel call per token stores the state in its dtype after every token, so a verify
+  // block rounds exactly as one-by-one decoding does.
+  ModelRunner runner = make_hybrid({.num_spec_tokens = 3, .ssm_dtype = DType::kBfloat16});
+  const model::LayerDesc& gdn = runner.desc().layers[0];
+  ASSERT_EQ(gdn.state.back().name, "temporal");
+  EXPECT_EQ(gdn.state.back().dtype, DType::kBfloat16);
+  const std::vector<std::vector<TokenId>> prompts = {encode_bytes("bf16 states, rounded alike")};
+  GenerateOptions o;
+  o.max_tokens = 128;
+  std::vector<Image> images;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
+    images.push_back(image_of(runner, m, id));
+  };
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 3;
+  OracleDrafter oracle(references(prompts, plain));
+  expect_same_tokens(plain, generate(runner, prompts, &oracle, o), "bf16, oracle");
+  RandomDrafter random(runner.vocab_size(), 9);
+  expect_same_tokens(plain, generate(runner, prompts, &random, o), "bf16, random");
+  ASSERT_EQ(images.size(), 3u);
+  expect_same_image(images[0], images[1], "bf16, oracle");
+  expect_same_image(images[0], images[2], "bf16, random");
+}
+
 TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
   ModelRunner runner = make_hybrid_mtp({.num_spec_tokens = 2});
   ASSERT_TRUE(runner.has_drafter());
