@@ -326,6 +326,24 @@ TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
   }
 }
 
+TEST(TinyHybrid, PreemptionByRecomputeKeepsTheTokens) {
+  const auto prompts = mixed_batch();
+  GenerateOptions o;
+  o.max_tokens = 96;
+  o.max_batch = 16;
+  ModelRunner roomy = make_hybrid({.num_spec_tokens = 2});
+  const GenerateReport want = generate(roomy, prompts, nullptr, o);
+  // A cache far too small for 16 growing requests: preempted ones restart from a zeroed state
+  // or a restored snapshot.
+  ModelRunner tight =
+      make_hybrid({.memory_bytes = 512 << 10, .max_model_len = 256, .num_spec_tokens = 2});
+  o.num_spec_tokens = 2;
+  RandomDrafter random(tight.vocab_size(), 4);
+  const GenerateReport got = generate(tight, prompts, &random, o);
+  EXPECT_GT(got.preemptions, 0);
+  expect_same_tokens(want, got, "preempted");
+}
+
 TEST(TinyHybrid, TooFewStateBlocksForAVerifyAreRefused) {
   ModelRunner runner = make_hybrid({.num_spec_tokens = 2});
   const std::vector<TokenId> tokens = {1, 2, 3};
