@@ -192,26 +192,36 @@ TEST(TinyHybrid, SpeculationAndPrefixHitsAreBitIdenticalInAMixedBatchOfSixteen) 
   expect_same_tokens(plain, generate(runner, prompts, &oracle, o), "oracle");
   NgramDrafter ngram;
   expect_same_tokens(plain, generate(runner, prompts, &ngram, o), "ngram");
-  // Random drafts, nearly all rolled back; two per step keep the test short.
+  // Random drafts, nearly all rolled back (two per step keep the test short): every request
+  // ends with the plain run's recurrent states and pages.
   o.num_spec_tokens = 2;
   RandomDrafter random(runner.vocab_size(), 6);
+  std::map<std::size_t, Image> random_images;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
+    random_images[i] = image_of(runner, m, id);
+  };
   expect_same_tokens(plain, generate(runner, prompts, &random, o), "random");
+  ASSERT_EQ(random_images.size(), 16u);
+  for (std::size_t i = 0; i < 16; ++i) {
+    expect_same_image(plain_images.at(i), random_images.at(i), "random " + std::to_string(i));
+  }
 
-  // Five at a time with random drafts: later requests restore the shared prefix's recurrent
-  // snapshot (and its attention blocks), and end with the plain run's cache bytes.
+  // Five at a time: later requests restore the shared prefix's recurrent snapshot (and its
+  // attention blocks), and end with the plain run's cache bytes too.
+  o.num_spec_tokens = 3;
   o.max_batch = 5;
   std::map<std::size_t, Image> hit_images;
   o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
     hit_images[i] = image_of(runner, m, id);
   };
-  const GenerateReport narrow = generate(runner, prompts, &random, o);
+  const GenerateReport narrow = generate(runner, prompts, &oracle, o);
   expect_same_tokens(plain, narrow, "five at a time");
   std::int64_t hits = 0;
   for (const auto& r : narrow.requests) hits += r.stats.prefix_hit_tokens;
   EXPECT_GE(hits, 3 * 64);
   ASSERT_EQ(hit_images.size(), 16u);
   for (std::size_t i = 0; i < 16; ++i) {
-    expect_same_image(plain_images.at(i), hit_images.at(i), "request " + std::to_string(i));
+    expect_same_image(plain_images.at(i), hit_images.at(i), "hit " + std::to_string(i));
   }
 
   // Each request alone, another chunking, no prefix cache: the same tokens.
