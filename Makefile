@@ -32,6 +32,8 @@ demo: build
 	@echo
 	./$(BUILD_DIR)/mixkv verify qwen3.5-27b --draft mha-draft-qwen3.5-27b --tp 4 --memory-scale 512MiB
 	@echo
+	./$(BUILD_DIR)/mixkv generate tiny-hybrid --draft mtp --num-spec-tokens 2 --max-tokens 64
+	@echo
 	./$(BUILD_DIR)/mixkv generate tiny-swa --draft oracle --num-spec-tokens 4 --max-tokens 128
 
 test: build

@@ -93,8 +93,9 @@ class NgramDrafter final : public Drafter {
 // chains the remaining k - 1 drafts on the drafter's own hidden states.
 class EagleDrafter final : public Drafter {
  public:
+  // The same chain serves the target's MTP layers (RunnerOptions::mtp): named "mtp" then.
   explicit EagleDrafter(ModelRunner& runner);
-  std::string name() const override { return "eagle"; }
+  std::string name() const override { return name_; }
   std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
   void observe(const DraftContext& ctx, std::int64_t first, std::span<const float> hidden) override;
   void forget(std::size_t request) override;
@@ -109,6 +110,7 @@ class EagleDrafter final : public Drafter {
     std::vector<float> pending_hidden;
   };
   ModelRunner& runner_;
+  std::string name_;
   std::map<std::size_t, State> states_;
 };
 

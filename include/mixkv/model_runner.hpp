@@ -16,7 +16,9 @@
 #include "mixkv/block_pool.hpp"
 #include "mixkv/describe.hpp"
 #include "mixkv/geometry.hpp"
+#include "mixkv/kv_cache_manager.hpp"
 #include "mixkv/plan.hpp"
+#include "mixkv/recurrent_kernel.hpp"
 #include "mixkv/safetensors.hpp"
 #include "mixkv/tiny_models.hpp"
 
@@ -44,7 +46,8 @@ TransformerConfig read_transformer_config(const model::ModelSource& source);
 // The HuggingFace (Llama-style) names and shapes of every weight the runner reads, for `desc`'s
 // target layers: model.embed_tokens.weight, model.layers.{i}.{input_layernorm, self_attn.
 // {q,k,v,o}_proj, self_attn.sinks, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
-// lm_head (unless tied).
+// lm_head (unless tied). Gated DeltaNet layers have Qwen3-Next's linear_attn.{in_proj_qkvz,
+// in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj} in place of self_attn (docs/engine.md).
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
     const TransformerConfig& config, const model::ModelDesc& desc);
 
@@ -55,7 +58,9 @@ TensorMap generate_weights(const TransformerConfig& config, const model::ModelDe
 // An EAGLE-style drafter's own weights (it shares the target's embedding and LM head):
 // draft.fc.weight [hidden, 2 hidden] (the concatenation of a token's embedding and the previous
 // position's target hidden state, projected), draft.layers.{j}.* as a target layer's, and
-// draft.norm.weight.
+// draft.norm.weight. For the target's MTP layers (`desc` from model::describe_mtp) the names are
+// Qwen3-Next's: mtp.fc.weight, mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight
+// (RMSNorms of the two halves before fc), mtp.layers.{j}.*, mtp.norm.weight.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shapes(
     const TransformerConfig& draft, const model::ModelDesc& desc);
 TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
@@ -71,15 +76,28 @@ struct RunnerOptions {
   // with the target, so its layers are planned into the same cache and the manager's block
   // tables cover them. Its weights come with the target's (draft_weight_shapes).
   std::optional<model::ModelSource> draft = std::nullopt;
+  // Draft with the target config's own MTP layers (num_nextn_predict_layers) instead: planned
+  // like an EAGLE drafter's (model::describe_mtp), weights under mtp.* with the target's.
+  bool mtp = false;
+  // Recurrent states' dtype (model::DescribeOptions::ssm_dtype); nullopt: the config's.
+  std::optional<DType> ssm_dtype = std::nullopt;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),
 // with the request's manager block table of every KV-cache group (the blocks must hold those
 // positions; earlier positions' K/V must already be in the cache).
+//
+// Recurrent groups (Gated DeltaNet): table[0] is the live state. With `checkpoints` (a decode or
+// verify step) the state after token i goes to table[i], which must then hold every token;
+// without (a prefill chunk) every token updates table[0]. `recurrent[g]`, when given, is the
+// manager's RecurrentStep for group g: a prefix hit's state to copy into table[0] first, and the
+// snapshot block to copy the state after `snapshot_at` tokens into.
 struct SequenceInput {
   std::span<const TokenId> tokens;
   std::int64_t start = 0;
   std::vector<std::span<const cache::BlockId>> block_tables;  // per KV-cache group
+  bool checkpoints = false;
+  std::vector<cache::RecurrentStep> recurrent = {};  // per KV-cache group, or empty
 };
 
 struct ForwardOutput {
@@ -89,7 +107,7 @@ struct ForwardOutput {
 
 class ModelRunner {
  public:
-  // Throws Error when a layer kind is not served (recurrent, MLA, chunked), a weight is missing
+  // Throws Error when a layer kind is not served (Mamba2, MLA, chunked), a weight is missing
   // or misshapen, or the cache cannot be planned.
   ModelRunner(const model::ModelSource& config, const TensorMap& weights,
               const RunnerOptions& options = {});
@@ -116,6 +134,12 @@ class ModelRunner {
 
  private:
   struct Layer {
+    std::string name;
+    bool gdn = false;  // a Gated DeltaNet layer (else attention)
+    kernels::GdnLayerSpec gdn_spec;
+    // Gated DeltaNet weights: in_proj_qkvz and in_proj_ba rows grouped per key head as
+    // Qwen3-Next's checkpoints are; a_neg = -exp(A_log); norm over each value head.
+    std::vector<float> in_qkvz, in_ba, conv_w, dt_bias, a_neg, gdn_norm, out_proj;
     std::int64_t intermediate = 0;
     double rms_norm_eps = 1e-5;
     double rope_theta = 10000.0;
@@ -131,6 +155,8 @@ class ModelRunner {
   std::vector<std::vector<std::byte>> tensors_;
   void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
                    std::vector<float>& x) const;
+  void run_gdn(const Layer& layer, std::span<const SequenceInput> batch,
+               const std::vector<float>& normed, std::vector<float>& out);
   void run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
                   const std::vector<std::int64_t>& positions, std::vector<float>& x);
   ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps) const;
@@ -139,6 +165,7 @@ class ModelRunner {
   std::vector<Layer> draft_layers_;
   std::vector<float> embed_, final_norm_, lm_head_;
   std::vector<float> draft_fc_, draft_norm_;
+  std::vector<float> mtp_norm_embedding_, mtp_norm_hidden_;  // MTP only: before draft_fc_
   double draft_eps_ = 1e-5;
 };
 

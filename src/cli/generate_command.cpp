@@ -91,8 +91,9 @@ Action add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "generate", "Greedy generation through the reference engine, plain and speculative");
   cmd->footer(
-      "MODEL: tiny-swa (mixkv's tiny models have generated weights and a byte-level vocabulary; "
-      "tiny-hybrid needs recurrent kernels not yet in mixkv) or a directory with config.json and "
+      "MODEL: tiny-swa or tiny-hybrid (mixkv's tiny models have generated weights and a "
+      "byte-level vocabulary; tiny-hybrid mixes Gated DeltaNet and full attention layers) or a "
+      "directory with config.json and "
       "model.safetensors. With --draft, the prompts are "
       "generated twice, plain and speculative, and the tokens must match (exit status 3 if "
       "not). --batch B runs B requests: the prompt, then the prompt with a suffix. "
@@ -100,8 +101,8 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option("MODEL", args->model, "Target model")->required();
   cmd->add_option(
       "--draft", args->draft,
-      "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup) or "
-      "random");
+      "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup), random, "
+      "mtp (the target's MTP layers: tiny-hybrid) or tiny-eagle (with tiny-swa)");
   cmd->add_option("--num-spec-tokens", args->num_spec_tokens, "Tokens drafted per step")
       ->capture_default_str();
   auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text (bytes)");
@@ -138,6 +139,19 @@ Action add_generate_command(CLI::App& app) {
       loaded.weights.merge(engine::generate_draft_weights(
           engine::read_transformer_config(*ro.draft), desc, tiny_draft->seed));
     }
+    // The target's own MTP layers: weights come with a checkpoint's, or are generated for a tiny
+    // model (seed + 1).
+    const bool mtp = args->draft == model::kMtpDraft;
+    if (mtp) {
+      ro.mtp = true;
+      if (const engine::TinyModel* tiny = engine::find_tiny_model(args->model)) {
+        model::DescribeOptions d;
+        d.num_spec_tokens = ro.num_spec_tokens;
+        loaded.weights.merge(
+            engine::generate_draft_weights(engine::read_transformer_config(loaded.source),
+                                           model::describe_mtp(loaded.source, d), tiny->seed + 1));
+      }
+    }
     engine::ModelRunner runner(loaded.source, loaded.weights, ro);
 
     std::vector<engine::TokenId> prompt = args->prompt_ids;
@@ -158,7 +172,7 @@ Action add_generate_command(CLI::App& app) {
                            plain.requests[i].tokens.end());
       }
       drafter = std::make_unique<engine::OracleDrafter>(std::move(refs));
-    } else if (tiny_draft != nullptr) {
+    } else if (tiny_draft != nullptr || mtp) {
       drafter = std::make_unique<engine::EagleDrafter>(runner);
     } else if (args->draft == "ngram") {
       drafter = std::make_unique<engine::NgramDrafter>();
@@ -166,8 +180,8 @@ Action add_generate_command(CLI::App& app) {
       drafter = std::make_unique<engine::RandomDrafter>(runner.vocab_size(), args->seed);
     } else if (!args->draft.empty()) {
       throw_invalid(
-          fmt::format("--draft {}: unknown drafter; use oracle, ngram or random (learned tiny "
-                      "drafters are not part of the engine yet)",
+          fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "
+                      "with MTP layers) or tiny-eagle (with tiny-swa)",
                       args->draft));
     }
     engine::GenerateReport spec;

@@ -76,7 +76,11 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
   return {};
 }
 
-EagleDrafter::EagleDrafter(ModelRunner& runner) : runner_(runner) {
+EagleDrafter::EagleDrafter(ModelRunner& runner)
+    : runner_(runner),
+      name_(runner.desc().draft_info && runner.desc().draft_info->kind == model::DraftKind::kMtp
+                ? "mtp"
+                : "eagle") {
   if (!runner.has_drafter()) {
     throw_invalid("the eagle drafter needs a runner built with its drafter (RunnerOptions::draft)");
   }
@@ -255,10 +259,18 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
     }
 
     // Room for each decoding request's token plus k look-ahead; preempt the newest on failure.
+    // A prefill chunk's blocks came with admit(), but allocate() also picks the step's recurrent
+    // snapshot boundary (the manager drops it at every commit), so prefills ask too.
     for (std::size_t j = 0; j < running.size(); ++j) {
       const std::size_t i = running[j];
-      if (reqs[i].prefilling) continue;
-      while (!manager.allocate(id_of(i), 1, k)) {
+      const Request& req = reqs[i];
+      const std::int64_t num_new =
+          req.prefilling
+              ? std::min<std::int64_t>(options.prefill_chunk,
+                                       static_cast<std::int64_t>(req.tokens.size()) - req.computed)
+              : 1;
+      if (req.prefilling && manager.snapshot_interval() == 0) continue;
+      while (!manager.allocate(id_of(i), num_new, k)) {
         if (running.size() == 1) {
           throw_invalid(
               fmt::format("request {} no longer fits the KV cache alone ({} blocks); "
@@ -281,7 +293,13 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
       in.start = r.computed;
       for (std::size_t g = 0; g < plan.groups.size(); ++g) {
         in.block_tables.push_back(manager.block_table(id_of(i), static_cast<int>(g)));
+        // Recurrent groups: the prefix hit's state to restore, the snapshot to keep.
+        if (plan.groups[g].behaviour == plan::Behaviour::kRecurrent) {
+          in.recurrent.resize(plan.groups.size());
+          in.recurrent[g] = manager.recurrent_step(id_of(i), static_cast<int>(g));
+        }
       }
+      in.checkpoints = !r.prefilling;
       if (r.prefilling) {
         const auto n = std::min<std::int64_t>(
             options.prefill_chunk, static_cast<std::int64_t>(r.tokens.size()) - r.computed);

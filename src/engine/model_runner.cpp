@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -120,23 +121,43 @@ TensorMap random_tensors(
   return out;
 }
 
-void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
-                      const std::string& p, const model::LayerDesc& l, std::int64_t h,
-                      std::int64_t inter) {
-  const std::int64_t q = std::int64_t{l.num_q_heads} * l.head_size;
-  const std::int64_t kv = std::int64_t{l.num_kv_heads} * l.head_size;
-  out.push_back({p + "input_layernorm.weight", {h}});
+void add_attention_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
+                          const std::string& p, const model::LayerDesc& l, std::int64_t h,
+                          std::int64_t q, std::int64_t kv) {
   out.push_back({p + "self_attn.q_proj.weight", {q, h}});
   out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
   out.push_back({p + "self_attn.v_proj.weight", {std::int64_t{l.num_kv_heads} * l.head_size_v, h}});
   out.push_back({p + "self_attn.o_proj.weight", {h, std::int64_t{l.num_q_heads} * l.head_size_v}});
   if (l.sinks) out.push_back({p + "self_attn.sinks", {l.num_q_heads}});
+}
+
+void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
+                      const std::string& p, const model::LayerDesc& l, std::int64_t h,
+                      std::int64_t inter, int num_spec_tokens) {
+  const std::int64_t q = std::int64_t{l.num_q_heads} * l.head_size;
+  const std::int64_t kv = std::int64_t{l.num_kv_heads} * l.head_size;
+  out.push_back({p + "input_layernorm.weight", {h}});
+  if (l.kind == model::LayerKind::kGdn) {
+    // Qwen3-Next's Gated DeltaNet (HF Qwen3NextGatedDeltaNet): q, k, v, z and b, a projections,
+    // a depthwise conv over q, k, v, per-head gated RMSNorm, output projection.
+    const kernels::GdnLayerSpec g = kernels::gdn_layer_spec(l, num_spec_tokens);
+    const std::int64_t key = g.gdn.num_k_heads * g.gdn.k_dim;
+    const std::int64_t value = g.gdn.num_v_heads * g.gdn.v_dim;
+    out.push_back({p + "linear_attn.in_proj_qkvz.weight", {2 * key + 2 * value, h}});
+    out.push_back({p + "linear_attn.in_proj_ba.weight", {2 * g.gdn.num_v_heads, h}});
+    out.push_back({p + "linear_attn.conv1d.weight", {g.conv.channels, 1, g.conv.kernel}});
+    out.push_back({p + "linear_attn.dt_bias", {g.gdn.num_v_heads}});
+    out.push_back({p + "linear_attn.A_log", {g.gdn.num_v_heads}});
+    out.push_back({p + "linear_attn.norm.weight", {g.gdn.v_dim}});
+    out.push_back({p + "linear_attn.out_proj.weight", {h, value}});
+  } else {
+    add_attention_shapes(out, p, l, h, q, kv);
+  }
   out.push_back({p + "post_attention_layernorm.weight", {h}});
   out.push_back({p + "mlp.gate_proj.weight", {inter, h}});
   out.push_back({p + "mlp.up_proj.weight", {inter, h}});
   out.push_back({p + "mlp.down_proj.weight", {h, inter}});
 }
-
 // Checkpoint prefix of a layer: "model.layers.3." for the target, "draft.layers.0." for a drafter.
 std::string weight_prefix(const model::LayerDesc& l) {
   return l.owner == model::Owner::kTarget ? layer_prefix(l.index) : l.name + ".";
@@ -150,7 +171,8 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
   out.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}});
   for (const model::LayerDesc& l : desc.layers) {
     if (l.owner == model::Owner::kTarget) {
-      add_layer_shapes(out, weight_prefix(l), l, c.hidden_size, c.intermediate_size);
+      add_layer_shapes(out, weight_prefix(l), l, c.hidden_size, c.intermediate_size,
+                       desc.num_spec_tokens);
     }
   }
   out.push_back({"model.norm.weight", {c.hidden_size}});
@@ -167,13 +189,19 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shap
     const TransformerConfig& draft, const model::ModelDesc& desc) {
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
   const std::int64_t h = draft.hidden_size;
-  out.push_back({"draft.fc.weight", {h, 2 * h}});
+  const bool mtp = desc.draft_info && desc.draft_info->kind == model::DraftKind::kMtp;
+  const std::string p = mtp ? "mtp." : "draft.";
+  out.push_back({p + "fc.weight", {h, 2 * h}});
+  if (mtp) {
+    out.push_back({p + "pre_fc_norm_embedding.weight", {h}});
+    out.push_back({p + "pre_fc_norm_hidden.weight", {h}});
+  }
   for (const model::LayerDesc& l : desc.layers) {
     if (l.owner == model::Owner::kDraft) {
-      add_layer_shapes(out, weight_prefix(l), l, h, draft.intermediate_size);
+      add_layer_shapes(out, weight_prefix(l), l, h, draft.intermediate_size, desc.num_spec_tokens);
     }
   }
-  out.push_back({"draft.norm.weight", {h}});
+  out.push_back({p + "norm.weight", {h}});
   return out;
 }
 
@@ -187,9 +215,11 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     : config_(read_transformer_config(config)) {
   model::DescribeOptions dopt;
   std::optional<TransformerConfig> draft_config;
+  // Recurrent layers' conv states keep num_spec_tokens extra rows, with or without a drafter.
+  dopt.num_spec_tokens = options.num_spec_tokens;
+  dopt.ssm_dtype = options.ssm_dtype;
   if (options.draft) {
     draft_config = read_transformer_config(*options.draft);
-    dopt.num_spec_tokens = options.num_spec_tokens;
     // The drafter's cache in its own dtype (its config's torch_dtype), not the target's.
     const model::ConfigReader draft_root(*options.draft->doc, options.draft->origin);
     if (auto dtype = draft_root.optional_string("torch_dtype")) {
@@ -205,19 +235,33 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
           config_.hidden_size, config_.vocab_size));
     }
   }
-  desc_ = model::describe(config, options.draft, dopt);
+  if (options.mtp) {
+    if (options.draft) {
+      throw_invalid(fmt::format("{}: give either a drafter model or the MTP layers, not both",
+                                config.origin));
+    }
+    // The MTP layers are the target's: its config, dtype and weights.
+    draft_config = config_;
+    desc_ = model::describe_mtp(config, dopt);
+  } else {
+    desc_ = model::describe(config, options.draft, dopt);
+  }
   desc_.num_spec_tokens = options.num_spec_tokens;
-  if (desc_.draft_info && desc_.draft_info->kind != model::DraftKind::kEagle) {
-    throw_unsupported(fmt::format("{}: a {} drafter; the runner serves EAGLE-style chain drafters",
-                                  options.draft->origin, model::to_string(desc_.draft_info->kind)));
+  if (desc_.draft_info && desc_.draft_info->kind != model::DraftKind::kEagle &&
+      desc_.draft_info->kind != model::DraftKind::kMtp) {
+    throw_unsupported(
+        fmt::format("{}: a {} drafter; the runner serves EAGLE-style chain drafters and MTP layers",
+                    options.draft ? options.draft->origin : config.origin,
+                    model::to_string(desc_.draft_info->kind)));
   }
   for (const model::LayerDesc& l : desc_.layers) {
     const bool target = l.owner == model::Owner::kTarget;
-    const std::string& origin = target ? config.origin : options.draft->origin;
-    if (l.kind != model::LayerKind::kFull && l.kind != model::LayerKind::kSliding) {
+    const std::string& origin = target || !options.draft ? config.origin : options.draft->origin;
+    const bool gdn = l.kind == model::LayerKind::kGdn && target;
+    if (l.kind != model::LayerKind::kFull && l.kind != model::LayerKind::kSliding && !gdn) {
       throw_unsupported(fmt::format(
-          "{}: layer {} is {}; the reference runner serves full and sliding attention layers only "
-          "(recurrent kernels are not part of mixkv yet)",
+          "{}: layer {} is {}; the reference runner serves full and sliding attention and "
+          "(target) Gated DeltaNet layers",
           origin, l.name, model::to_string(l.kind)));
     }
   }
@@ -263,9 +307,14 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   final_norm_ = get("model.norm.weight");
   lm_head_ = config_.tie_word_embeddings ? embed_ : get("lm_head.weight");
   if (draft_config) {
-    draft_fc_ = get("draft.fc.weight");
-    draft_norm_ = get("draft.norm.weight");
+    const std::string p = options.mtp ? "mtp." : "draft.";
+    draft_fc_ = get(p + "fc.weight");
+    draft_norm_ = get(p + "norm.weight");
     draft_eps_ = draft_config->rms_norm_eps;
+    if (options.mtp) {
+      mtp_norm_embedding_ = get(p + "pre_fc_norm_embedding.weight");
+      mtp_norm_hidden_ = get(p + "pre_fc_norm_hidden.weight");
+    }
   }
   for (const model::LayerDesc& l : desc_.layers) {
     const bool target = l.owner == model::Owner::kTarget;
@@ -274,16 +323,30 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     layer.intermediate = c.intermediate_size;
     layer.rms_norm_eps = c.rms_norm_eps;
     layer.rope_theta = c.rope_theta;
+    layer.name = l.name;
     layer.geometry = geometry_.layer(l.name);
-    const auto& group = groups_.at(static_cast<std::size_t>(layer.geometry.attention_group));
-    layer.spec = kernels::attention_spec(attn::kernel_params(group, l), l);
     const std::string p = weight_prefix(l);
     layer.input_norm = get(p + "input_layernorm.weight");
-    layer.wq = get(p + "self_attn.q_proj.weight");
-    layer.wk = get(p + "self_attn.k_proj.weight");
-    layer.wv = get(p + "self_attn.v_proj.weight");
-    layer.wo = get(p + "self_attn.o_proj.weight");
-    if (l.sinks) layer.sinks = get(p + "self_attn.sinks");
+    if (l.kind == model::LayerKind::kGdn) {
+      layer.gdn = true;
+      layer.gdn_spec = kernels::gdn_layer_spec(l, desc_.num_spec_tokens);
+      layer.in_qkvz = get(p + "linear_attn.in_proj_qkvz.weight");
+      layer.in_ba = get(p + "linear_attn.in_proj_ba.weight");
+      layer.conv_w = get(p + "linear_attn.conv1d.weight");
+      layer.dt_bias = get(p + "linear_attn.dt_bias");
+      layer.a_neg = get(p + "linear_attn.A_log");
+      for (float& a : layer.a_neg) a = -std::exp(a);
+      layer.gdn_norm = get(p + "linear_attn.norm.weight");
+      layer.out_proj = get(p + "linear_attn.out_proj.weight");
+    } else {
+      const auto& group = groups_.at(static_cast<std::size_t>(layer.geometry.attention_group));
+      layer.spec = kernels::attention_spec(attn::kernel_params(group, l), l);
+      layer.wq = get(p + "self_attn.q_proj.weight");
+      layer.wk = get(p + "self_attn.k_proj.weight");
+      layer.wv = get(p + "self_attn.v_proj.weight");
+      layer.wo = get(p + "self_attn.o_proj.weight");
+      if (l.sinks) layer.sinks = get(p + "self_attn.sinks");
+    }
     layer.post_norm = get(p + "post_attention_layernorm.weight");
     layer.gate = get(p + "mlp.gate_proj.weight");
     layer.up = get(p + "mlp.up_proj.weight");
@@ -342,10 +405,16 @@ ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
                               total * h, features.size()));
   }
   // EAGLE's input: [embedding of the token; hidden state that predicted it] projected to hidden.
+  // MTP (DeepSeek-V3, Qwen3-Next) RMS-normalises each half first.
   std::vector<float> both(static_cast<std::size_t>(total * 2 * h));
   for (std::int64_t t = 0; t < total; ++t) {
-    std::copy_n(embedded.begin() + t * h, h, both.begin() + t * 2 * h);
-    std::copy_n(features.begin() + t * h, h, both.begin() + t * 2 * h + h);
+    float* row = both.data() + t * 2 * h;
+    std::copy_n(embedded.begin() + t * h, h, row);
+    std::copy_n(features.begin() + t * h, h, row + h);
+    if (!mtp_norm_embedding_.empty()) {
+      rms_norm(row, mtp_norm_embedding_, h, draft_eps_, row);
+      rms_norm(row + h, mtp_norm_hidden_, h, draft_eps_, row + h);
+    }
   }
   std::vector<float> x(static_cast<std::size_t>(total * h));
   matmul(draft_fc_, both.data(), total, 2 * h, h, x.data());
@@ -369,6 +438,180 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
   return out;
 }
 
+namespace {
+
+// The mixer's output `mixed` joins the residual stream; then RMSNorm, SwiGLU MLP, residual.
+template <typename Layer>
+void mlp(const Layer& layer, std::vector<float>& x, std::vector<float>& mixed,
+         std::vector<float>& normed) {
+  const std::int64_t h = static_cast<std::int64_t>(layer.post_norm.size());
+  const std::int64_t inter = layer.intermediate;
+  const auto total = static_cast<std::int64_t>(x.size()) / h;
+  for (std::int64_t t = 0; t < total; ++t) {
+    float* xt = x.data() + t * h;
+    for (std::int64_t i = 0; i < h; ++i) xt[i] += mixed[static_cast<std::size_t>(t * h + i)];
+    rms_norm(xt, layer.post_norm, h, layer.rms_norm_eps, normed.data() + t * h);
+  }
+  std::vector<float> gate(static_cast<std::size_t>(total * inter));
+  std::vector<float> up(gate.size());
+  matmul(layer.gate, normed.data(), total, h, inter, gate.data());
+  matmul(layer.up, normed.data(), total, h, inter, up.data());
+  for (std::size_t i = 0; i < gate.size(); ++i) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SiLU(gate) * up
+  }
+  matmul(layer.down, gate.data(), total, inter, h, mixed.data());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] += mixed[i];
+}
+
+float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+// PyTorch's softplus (threshold 20: the identity above it).
+float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
+
+// Scales each `d`-wide head of `v` to unit L2 norm, as flash-linear-attention's l2norm
+// (x / sqrt(sum x^2 + 1e-6)) that Qwen3-Next applies to q and k.
+void l2_normalise(float* v, std::int64_t heads, std::int64_t d) {
+  for (std::int64_t hh = 0; hh < heads; ++hh) {
+    float* x = v + hh * d;
+    float ss = 0.0f;
+    for (std::int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+    const float inv = 1.0f / std::sqrt(ss + 1e-6f);
+    for (std::int64_t i = 0; i < d; ++i) x[i] *= inv;
+  }
+}
+
+}  // namespace
+
+// A Gated DeltaNet layer's mixer over the batch (Qwen3-Next's layout and formulas; HF
+// Qwen3NextGatedDeltaNet). The conv and the delta rule run one token per kernel call, the state
+// stored to the cache after every token: a token's output and state are then the same bytes
+// whether it came in a prefill chunk, alone, or inside a verify block, for any state dtype (one
+// call over several tokens would keep the state in float between them and round it only at the
+// end). The chunked prefill kernel is not used for the same reason; docs/engine.md.
+void ModelRunner::run_gdn(const Layer& layer, std::span<const SequenceInput> batch,
+                          const std::vector<float>& normed, std::vector<float>& out) {
+  const kernels::GdnSpec& g = layer.gdn_spec.gdn;
+  const kernels::ConvSpec& cs = layer.gdn_spec.conv;
+  const std::int64_t h = config_.hidden_size;
+  const auto total = static_cast<std::int64_t>(normed.size()) / h;
+  const std::int64_t hk = g.num_k_heads, hv = g.num_v_heads, dk = g.k_dim, dv = g.v_dim;
+  const std::int64_t per = hv / hk;  // value heads per key head
+  const std::int64_t key = hk * dk, value = hv * dv;
+  const std::int64_t width = 2 * key + 2 * value;
+  const std::int64_t channels = cs.channels;  // 2 key + value
+
+  std::vector<float> qkvz(static_cast<std::size_t>(total * width));
+  std::vector<float> ba(static_cast<std::size_t>(total * 2 * hv));
+  matmul(layer.in_qkvz, normed.data(), total, h, width, qkvz.data());
+  matmul(layer.in_ba, normed.data(), total, h, 2 * hv, ba.data());
+  // Rows are grouped per key head j: [q_j (dk), k_j (dk), v_j (per dv), z_j (per dv)] and
+  // [b_j (per), a_j (per)]; the conv reads [all q; all k; all v].
+  std::vector<float> mixed(static_cast<std::size_t>(total * channels));
+  std::vector<float> z(static_cast<std::size_t>(total * value));
+  std::vector<float> beta(static_cast<std::size_t>(total * hv));
+  std::vector<float> decay(beta.size());
+  for (std::int64_t t = 0; t < total; ++t) {
+    const float* src = qkvz.data() + t * width;
+    float* m = mixed.data() + t * channels;
+    for (std::int64_t j = 0; j < hk; ++j) {
+      const float* grp = src + j * (2 * dk + 2 * per * dv);
+      std::copy_n(grp, dk, m + j * dk);
+      std::copy_n(grp + dk, dk, m + key + j * dk);
+      std::copy_n(grp + 2 * dk, per * dv, m + 2 * key + j * per * dv);
+      std::copy_n(grp + 2 * dk + per * dv, per * dv, z.data() + t * value + j * per * dv);
+      for (std::int64_t i = 0; i < per; ++i) {
+        const std::int64_t head = j * per + i;
+        const float b = ba[static_cast<std::size_t>(t * 2 * hv + j * 2 * per + i)];
+        const float a = ba[static_cast<std::size_t>(t * 2 * hv + j * 2 * per + per + i)];
+        beta[static_cast<std::size_t>(t * hv + head)] = 1.0f / (1.0f + std::exp(-b));
+        decay[static_cast<std::size_t>(t * hv + head)] =
+            layer.a_neg[static_cast<std::size_t>(head)] *
+            softplus(a + layer.dt_bias[static_cast<std::size_t>(head)]);
+      }
+    }
+  }
+
+  const layout::LayerGeometry& geo = layer.geometry;
+  std::span<std::byte> tensor = tensors_.at(static_cast<std::size_t>(geo.tensor));
+  const auto group = static_cast<std::size_t>(geo.kv_cache_group);
+  // The layer's state in block b (its tensors are one contiguous run there: docs/kernels.md).
+  auto state_of = [&](cache::BlockId b) {
+    const std::int64_t at = geo.offset + std::int64_t{b.value()} * geo.kernel_page_stride;
+    if (b.is_null() || at < 0 || at + geo.state_bytes > static_cast<std::int64_t>(tensor.size())) {
+      throw_invalid(fmt::format("layer {}: state block {} is null or outside the cache tensor",
+                                layer.name, b.value()));
+    }
+    return tensor.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(geo.state_bytes));
+  };
+  auto copy_state = [&](cache::BlockId from, cache::BlockId to) {
+    const std::span<std::byte> src = state_of(from);
+    std::memmove(state_of(to).data(), src.data(), src.size());
+  };
+
+  std::vector<float> conv_out(mixed.size());
+  std::vector<float> o(static_cast<std::size_t>(total * value));
+  std::int64_t row = 0;
+  for (std::size_t r = 0; r < batch.size(); ++r) {
+    const SequenceInput& s = batch[r];
+    const std::span<const cache::BlockId> table = s.block_tables.at(group);
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    const std::int64_t needed = s.checkpoints ? n : 1;
+    if (n > 0 && (static_cast<std::int64_t>(table.size()) < needed || table[0].is_null())) {
+      throw_invalid(fmt::format(
+          "forward: request {} gives layer {} (KV-cache group {}) {} state blocks; {} tokens {} "
+          "need {}",
+          r, layer.name, group, table.size(), n,
+          s.checkpoints ? "with checkpoints" : "of a prefill", needed));
+    }
+    cache::RecurrentStep step;
+    if (group < s.recurrent.size()) step = s.recurrent[group];
+    if (!step.restore_from.is_null() && n > 0) copy_state(step.restore_from, table[0]);
+    // A request's first token starts from the zero state; the block may hold an old request's.
+    if (s.start == 0 && n > 0) std::ranges::fill(state_of(table[0]), std::byte{0});
+    const std::int64_t snap = step.snapshot.is_null() ? 0 : step.snapshot_at - s.start;
+    for (std::int64_t i = 0; i < n; ++i, ++row) {
+      const auto at = static_cast<std::size_t>(i);
+      const std::int64_t in = (s.checkpoints && i > 0 ? table[at - 1] : table[0]).value();
+      const std::int64_t out_slot = (s.checkpoints ? table[at] : table[0]).value();
+      const kernels::StateSequence seq{in, 1, std::span(&out_slot, 1)};
+      const auto rows_of = [&](const std::vector<float>& v, std::int64_t w) {
+        return std::span<const float>(v).subspan(static_cast<std::size_t>(row * w),
+                                                 static_cast<std::size_t>(w));
+      };
+      std::span<float> c_out = std::span(conv_out).subspan(static_cast<std::size_t>(row * channels),
+                                                           static_cast<std::size_t>(channels));
+      kernels::conv_update(cs, geo, tensor, std::span(&seq, 1),
+                           {rows_of(mixed, channels), layer.conv_w, {}}, c_out);
+      // Conv and delta rule each read their own tensor of `in` and write it into `out_slot`.
+      l2_normalise(c_out.data(), hk, dk);
+      l2_normalise(c_out.data() + key, hk, dk);
+      kernels::gdn_step(
+          g, geo, tensor, std::span(&seq, 1),
+          {c_out.subspan(0, static_cast<std::size_t>(key)),
+           c_out.subspan(static_cast<std::size_t>(key), static_cast<std::size_t>(key)),
+           c_out.subspan(static_cast<std::size_t>(2 * key), static_cast<std::size_t>(value)),
+           rows_of(decay, hv), rows_of(beta, hv)},
+          std::span(o).subspan(static_cast<std::size_t>(row * value),
+                               static_cast<std::size_t>(value)));
+      if (i + 1 == snap)
+        copy_state(cache::BlockId(static_cast<std::int32_t>(out_slot)), step.snapshot);
+    }
+  }
+
+  // Gated RMSNorm per value head (Qwen3NextRMSNormGated): norm(o) * w * SiLU(z); out_proj.
+  const double eps = layer.rms_norm_eps;
+  for (std::int64_t t = 0; t < total; ++t) {
+    for (std::int64_t head = 0; head < hv; ++head) {
+      float* oh = o.data() + t * value + head * dv;
+      rms_norm(oh, layer.gdn_norm, dv, eps, oh);
+      const float* zh = z.data() + t * value + head * dv;
+      for (std::int64_t i = 0; i < dv; ++i) oh[i] *= silu(zh[i]);
+    }
+  }
+  matmul(layer.out_proj, o.data(), total, value, h, out.data());
+}
+
 void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
                              const std::vector<std::int64_t>& positions, std::vector<float>& x) {
   const std::int64_t h = config_.hidden_size;
@@ -379,8 +622,15 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
   std::vector<float> normed = rows(total, h);
   std::vector<float> tmp = rows(total, h);
   for (const Layer& layer : layers) {
-    const std::int64_t inter = layer.intermediate;
     const double eps = layer.rms_norm_eps;
+    if (layer.gdn) {
+      for (std::int64_t t = 0; t < total; ++t) {
+        rms_norm(x.data() + t * h, layer.input_norm, h, eps, normed.data() + t * h);
+      }
+      run_gdn(layer, batch, normed, tmp);
+      mlp(layer, x, tmp, normed);
+      continue;
+    }
     const kernels::AttentionSpec& spec = layer.spec;
     const std::int64_t hq = spec.params.num_q_heads;
     const std::int64_t qw = hq * spec.head_size;
@@ -431,20 +681,7 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
     kernels::paged_attention(spec, geo, {tensor, seqs, q, layer.sinks, {}}, attn);
 
     matmul(layer.wo, attn.data(), total, ow, h, tmp.data());
-    for (std::int64_t t = 0; t < total; ++t) {
-      float* xt = x.data() + t * h;
-      for (std::int64_t i = 0; i < h; ++i) xt[i] += tmp[static_cast<std::size_t>(t * h + i)];
-      rms_norm(xt, layer.post_norm, h, eps, normed.data() + t * h);
-    }
-    std::vector<float> gate = rows(total, inter), up = rows(total, inter);
-    matmul(layer.gate, normed.data(), total, h, inter, gate.data());
-    matmul(layer.up, normed.data(), total, h, inter, up.data());
-    for (std::size_t i = 0; i < gate.size(); ++i) {
-      const float g = gate[i];
-      gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SiLU(gate) * up
-    }
-    matmul(layer.down, gate.data(), total, inter, h, tmp.data());
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    mlp(layer, x, tmp, normed);
   }
 }
 

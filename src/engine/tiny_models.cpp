@@ -31,7 +31,8 @@ constexpr std::string_view kTinySwa = R"({
   "eos_token_id": 257
 })";
 
-// Qwen3-Next-like: Gated DeltaNet layers with a full-attention layer every fourth, GQA 4/2.
+// Qwen3-Next-like: Gated DeltaNet layers with a full-attention layer every fourth, GQA 4/2, and
+// one MTP layer (`--draft mtp`; its weights are generated with seed + 1).
 constexpr std::string_view kTinyHybrid = R"({
   "_source": "mixkv tiny model with generated weights (seed 11); shapes chosen to run in milliseconds",
   "model_type": "qwen3_next",
@@ -48,6 +49,7 @@ constexpr std::string_view kTinyHybrid = R"({
   "linear_key_head_dim": 16,
   "linear_value_head_dim": 16,
   "linear_conv_kernel_dim": 4,
+  "num_nextn_predict_layers": 1,
   "vocab_size": 260,
   "max_position_embeddings": 2048,
   "rms_norm_eps": 1e-06,
@@ -84,9 +86,9 @@ constexpr std::array kModels = {
     TinyModel{"tiny-swa",
               "gpt-oss-like: 4 layers alternating sliding window 32 (sinks) / full, GQA 4/2", 7,
               kTinySwa, "", ""},
-    TinyModel{"tiny-hybrid", "Qwen3-Next-like: 6 Gated DeltaNet + 2 full layers, GQA 4/2", 11,
-              kTinyHybrid,
-              "Gated DeltaNet kernels (the recurrent kernels are not part of mixkv yet)", ""},
+    TinyModel{"tiny-hybrid",
+              "Qwen3-Next-like: 6 Gated DeltaNet + 2 full layers, GQA 4/2, 1 MTP layer", 11,
+              kTinyHybrid, "", ""},
     TinyModel{"tiny-eagle",
               "EAGLE-style drafter for tiny-swa: 1 llama layer, MHA 4/4, bfloat16 cache", 13,
               kTinyEagle, "", "tiny-swa"},

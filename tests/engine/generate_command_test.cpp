@@ -83,6 +83,23 @@ TEST(GenerateCommand, TinyEagleDraftsThroughTheSharedCache) {
   EXPECT_NE(wrong.err.find("not for tiny-swa"), std::string::npos) << wrong.err;
 }
 
+TEST(GenerateCommand, TinyHybridDraftsWithItsMtpLayer) {
+  const auto r = run_cli("generate", {"tiny-hybrid", "--draft", "mtp", "--num-spec-tokens", "2",
+                                      "--max-tokens", "16", "--batch", "2", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto lines = json_lines(r.out);
+  ASSERT_EQ(lines.size(), 2u);
+  for (const auto& j : lines) {
+    EXPECT_EQ(j["stats"]["drafter"], "mtp");
+    EXPECT_EQ(j["stats"]["identical_to_plain"], true);
+    EXPECT_GT(j["stats"]["drafted_tokens"].get<int>(), 0);
+  }
+  // tiny-swa declares no MTP layer.
+  const auto none = run_cli("generate", {"tiny-swa", "--draft", "mtp"});
+  EXPECT_EQ(none.status, 2);
+  EXPECT_NE(none.err.find("no MTP layers"), std::string::npos) << none.err;
+}
+
 TEST(GenerateCommand, HumanReportShowsBothSpeeds) {
   const auto r = run_cli("generate", {"tiny-swa", "--draft", "oracle", "--max-tokens", "8"});
   ASSERT_EQ(r.status, 0) << r.err;
@@ -120,7 +137,7 @@ TEST(GenerateCommand, ReadsACheckpointDirectory) {
 TEST(GenerateCommand, BadInputIsAnErrorWithStatusTwo) {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"no-such-model"},
-           {"tiny-hybrid"},
+           {"tiny-hybrid", "--draft", "tiny-eagle"},
            {"tiny-swa", "--draft", "eagle-from-nowhere"},
            {"tiny-swa", "--batch", "0"},
            {"tiny-swa", "--max-tokens", "0"},
