@@ -2,6 +2,7 @@
 // tokens of plain decoding, at batch 1 and in a mixed batch; the scheduler's admission, prefix
 // caching and preemption do not change a token.
 #include "mixkv/generator.hpp"
+#include "engine_test_support.hpp"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +12,8 @@
 
 namespace mixkv::engine {
 namespace {
+
+using testing::references;
 
 ModelRunner make_runner(const RunnerOptions& o = {}) {
   const TinyModel& m = *find_tiny_model("tiny-swa");
@@ -36,33 +39,13 @@ ModelRunner make_eagle_runner(RunnerOptions o) {
 
 std::vector<TokenId> text(std::string_view s) { return encode_bytes(s); }
 
-std::vector<std::vector<TokenId>> references(const std::vector<std::vector<TokenId>>& prompts,
-                                             const GenerateReport& plain) {
-  std::vector<std::vector<TokenId>> out;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    out.push_back(prompts[i]);
-    out.back().insert(out.back().end(), plain.requests[i].tokens.begin(),
-                      plain.requests[i].tokens.end());
-  }
-  return out;
-}
-
 // 16 prompts: lengths from 1 to 100 tokens (the longest beyond the 32-token window), every
 // other one starting with the previous one's first 40 tokens.
 std::vector<std::vector<TokenId>> mixed_batch() {
-  std::vector<std::vector<TokenId>> prompts;
-  const std::string base =
+  return testing::mixed_prompts(
       "The quick brown fox jumps over the lazy dog while the cache keeps every page in place, "
-      "and nothing is lost.";
-  for (int i = 0; i < 16; ++i) {
-    const std::size_t len = i == 0 ? 100 : static_cast<std::size_t>(1 + (i * 37) % 70);
-    std::string s;
-    for (std::size_t j = 0; j < len; ++j)
-      s.push_back(static_cast<char>('a' + (i * 5 + j * 3) % 26));
-    if (i % 2 == 1) s = base.substr(0, 40) + s;
-    prompts.push_back(text(s));
-  }
-  return prompts;
+      "and nothing is lost.",
+      40, 5, 3);
 }
 
 // The cached K/V bytes of every verified token a request still holds, per layer, keyed by

@@ -6,12 +6,15 @@
 #include <cstring>
 #include <map>
 
+#include "engine_test_support.hpp"
 #include "mixkv/error.hpp"
 #include "mixkv/generator.hpp"
 #include "mixkv/recurrent_kernel.hpp"
 
 namespace mixkv::engine {
 namespace {
+
+using testing::references;
 
 ModelRunner make_hybrid(const RunnerOptions& o = {}) {
   const TinyModel& m = *find_tiny_model("tiny-hybrid");
@@ -33,33 +36,13 @@ ModelRunner make_hybrid_mtp(RunnerOptions o) {
   return ModelRunner(src, w, o);
 }
 
-std::vector<std::vector<TokenId>> references(const std::vector<std::vector<TokenId>>& prompts,
-                                             const GenerateReport& plain) {
-  std::vector<std::vector<TokenId>> out;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    out.push_back(prompts[i]);
-    out.back().insert(out.back().end(), plain.requests[i].tokens.begin(),
-                      plain.requests[i].tokens.end());
-  }
-  return out;
-}
-
 // 16 prompts of 1 to 134 tokens; every other one starts with the same 64 tokens. tiny-hybrid's
 // snapshot interval is 16 (its attention block) and each prefill chunk keeps the latest boundary
 // it crosses, so the sharers keep the state at 64 (chunks of 24 or 32) and later ones hit it.
 std::vector<std::vector<TokenId>> mixed_batch() {
-  std::vector<std::vector<TokenId>> prompts;
-  const std::string base =
-      "A hybrid model keeps one state per layer and pages for the rest; a hit restores both.";
-  for (int i = 0; i < 16; ++i) {
-    const std::size_t len = i == 0 ? 100 : static_cast<std::size_t>(1 + (i * 37) % 70);
-    std::string s;
-    for (std::size_t j = 0; j < len; ++j)
-      s.push_back(static_cast<char>('a' + (i * 7 + j * 5) % 26));
-    if (i % 2 == 1) s = base.substr(0, 64) + s;
-    prompts.push_back(encode_bytes(s));
-  }
-  return prompts;
+  return testing::mixed_prompts(
+      "A hybrid model keeps one state per layer and pages for the rest; a hit restores both.", 64,
+      7, 5);
 }
 
 void expect_same_tokens(const GenerateReport& a, const GenerateReport& b, const char* what) {
