@@ -83,13 +83,19 @@ void BM_DecodeStepRecurrentHybrid(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeStepRecurrentHybrid)->Arg(256)->Iterations(200)->Unit(benchmark::kMicrosecond);
 
-// Admit a request whose 1,024-token prefix is cached, then free it.
-void BM_AdmitSharedPrefix(benchmark::State& state) {
-  const auto plan = plan_for("llama-3.1-8b", std::nullopt, 4096);
-  cache::KvCacheManager m(plan, 4);
+// llama-3.1-8b (4 look-ahead slots) whose request 0 has computed a 1,100-token prompt, so the
+// first 1,024 tokens of prompt(1100, 1) are in the prefix cache.
+cache::KvCacheManager manager_with_cached_prompt(benchmark::State& state) {
+  cache::KvCacheManager m(plan_for("llama-3.1-8b", std::nullopt, 4096), 4);
   m.add_request(cache::RequestId{0}, prompt(1100, 1));
   if (!m.admit(cache::RequestId{0}, 4)) state.SkipWithError("admission failed");
   m.commit(cache::RequestId{0}, 1100, std::vector<cache::TokenId>{1});
+  return m;
+}
+
+// Admit a request whose 1,024-token prefix is cached, then free it.
+void BM_AdmitSharedPrefix(benchmark::State& state) {
+  cache::KvCacheManager m = manager_with_cached_prompt(state);
   auto shared = prompt(1100, 1);
   std::int64_t id = 1;
   for (auto _ : state) {
@@ -106,11 +112,7 @@ BENCHMARK(BM_AdmitSharedPrefix)->Unit(benchmark::kMicrosecond);
 // Free one request that holds a 1,100-token prompt (its 1,024-token prefix shared) plus look-ahead:
 // only the free() call is timed.
 void BM_FreeRequest(benchmark::State& state) {
-  const auto plan = plan_for("llama-3.1-8b", std::nullopt, 4096);
-  cache::KvCacheManager m(plan, 4);
-  m.add_request(cache::RequestId{0}, prompt(1100, 1));
-  if (!m.admit(cache::RequestId{0}, 4)) state.SkipWithError("admission failed");
-  m.commit(cache::RequestId{0}, 1100, std::vector<cache::TokenId>{1});
+  cache::KvCacheManager m = manager_with_cached_prompt(state);
   auto shared = prompt(1100, 1);
   std::int64_t id = 1;
   for (auto _ : state) {
