@@ -27,7 +27,15 @@ struct DraftContext {
   std::span<const std::span<const cache::BlockId>> block_tables = {};  // per KV-cache group
 };
 
-// A chain drafter: proposes up to k tokens to follow a request's verified tokens.
+// What the target computed for one request in a step, shown to the drafter before the manager
+// commits it: the features (ModelRunner::draft_features) of positions [first, ctx.num_computed).
+struct Observation {
+  DraftContext ctx;
+  std::int64_t first = 0;
+  std::span<const float> features = {};
+};
+
+// A drafter: proposes up to k tokens to follow a request's verified tokens.
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -36,11 +44,17 @@ class Drafter {
   // tokens.size() - 1). May return fewer than k tokens. Drafts may be written into the
   // request's look-ahead slots: the block tables hold num_computed + 1 + k positions.
   virtual std::vector<TokenId> propose(const DraftContext& ctx, int k) = 0;
-  // The target's hidden states of the request's newly verified positions [first,
-  // ctx.num_computed), before the manager commits them; ctx.tokens includes the tokens they
-  // verified (and the token sampled after them).
+  // Every decoding request of a step at once, in order. A drafter whose forward serves a batch
+  // overrides it; by default each request is proposed for alone.
+  virtual std::vector<std::vector<TokenId>> propose_batch(std::span<const DraftContext> ctxs,
+                                                          int k);
+  // The target's features (ModelRunner::draft_features) of the request's newly verified
+  // positions [first, ctx.num_computed), before the manager commits them; ctx.tokens includes
+  // the tokens they verified (and the token sampled after them).
   virtual void observe(const DraftContext& /*ctx*/, std::int64_t /*first*/,
-                       std::span<const float> /*hidden*/) {}
+                       std::span<const float> /*features*/) {}
+  // Every request of a step at once; by default observe() for each.
+  virtual void observe_batch(std::span<const Observation> observations);
   // The request's blocks are freed (finished, or preempted: it is admitted again later).
   virtual void forget(std::size_t /*request*/) {}
 };
@@ -112,6 +126,28 @@ class EagleDrafter final : public Drafter {
   ModelRunner& runner_;
   std::string name_;
   std::map<std::size_t, State> states_;
+};
+
+// DFlash block drafter on the runner's drafter layers (RunnerOptions::draft of a DFlash config,
+// `tiny-dflash`). observe() writes the drafter's K/V of the newly verified positions, projected
+// from the target's chosen layers, before they are committed, so every cached block holds what a
+// run without speculation would have put there. propose() drafts a whole block in one forward:
+// the last verified token and k mask tokens, attending non-causally to the context and each
+// other; the block's K/V lands in look-ahead slots the next observe() rewrites. Both run over
+// every request of the step in one batched forward. It keeps no state between steps.
+class DflashDrafter final : public Drafter {
+ public:
+  explicit DflashDrafter(ModelRunner& runner);
+  std::string name() const override { return "dflash"; }
+  std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
+  std::vector<std::vector<TokenId>> propose_batch(std::span<const DraftContext> ctxs,
+                                                  int k) override;
+  void observe(const DraftContext& ctx, std::int64_t first,
+               std::span<const float> features) override;
+  void observe_batch(std::span<const Observation> observations) override;
+
+ private:
+  ModelRunner& runner_;
 };
 
 struct GenerateOptions {

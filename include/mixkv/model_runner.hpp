@@ -60,7 +60,10 @@ TensorMap generate_weights(const TransformerConfig& config, const model::ModelDe
 // position's target hidden state, projected), draft.layers.{j}.* as a target layer's, and
 // draft.norm.weight. For the target's MTP layers (`desc` from model::describe_mtp) the names are
 // Qwen3-Next's: mtp.fc.weight, mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight
-// (RMSNorms of the two halves before fc), mtp.layers.{j}.*, mtp.norm.weight.
+// (RMSNorms of the two halves before fc), mtp.layers.{j}.*, mtp.norm.weight. A DFlash drafter
+// (z-lab's DFlashDraftModel) has draft.fc.weight [hidden, n hidden] over the n target layers it
+// reads, draft.hidden_norm.weight, draft.layers.{j}.* with Qwen3's per-head
+// self_attn.{q_norm,k_norm}.weight [head_dim], and draft.norm.weight.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shapes(
     const TransformerConfig& draft, const model::ModelDesc& desc);
 TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
@@ -72,9 +75,10 @@ struct RunnerOptions {
   std::int64_t max_model_len = 0;          // 0: the config's max_position_embeddings
   int num_spec_tokens = 0;                 // planned speculative tokens
   plan::Policy policy = plan::Policy::kMixkv;
-  // An EAGLE-style drafter (one or more decoder layers fed by target hidden states): described
-  // with the target, so its layers are planned into the same cache and the manager's block
-  // tables cover them. Its weights come with the target's (draft_weight_shapes).
+  // A drafter fed by target hidden states: EAGLE-style (decoder layers chained token by token)
+  // or DFlash (a non-causal block drafter reading chosen target layers). Described with the
+  // target, so its layers are planned into the same cache and the manager's block tables cover
+  // them. Its weights come with the target's (draft_weight_shapes).
   std::optional<model::ModelSource> draft = std::nullopt;
   // Draft with the target config's own MTP layers (num_nextn_predict_layers) instead: planned
   // like an EAGLE drafter's (model::describe_mtp), weights under mtp.* with the target's.
@@ -103,12 +107,16 @@ struct SequenceInput {
 struct ForwardOutput {
   std::vector<float> logits;  // [tokens, vocab], batch order
   std::vector<float> hidden;  // [tokens, hidden]: the last layer's output before the final norm
+  // Target forward with a DFlash drafter: [tokens, n hidden], the outputs of the n target layers
+  // the drafter reads (DraftInfo::target_layer_ids), concatenated in that order. Else empty.
+  std::vector<float> layer_hidden;
 };
 
 class ModelRunner {
  public:
   // Throws Error when a layer kind is not served (Mamba2, MLA, chunked), a weight is missing
-  // or misshapen, or the cache cannot be planned.
+  // or misshapen, a DFlash drafter's target layers or mask token do not fit the target, or the
+  // cache cannot be planned.
   ModelRunner(const model::ModelSource& config, const TensorMap& weights,
               const RunnerOptions& options = {});
 
@@ -124,6 +132,29 @@ class ModelRunner {
   ForwardOutput draft_forward(std::span<const SequenceInput> batch,
                               std::span<const float> features);
   bool has_drafter() const { return !draft_layers_.empty(); }
+
+  // DFlash (a block drafter, RunnerOptions::draft of DraftKind::kDflash). The drafter's cache
+  // position p holds K/V projected from the target's features at p; block_draft() then drafts
+  // a whole block in one forward.
+  bool has_block_drafter() const { return has_drafter() && !dflash_layer_ids_.empty(); }
+  // The width of one token's features for the drafter: n hidden for DFlash (ForwardOutput::
+  // layer_hidden), hidden for EAGLE and MTP (ForwardOutput::hidden).
+  std::int64_t draft_feature_width() const;
+  // The features the drafter reads from a target forward's output, [tokens, width].
+  std::span<const float> draft_features(const ForwardOutput& out) const;
+  // Writes, into every drafter layer's cache, the K/V of the batch's positions computed from
+  // `features` ([tokens, draft_feature_width()], batch order): fc, hidden_norm, then each
+  // layer's k_proj, k_norm, RoPE and v_proj. The tokens themselves are not read. Runs no query.
+  void draft_context(std::span<const SequenceInput> batch, std::span<const float> features);
+  // One block per request: tokens[0] is the anchor (the last verified token) at `start`, the
+  // others mask_token(). Writes the block's K/V into the drafter's cache (look-ahead slots the
+  // next draft_context() overwrites), then every block query attends non-causally to the
+  // context before `start` and the whole block. Returns logits and hidden states of every
+  // block position (row i + 1 of a block predicts its i-th draft).
+  ForwardOutput block_draft(std::span<const SequenceInput> batch);
+  TokenId mask_token() const { return mask_token_; }
+  // The largest block a DFlash drafter was built for (its config's block_size).
+  int block_size() const { return block_size_; }
 
   const TransformerConfig& config() const { return config_; }
   const model::ModelDesc& desc() const { return desc_; }
@@ -146,6 +177,7 @@ class ModelRunner {
     layout::LayerGeometry geometry;
     kernels::AttentionSpec spec;
     std::vector<float> input_norm, post_norm, wq, wk, wv, wo, sinks, gate, up, down;
+    std::vector<float> q_norm, k_norm;  // Qwen3's per-head RMSNorm of q and k; empty: none
   };
   TransformerConfig config_;
   model::ModelDesc desc_;
@@ -155,10 +187,18 @@ class ModelRunner {
   std::vector<std::vector<std::byte>> tensors_;
   void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
                    std::vector<float>& x) const;
+  void read_dflash_config(const model::ModelSource& draft, int num_spec_tokens);
   void run_gdn(const Layer& layer, std::span<const SequenceInput> batch,
                const std::vector<float>& normed, std::vector<float>& out);
+  // `capture` (optional): the ids of layers whose outputs go to captured, [tokens, ids x hidden].
   void run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
-                  const std::vector<std::int64_t>& positions, std::vector<float>& x);
+                  const std::vector<std::int64_t>& positions, std::vector<float>& x,
+                  std::span<const int> capture = {}, std::vector<float>* captured = nullptr);
+  void project_kv(const Layer& layer, std::span<const float> normed,
+                  std::span<const std::int64_t> positions, std::vector<float>& k,
+                  std::vector<float>& v) const;
+  void write_layer_kv(const Layer& layer, std::span<const SequenceInput> batch,
+                      std::span<const float> k, std::span<const float> v);
   ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps) const;
 
   std::vector<Layer> layers_;
@@ -167,6 +207,11 @@ class ModelRunner {
   std::vector<float> draft_fc_, draft_norm_;
   std::vector<float> mtp_norm_embedding_, mtp_norm_hidden_;  // MTP only: before draft_fc_
   double draft_eps_ = 1e-5;
+  // DFlash only.
+  std::vector<int> dflash_layer_ids_;
+  std::vector<float> dflash_hidden_norm_;
+  TokenId mask_token_ = 0;
+  int block_size_ = 0;
 };
 
 // Greedy sampling: the index of the largest logit, the lowest one on ties.

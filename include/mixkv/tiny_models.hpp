@@ -36,9 +36,12 @@ struct TinyModel {
   // Empty when the runner serves every layer; else what it still lacks (the model can be
   // described and planned, but not run).
   std::string_view missing;
-  // Drafters: the tiny target they serve; empty for targets.
+  // Drafters: the tiny targets they serve, separated by spaces; empty for targets.
   std::string_view draft_for;
 };
+
+// Whether `drafter` serves `target` (one of the names in its draft_for).
+bool drafts_for(const TinyModel& drafter, std::string_view target);
 
 std::span<const TinyModel> tiny_models();
 const TinyModel* find_tiny_model(std::string_view name);

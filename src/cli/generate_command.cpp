@@ -102,7 +102,8 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option(
       "--draft", args->draft,
       "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup), random, "
-      "mtp (the target's MTP layers: tiny-hybrid) or tiny-eagle (with tiny-swa)");
+      "mtp (the target's MTP layers: tiny-hybrid), tiny-eagle (with tiny-swa) or tiny-dflash "
+      "(block drafter, with tiny-swa or tiny-hybrid)");
   cmd->add_option("--num-spec-tokens", args->num_spec_tokens, "Tokens drafted per step")
       ->capture_default_str();
   auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text (bytes)");
@@ -126,7 +127,7 @@ Action add_generate_command(CLI::App& app) {
     // A tiny EAGLE drafter: its layers join the target's plan, its weights the target's.
     const engine::TinyModel* tiny_draft = engine::find_tiny_model(args->draft);
     if (tiny_draft != nullptr) {
-      if (tiny_draft->draft_for != args->model) {
+      if (!engine::drafts_for(*tiny_draft, args->model)) {
         throw_invalid(fmt::format(
             "--draft {} is a drafter for {}, not for {}", args->draft,
             tiny_draft->draft_for.empty() ? "nothing (it is a target)" : tiny_draft->draft_for,
@@ -172,6 +173,8 @@ Action add_generate_command(CLI::App& app) {
                            plain.requests[i].tokens.end());
       }
       drafter = std::make_unique<engine::OracleDrafter>(std::move(refs));
+    } else if (runner.has_block_drafter()) {
+      drafter = std::make_unique<engine::DflashDrafter>(runner);
     } else if (tiny_draft != nullptr || mtp) {
       drafter = std::make_unique<engine::EagleDrafter>(runner);
     } else if (args->draft == "ngram") {
@@ -181,7 +184,8 @@ Action add_generate_command(CLI::App& app) {
     } else if (!args->draft.empty()) {
       throw_invalid(
           fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "
-                      "with MTP layers) or tiny-eagle (with tiny-swa)",
+                      "with MTP layers), tiny-eagle (with tiny-swa) or tiny-dflash (with "
+                      "tiny-swa or tiny-hybrid)",
                       args->draft));
     }
     engine::GenerateReport spec;

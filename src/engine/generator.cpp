@@ -150,6 +150,80 @@ std::vector<TokenId> EagleDrafter::propose(const DraftContext& ctx, int k) {
 
 void EagleDrafter::forget(std::size_t request) { states_.erase(request); }
 
+std::vector<std::vector<TokenId>> Drafter::propose_batch(std::span<const DraftContext> ctxs,
+                                                         int k) {
+  std::vector<std::vector<TokenId>> out;
+  for (const DraftContext& ctx : ctxs) out.push_back(propose(ctx, k));
+  return out;
+}
+
+void Drafter::observe_batch(std::span<const Observation> observations) {
+  for (const Observation& o : observations) observe(o.ctx, o.first, o.features);
+}
+
+DflashDrafter::DflashDrafter(ModelRunner& runner) : runner_(runner) {
+  if (!runner.has_block_drafter()) {
+    throw_invalid(
+        "the dflash drafter needs a runner built with a DFlash drafter (RunnerOptions::draft)");
+  }
+}
+
+std::vector<TokenId> DflashDrafter::propose(const DraftContext& ctx, int k) {
+  return propose_batch(std::span(&ctx, 1), k).front();
+}
+
+std::vector<std::vector<TokenId>> DflashDrafter::propose_batch(std::span<const DraftContext> ctxs,
+                                                               int k) {
+  const int drafts = std::min(k, runner_.block_size() - 1);
+  std::vector<std::vector<TokenId>> out(ctxs.size());
+  if (drafts < 1 || ctxs.empty()) return out;
+  // Each block: the anchor (the last verified token, at num_computed), then the mask tokens.
+  std::vector<TokenId> block(static_cast<std::size_t>(drafts) + 1, runner_.mask_token());
+  std::vector<std::vector<TokenId>> blocks(ctxs.size(), block);
+  std::vector<SequenceInput> batch(ctxs.size());
+  for (std::size_t r = 0; r < ctxs.size(); ++r) {
+    blocks[r][0] = ctxs[r].tokens.back();
+    batch[r].tokens = blocks[r];
+    batch[r].start = ctxs[r].num_computed;
+    batch[r].block_tables.assign(ctxs[r].block_tables.begin(), ctxs[r].block_tables.end());
+  }
+  const ForwardOutput fwd = runner_.block_draft(batch);
+  // A mask's output is the token at its own position (the block is denoised in place): rows
+  // 1..drafts give the drafts for positions start + 1 .. start + drafts; the anchor's is unused.
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  std::size_t row = 0;
+  for (std::size_t r = 0; r < ctxs.size(); ++r, row += block.size()) {
+    for (std::size_t i = 0; i < static_cast<std::size_t>(drafts); ++i) {
+      out[r].push_back(
+          argmax(std::span<const float>(fwd.logits).subspan((row + 1 + i) * vocab, vocab)));
+    }
+  }
+  return out;
+}
+
+void DflashDrafter::observe(const DraftContext& ctx, std::int64_t first,
+                            std::span<const float> features) {
+  const Observation o{ctx, first, features};
+  observe_batch(std::span(&o, 1));
+}
+
+void DflashDrafter::observe_batch(std::span<const Observation> observations) {
+  std::vector<SequenceInput> batch;
+  std::vector<float> features;
+  for (const Observation& o : observations) {
+    const std::int64_t n = o.ctx.num_computed - o.first;
+    if (n <= 0) continue;
+    SequenceInput in;
+    in.tokens =
+        o.ctx.tokens.subspan(static_cast<std::size_t>(o.first), static_cast<std::size_t>(n));
+    in.start = o.first;
+    in.block_tables.assign(o.ctx.block_tables.begin(), o.ctx.block_tables.end());
+    batch.push_back(std::move(in));
+    features.insert(features.end(), o.features.begin(), o.features.end());
+  }
+  if (!batch.empty()) runner_.draft_context(batch, features);
+}
+
 double RequestStats::acceptance_rate() const {
   return drafted_tokens > 0
              ? static_cast<double>(accepted_tokens) / static_cast<double>(drafted_tokens)
@@ -287,6 +361,7 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
     // The step's batch: a prefill chunk or last token + drafts per request.
     std::vector<SequenceInput> batch;
     std::vector<std::size_t> draft_counts;
+    batch.reserve(running.size());
     for (const std::size_t i : running) {
       Request& r = reqs[i];
       SequenceInput in;
@@ -308,26 +383,46 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
         draft_counts.push_back(0);
       } else {
         r.step_input.assign(1, r.tokens.back());
-        if (drafter != nullptr) {
-          const auto left =
-              options.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
-          std::vector<TokenId> drafts =
-              drafter->propose({i, r.tokens, r.computed, in.block_tables}, k);
-          drafts.resize(
-              std::min<std::size_t>({drafts.size(), static_cast<std::size_t>(k),
-                                     static_cast<std::size_t>(std::max<std::int64_t>(0, left))}));
-          for (TokenId t : drafts) {
-            if (t < 0 || t >= runner.vocab_size()) {
-              throw_invalid(fmt::format("drafter {} proposed token {} outside the vocabulary of {}",
-                                        drafter->name(), t, runner.vocab_size()));
-            }
-          }
-          r.step_input.insert(r.step_input.end(), drafts.begin(), drafts.end());
-        }
-        in.tokens = r.step_input;
-        draft_counts.push_back(r.step_input.size() - 1);
+        draft_counts.push_back(0);
       }
       batch.push_back(std::move(in));
+    }
+    // Drafts for every decoding request, in one call (a batched drafter runs one forward).
+    if (drafter != nullptr) {
+      std::vector<DraftContext> ctxs;
+      std::vector<std::size_t> rows;
+      for (std::size_t j = 0; j < running.size(); ++j) {
+        const Request& r = reqs[running[j]];
+        if (r.prefilling) continue;
+        ctxs.push_back({running[j], r.tokens, r.computed, batch[j].block_tables});
+        rows.push_back(j);
+      }
+      const std::vector<std::vector<TokenId>> proposed =
+          ctxs.empty() ? std::vector<std::vector<TokenId>>{} : drafter->propose_batch(ctxs, k);
+      if (proposed.size() != ctxs.size()) {
+        throw_invalid(fmt::format("drafter {} answered {} of {} requests", drafter->name(),
+                                  proposed.size(), ctxs.size()));
+      }
+      for (std::size_t c = 0; c < ctxs.size(); ++c) {
+        Request& r = reqs[ctxs[c].request];
+        const auto left =
+            options.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
+        const std::size_t n =
+            std::min<std::size_t>({proposed[c].size(), static_cast<std::size_t>(k),
+                                   static_cast<std::size_t>(std::max<std::int64_t>(0, left))});
+        for (std::size_t d = 0; d < n; ++d) {
+          const TokenId t = proposed[c][d];
+          if (t < 0 || t >= runner.vocab_size()) {
+            throw_invalid(fmt::format("drafter {} proposed token {} outside the vocabulary of {}",
+                                      drafter->name(), t, runner.vocab_size()));
+          }
+          r.step_input.push_back(t);
+        }
+        draft_counts[rows[c]] = n;
+      }
+    }
+    for (std::size_t j = 0; j < running.size(); ++j) {
+      if (!reqs[running[j]].prefilling) batch[j].tokens = reqs[running[j]].step_input;
     }
     const ForwardOutput fwd = runner.forward(batch);
     ++report.steps;
@@ -337,32 +432,30 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
     auto row = [&](std::size_t r) {
       return std::span<const float>(fwd.logits).subspan(r * vocab, vocab);
     };
+    // First every request's verdict, then the drafter sees the verified positions' features
+    // (one batched call) before the manager commits them.
+    struct Verdict {
+      std::int64_t first = 0;        // first position computed this step
+      std::int64_t verified = 0;     // positions the step made part of the request
+      std::vector<TokenId> sampled;  // new tokens: accepted drafts and the bonus, or the first
+      int accepted = 0;
+    };
+    std::vector<Verdict> verdicts(running.size());
+    std::vector<Observation> observations;
+    const auto width = static_cast<std::size_t>(runner.draft_feature_width());
+    const std::span<const float> features = runner.draft_features(fwd);
     std::size_t at = 0;
-    std::size_t kept = 0;
     for (std::size_t j = 0; j < running.size(); ++j) {
       const std::size_t i = running[j];
       Request& r = reqs[i];
       const std::size_t n = batch[j].tokens.size();
-      RequestStats& st = r.out.stats;
-      // The drafter sees the verified positions' hidden states before the manager commits them.
-      const std::int64_t first = r.computed;
-      auto observe = [&](std::size_t rows) {
-        if (drafter == nullptr) return;
-        const auto h = static_cast<std::size_t>(runner.config().hidden_size);
-        drafter->observe(
-            {i, r.tokens, first + static_cast<std::int64_t>(rows), batch[j].block_tables}, first,
-            std::span<const float>(fwd.hidden).subspan(at * h, rows * h));
-      };
+      Verdict& v = verdicts[j];
+      v.first = r.computed;
       if (r.prefilling) {
-        r.computed += static_cast<std::int64_t>(n);
-        if (r.computed == static_cast<std::int64_t>(r.tokens.size())) {
-          r.tokens.push_back(argmax(row(at + n - 1)));
+        v.verified = static_cast<std::int64_t>(n);
+        if (r.computed + v.verified == static_cast<std::int64_t>(r.tokens.size())) {
+          v.sampled.push_back(argmax(row(at + n - 1)));
           r.prefilling = false;
-          observe(n);
-          manager.commit(id_of(i), static_cast<std::int64_t>(n), std::span(&r.tokens.back(), 1));
-        } else {
-          observe(n);
-          manager.commit(id_of(i), static_cast<std::int64_t>(n), {});
         }
       } else {
         const std::size_t drafts = draft_counts[j];
@@ -372,20 +465,35 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
           ++accepted;
           bonus = argmax(row(at + accepted));
         }
-        std::vector<TokenId> fresh(
-            r.step_input.begin() + 1,
-            r.step_input.begin() + 1 + static_cast<std::ptrdiff_t>(accepted));
-        fresh.push_back(bonus);
-        r.computed += static_cast<std::int64_t>(accepted + 1);
-        r.tokens.insert(r.tokens.end(), fresh.begin(), fresh.end());
-        observe(accepted + 1);
-        manager.commit(id_of(i), static_cast<std::int64_t>(accepted + 1), fresh,
-                       static_cast<int>(accepted));
+        v.sampled.assign(r.step_input.begin() + 1,
+                         r.step_input.begin() + 1 + static_cast<std::ptrdiff_t>(accepted));
+        v.sampled.push_back(bonus);
+        v.verified = static_cast<std::int64_t>(accepted + 1);
+        v.accepted = static_cast<int>(accepted);
+        RequestStats& st = r.out.stats;
         st.drafted_tokens += static_cast<std::int64_t>(drafts);
         st.accepted_tokens += static_cast<std::int64_t>(accepted);
         ++st.decode_steps;
       }
+      r.computed += v.verified;
+      r.tokens.insert(r.tokens.end(), v.sampled.begin(), v.sampled.end());
+      if (drafter != nullptr) {
+        observations.push_back(
+            {{i, r.tokens, r.computed, batch[j].block_tables},
+             v.first,
+             features.subspan(at * width, static_cast<std::size_t>(v.verified) * width)});
+      }
       at += n;
+    }
+    if (drafter != nullptr) drafter->observe_batch(observations);
+
+    std::size_t kept = 0;
+    for (std::size_t j = 0; j < running.size(); ++j) {
+      const std::size_t i = running[j];
+      Request& r = reqs[i];
+      RequestStats& st = r.out.stats;
+      const Verdict& v = verdicts[j];
+      manager.commit(id_of(i), v.verified, v.sampled, v.accepted);
       const auto generated = static_cast<std::int64_t>(r.tokens.size() - r.prompt_len);
       if (!r.prefilling && generated >= options.max_tokens) {
         r.out.tokens.assign(

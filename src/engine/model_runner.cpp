@@ -123,17 +123,21 @@ TensorMap random_tensors(
 
 void add_attention_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
                           const std::string& p, const model::LayerDesc& l, std::int64_t h,
-                          std::int64_t q, std::int64_t kv) {
+                          std::int64_t q, std::int64_t kv, bool qk_norm) {
   out.push_back({p + "self_attn.q_proj.weight", {q, h}});
   out.push_back({p + "self_attn.k_proj.weight", {kv, h}});
   out.push_back({p + "self_attn.v_proj.weight", {std::int64_t{l.num_kv_heads} * l.head_size_v, h}});
   out.push_back({p + "self_attn.o_proj.weight", {h, std::int64_t{l.num_q_heads} * l.head_size_v}});
   if (l.sinks) out.push_back({p + "self_attn.sinks", {l.num_q_heads}});
+  if (qk_norm) {
+    out.push_back({p + "self_attn.q_norm.weight", {l.head_size}});
+    out.push_back({p + "self_attn.k_norm.weight", {l.head_size}});
+  }
 }
 
 void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
                       const std::string& p, const model::LayerDesc& l, std::int64_t h,
-                      std::int64_t inter, int num_spec_tokens) {
+                      std::int64_t inter, int num_spec_tokens, bool qk_norm = false) {
   const std::int64_t q = std::int64_t{l.num_q_heads} * l.head_size;
   const std::int64_t kv = std::int64_t{l.num_kv_heads} * l.head_size;
   out.push_back({p + "input_layernorm.weight", {h}});
@@ -151,7 +155,7 @@ void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_
     out.push_back({p + "linear_attn.norm.weight", {g.gdn.v_dim}});
     out.push_back({p + "linear_attn.out_proj.weight", {h, value}});
   } else {
-    add_attention_shapes(out, p, l, h, q, kv);
+    add_attention_shapes(out, p, l, h, q, kv, qk_norm);
   }
   out.push_back({p + "post_attention_layernorm.weight", {h}});
   out.push_back({p + "mlp.gate_proj.weight", {inter, h}});
@@ -161,6 +165,10 @@ void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_
 // Checkpoint prefix of a layer: "model.layers.3." for the target, "draft.layers.0." for a drafter.
 std::string weight_prefix(const model::LayerDesc& l) {
   return l.owner == model::Owner::kTarget ? layer_prefix(l.index) : l.name + ".";
+}
+
+bool is_dflash(const model::ModelDesc& desc) {
+  return desc.draft_info && desc.draft_info->kind == model::DraftKind::kDflash;
 }
 
 }  // namespace
@@ -190,15 +198,22 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shap
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
   const std::int64_t h = draft.hidden_size;
   const bool mtp = desc.draft_info && desc.draft_info->kind == model::DraftKind::kMtp;
+  const bool dflash = is_dflash(desc);
   const std::string p = mtp ? "mtp." : "draft.";
-  out.push_back({p + "fc.weight", {h, 2 * h}});
+  // DFlash projects the concatenated outputs of its target layers; EAGLE and MTP a token's
+  // embedding beside one hidden state.
+  const auto fc_in =
+      dflash ? static_cast<std::int64_t>(desc.draft_info->target_layer_ids.size()) * h : 2 * h;
+  out.push_back({p + "fc.weight", {h, fc_in}});
   if (mtp) {
     out.push_back({p + "pre_fc_norm_embedding.weight", {h}});
     out.push_back({p + "pre_fc_norm_hidden.weight", {h}});
   }
+  if (dflash) out.push_back({p + "hidden_norm.weight", {h}});
   for (const model::LayerDesc& l : desc.layers) {
     if (l.owner == model::Owner::kDraft) {
-      add_layer_shapes(out, weight_prefix(l), l, h, draft.intermediate_size, desc.num_spec_tokens);
+      add_layer_shapes(out, weight_prefix(l), l, h, draft.intermediate_size, desc.num_spec_tokens,
+                       dflash);
     }
   }
   out.push_back({p + "norm.weight", {h}});
@@ -248,12 +263,14 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   }
   desc_.num_spec_tokens = options.num_spec_tokens;
   if (desc_.draft_info && desc_.draft_info->kind != model::DraftKind::kEagle &&
-      desc_.draft_info->kind != model::DraftKind::kMtp) {
-    throw_unsupported(
-        fmt::format("{}: a {} drafter; the runner serves EAGLE-style chain drafters and MTP layers",
-                    options.draft ? options.draft->origin : config.origin,
-                    model::to_string(desc_.draft_info->kind)));
+      desc_.draft_info->kind != model::DraftKind::kMtp && !is_dflash(desc_)) {
+    throw_unsupported(fmt::format(
+        "{}: a {} drafter; the runner serves EAGLE-style chain drafters, MTP layers and DFlash "
+        "block drafters",
+        options.draft ? options.draft->origin : config.origin,
+        model::to_string(desc_.draft_info->kind)));
   }
+  if (is_dflash(desc_)) read_dflash_config(*options.draft, options.num_spec_tokens);
   for (const model::LayerDesc& l : desc_.layers) {
     const bool target = l.owner == model::Owner::kTarget;
     const std::string& origin = target || !options.draft ? config.origin : options.draft->origin;
@@ -310,6 +327,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     const std::string p = options.mtp ? "mtp." : "draft.";
     draft_fc_ = get(p + "fc.weight");
     draft_norm_ = get(p + "norm.weight");
+    if (is_dflash(desc_)) dflash_hidden_norm_ = get(p + "hidden_norm.weight");
     draft_eps_ = draft_config->rms_norm_eps;
     if (options.mtp) {
       mtp_norm_embedding_ = get(p + "pre_fc_norm_embedding.weight");
@@ -346,12 +364,49 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
       layer.wv = get(p + "self_attn.v_proj.weight");
       layer.wo = get(p + "self_attn.o_proj.weight");
       if (l.sinks) layer.sinks = get(p + "self_attn.sinks");
+      if (!target && is_dflash(desc_)) {
+        layer.q_norm = get(p + "self_attn.q_norm.weight");
+        layer.k_norm = get(p + "self_attn.k_norm.weight");
+      }
     }
     layer.post_norm = get(p + "post_attention_layernorm.weight");
     layer.gate = get(p + "mlp.gate_proj.weight");
     layer.up = get(p + "mlp.up_proj.weight");
     layer.down = get(p + "mlp.down_proj.weight");
     (target ? layers_ : draft_layers_).push_back(std::move(layer));
+  }
+}
+
+// DFlash's own fields (z-lab's config: `block_size` and `dflash_config` with `target_layer_ids`
+// and `mask_token_id`; describe has read the first two).
+void ModelRunner::read_dflash_config(const model::ModelSource& draft, int num_spec_tokens) {
+  const model::ConfigReader root(*draft.doc, draft.origin);
+  const std::optional<model::ConfigReader> dflash = root.optional_child("dflash_config");
+  const model::ConfigReader& fields = dflash && dflash->has("mask_token_id") ? *dflash : root;
+  const model::DraftInfo& info = *desc_.draft_info;
+  block_size_ = info.block_size.value_or(0);
+  if (info.target_layer_ids.empty()) {
+    (dflash ? *dflash : root)
+        .fail("target_layer_ids",
+              "is missing or empty; a DFlash drafter reads the hidden states of these target "
+              "layers");
+  }
+  // describe() has checked that each names a target layer.
+  dflash_layer_ids_ = info.target_layer_ids;
+  if (!fields.has("mask_token_id")) {
+    fields.fail("mask_token_id", "is missing; a DFlash drafter fills its block with this token");
+  }
+  const std::int64_t mask = fields.non_negative_int("mask_token_id");
+  if (mask >= config_.vocab_size) {
+    fields.fail("mask_token_id", fmt::format("is {}, outside the target's vocabulary of {}", mask,
+                                             config_.vocab_size));
+  }
+  mask_token_ = static_cast<TokenId>(mask);
+  if (num_spec_tokens > block_size_ - 1) {
+    throw_invalid(fmt::format(
+        "{}: {} speculative tokens do not fit a DFlash block of {} (the anchor and at most {} "
+        "drafts); use --num-spec-tokens {} or less",
+        draft.origin, num_spec_tokens, block_size_, block_size_ - 1, block_size_ - 1));
   }
 }
 
@@ -388,8 +443,66 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
   std::vector<std::int64_t> positions;
   std::vector<float> x;
   check_batch(batch, positions, x);
-  run_layers(layers_, batch, positions, x);
-  return head(std::move(x), final_norm_, config_.rms_norm_eps);
+  std::vector<float> captured;
+  run_layers(layers_, batch, positions, x, dflash_layer_ids_, &captured);
+  ForwardOutput out = head(std::move(x), final_norm_, config_.rms_norm_eps);
+  out.layer_hidden = std::move(captured);
+  return out;
+}
+
+std::int64_t ModelRunner::draft_feature_width() const {
+  return has_block_drafter()
+             ? static_cast<std::int64_t>(dflash_layer_ids_.size()) * config_.hidden_size
+             : config_.hidden_size;
+}
+
+std::span<const float> ModelRunner::draft_features(const ForwardOutput& out) const {
+  return has_block_drafter() ? out.layer_hidden : out.hidden;
+}
+
+void ModelRunner::draft_context(std::span<const SequenceInput> batch,
+                                std::span<const float> features) {
+  if (!has_block_drafter()) throw_invalid("draft_context: the runner has no DFlash drafter");
+  std::vector<std::int64_t> positions;
+  std::vector<float> unused;
+  check_batch(batch, positions, unused);
+  const std::int64_t h = config_.hidden_size;
+  const std::int64_t width = draft_feature_width();
+  const auto total = static_cast<std::int64_t>(positions.size());
+  if (static_cast<std::int64_t>(features.size()) != total * width) {
+    throw_invalid(fmt::format("draft_context: {} tokens need {} feature values, got {}", total,
+                              total * width, features.size()));
+  }
+  // The context features: fc over the chosen layers' states, then hidden_norm. Unlike block
+  // tokens they enter each layer's k_proj and v_proj without the layer's input norm.
+  std::vector<float> context(static_cast<std::size_t>(total * h));
+  matmul(draft_fc_, features.data(), total, width, h, context.data());
+  for (std::int64_t t = 0; t < total; ++t) {
+    rms_norm(context.data() + t * h, dflash_hidden_norm_, h, draft_eps_, context.data() + t * h);
+  }
+  std::vector<float> k, v;
+  for (const Layer& layer : draft_layers_) {
+    project_kv(layer, context, positions, k, v);
+    write_layer_kv(layer, batch, k, v);
+  }
+}
+
+ForwardOutput ModelRunner::block_draft(std::span<const SequenceInput> batch) {
+  if (!has_block_drafter()) throw_invalid("block_draft: the runner has no DFlash drafter");
+  std::vector<std::int64_t> positions;
+  std::vector<float> x;
+  check_batch(batch, positions, x);
+  for (std::size_t r = 0; r < batch.size(); ++r) {
+    const auto n = static_cast<std::int64_t>(batch[r].tokens.size());
+    if (n > block_size_) {
+      throw_invalid(
+          fmt::format("block_draft: request {} gives a block of {} tokens; the drafter's "
+                      "block_size is {}",
+                      r, n, block_size_));
+    }
+  }
+  run_layers(draft_layers_, batch, positions, x);
+  return head(std::move(x), draft_norm_, draft_eps_);
 }
 
 ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
@@ -465,6 +578,19 @@ void mlp(const Layer& layer, std::vector<float>& x, std::vector<float>& mixed,
 }
 
 float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+std::vector<std::int64_t> block_ids(std::span<const cache::BlockId> table) {
+  std::vector<std::int64_t> blocks(table.size());
+  std::transform(table.begin(), table.end(), blocks.begin(),
+                 [](cache::BlockId b) { return std::int64_t{b.value()}; });
+  return blocks;
+}
+
+// RMSNorm of each `d`-wide head of `v` with the same weights (Qwen3's q_norm and k_norm).
+void norm_heads(float* v, std::int64_t heads, std::int64_t d, const std::vector<float>& w,
+                double eps) {
+  for (std::int64_t hh = 0; hh < heads; ++hh) rms_norm(v + hh * d, w, d, eps, v + hh * d);
+}
 
 // PyTorch's softplus (threshold 20: the identity above it).
 float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
@@ -612,8 +738,54 @@ void ModelRunner::run_gdn(const Layer& layer, std::span<const SequenceInput> bat
   matmul(layer.out_proj, o.data(), total, value, h, out.data());
 }
 
+// A layer's K and V rows for `normed` inputs at `positions`: projections, k_norm, RoPE.
+void ModelRunner::project_kv(const Layer& layer, std::span<const float> normed,
+                             std::span<const std::int64_t> positions, std::vector<float>& k,
+                             std::vector<float>& v) const {
+  const kernels::AttentionSpec& spec = layer.spec;
+  const std::int64_t h = config_.hidden_size;
+  const auto total = static_cast<std::int64_t>(positions.size());
+  const std::int64_t kw = kernels::k_row_elements(spec);
+  const std::int64_t vw = kernels::v_row_elements(spec);
+  k.assign(static_cast<std::size_t>(total * kw), 0.0f);
+  v.assign(static_cast<std::size_t>(total * vw), 0.0f);
+  matmul(layer.wk, normed.data(), total, h, kw, k.data());
+  matmul(layer.wv, normed.data(), total, h, vw, v.data());
+  for (std::int64_t t = 0; t < total; ++t) {
+    float* kt = k.data() + t * kw;
+    if (!layer.k_norm.empty()) {
+      norm_heads(kt, spec.params.num_kv_heads, spec.head_size, layer.k_norm, layer.rms_norm_eps);
+    }
+    rope(kt, spec.params.num_kv_heads, spec.head_size, positions[static_cast<std::size_t>(t)],
+         layer.rope_theta);
+  }
+}
+
+// Writes the batch's K/V rows into the layer's cache through each request's slot mapping.
+void ModelRunner::write_layer_kv(const Layer& layer, std::span<const SequenceInput> batch,
+                                 std::span<const float> k, std::span<const float> v) {
+  const kernels::AttentionSpec& spec = layer.spec;
+  const layout::LayerGeometry& geo = layer.geometry;
+  std::span<std::byte> tensor = tensors_.at(static_cast<std::size_t>(geo.tensor));
+  const std::int64_t kw = kernels::k_row_elements(spec);
+  const std::int64_t vw = kernels::v_row_elements(spec);
+  std::int64_t row = 0;
+  for (const SequenceInput& s : batch) {
+    const std::vector<std::int64_t> blocks =
+        block_ids(s.block_tables.at(static_cast<std::size_t>(geo.kv_cache_group)));
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    const auto slots = kernels::slot_mapping(geo, blocks, s.start, n);
+    kernels::write_kv(
+        spec, geo, {}, tensor, slots,
+        k.subspan(static_cast<std::size_t>(row * kw), static_cast<std::size_t>(n * kw)),
+        v.subspan(static_cast<std::size_t>(row * vw), static_cast<std::size_t>(n * vw)));
+    row += n;
+  }
+}
+
 void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
-                             const std::vector<std::int64_t>& positions, std::vector<float>& x) {
+                             const std::vector<std::int64_t>& positions, std::vector<float>& x,
+                             std::span<const int> capture, std::vector<float>* captured) {
   const std::int64_t h = config_.hidden_size;
   const auto total = static_cast<std::int64_t>(positions.size());
   const auto rows = [](std::int64_t n, std::int64_t width) {
@@ -621,58 +793,65 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
   };
   std::vector<float> normed = rows(total, h);
   std::vector<float> tmp = rows(total, h);
-  for (const Layer& layer : layers) {
-    const double eps = layer.rms_norm_eps;
-    if (layer.gdn) {
+  if (captured != nullptr)
+    captured->assign(static_cast<std::size_t>(total * h) * capture.size(), 0);
+  // HF's hidden_states[id + 1]: the residual stream after layer `id`, into column block j.
+  const auto capture_after = [&](int id) {
+    if (captured == nullptr) return;
+    const auto width = static_cast<std::int64_t>(capture.size()) * h;
+    for (std::size_t j = 0; j < capture.size(); ++j) {
+      if (capture[j] != id) continue;
       for (std::int64_t t = 0; t < total; ++t) {
-        rms_norm(x.data() + t * h, layer.input_norm, h, eps, normed.data() + t * h);
+        std::copy_n(x.begin() + t * h, h,
+                    captured->begin() + t * width + static_cast<std::int64_t>(j) * h);
       }
+    }
+  };
+  for (std::size_t index = 0; index < layers.size(); ++index) {
+    const Layer& layer = layers[index];
+    const double eps = layer.rms_norm_eps;
+    for (std::int64_t t = 0; t < total; ++t) {
+      rms_norm(x.data() + t * h, layer.input_norm, h, eps, normed.data() + t * h);
+    }
+    if (layer.gdn) {
       run_gdn(layer, batch, normed, tmp);
       mlp(layer, x, tmp, normed);
+      capture_after(static_cast<int>(index));
       continue;
     }
     const kernels::AttentionSpec& spec = layer.spec;
     const std::int64_t hq = spec.params.num_q_heads;
     const std::int64_t qw = hq * spec.head_size;
-    const std::int64_t kw = kernels::k_row_elements(spec);
-    const std::int64_t vw = kernels::v_row_elements(spec);
-    std::vector<float> q = rows(total, qw), k = rows(total, kw), v = rows(total, vw);
-    for (std::int64_t t = 0; t < total; ++t) {
-      rms_norm(x.data() + t * h, layer.input_norm, h, eps, normed.data() + t * h);
-    }
+    std::vector<float> q = rows(total, qw), k, v;
     matmul(layer.wq, normed.data(), total, h, qw, q.data());
-    matmul(layer.wk, normed.data(), total, h, kw, k.data());
-    matmul(layer.wv, normed.data(), total, h, vw, v.data());
     for (std::int64_t t = 0; t < total; ++t) {
-      const std::int64_t pos = positions[static_cast<std::size_t>(t)];
-      rope(q.data() + t * qw, hq, spec.head_size, pos, layer.rope_theta);
-      rope(k.data() + t * kw, spec.params.num_kv_heads, spec.head_size, pos, layer.rope_theta);
+      float* qt = q.data() + t * qw;
+      if (!layer.q_norm.empty()) norm_heads(qt, hq, spec.head_size, layer.q_norm, eps);
+      rope(qt, hq, spec.head_size, positions[static_cast<std::size_t>(t)], layer.rope_theta);
     }
+    project_kv(layer, normed, positions, k, v);
+    write_layer_kv(layer, batch, k, v);
 
-    // K/V of every new token into the cache, then one query per kernel sequence.
+    // The attention metadata of the layer's group. Causal: one query per kernel sequence (its
+    // own position + 1 keys; docs/engine.md, determinism). Non-causal (a DFlash block): each
+    // request's block is one sequence whose every query sees all keys up to the block's end.
     const layout::LayerGeometry& geo = layer.geometry;
     std::span<std::byte> tensor = tensors_.at(static_cast<std::size_t>(geo.tensor));
     std::vector<std::vector<std::int64_t>> pages;
     std::vector<kernels::PagedSequence> seqs;
-    std::int64_t row = 0;
     for (const SequenceInput& s : batch) {
-      const auto table = s.block_tables.at(static_cast<std::size_t>(geo.kv_cache_group));
-      std::vector<std::int64_t> blocks(table.size());
-      std::transform(table.begin(), table.end(), blocks.begin(),
-                     [](cache::BlockId b) { return std::int64_t{b.value()}; });
-      const auto n = static_cast<std::int64_t>(s.tokens.size());
-      const auto slots = kernels::slot_mapping(geo, blocks, s.start, n);
-      kernels::write_kv(spec, geo, {}, tensor, slots,
-                        std::span<const float>(k).subspan(static_cast<std::size_t>(row * kw),
-                                                          static_cast<std::size_t>(n * kw)),
-                        std::span<const float>(v).subspan(static_cast<std::size_t>(row * vw),
-                                                          static_cast<std::size_t>(n * vw)));
-      pages.push_back(layout::kernel_block_table(geo, blocks));
-      row += n;
+      pages.push_back(layout::kernel_block_table(
+          geo, block_ids(s.block_tables.at(static_cast<std::size_t>(geo.kv_cache_group)))));
     }
-    row = 0;
+    std::int64_t row = 0;
     for (std::size_t r = 0; r < batch.size(); ++r) {
-      for (std::size_t i = 0; i < batch[r].tokens.size(); ++i, ++row) {
+      const auto n = static_cast<std::int64_t>(batch[r].tokens.size());
+      if (!spec.params.causal) {
+        if (n > 0) seqs.push_back({pages[r], batch[r].start + n, n});
+        row += n;
+        continue;
+      }
+      for (std::int64_t i = 0; i < n; ++i, ++row) {
         seqs.push_back({pages[r], positions[static_cast<std::size_t>(row)] + 1, 1});
       }
     }
@@ -682,6 +861,7 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
 
     matmul(layer.wo, attn.data(), total, ow, h, tmp.data());
     mlp(layer, x, tmp, normed);
+    capture_after(static_cast<int>(index));
   }
 }
 

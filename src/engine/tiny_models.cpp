@@ -82,6 +82,31 @@ constexpr std::string_view kTinyEagle = R"({
   "torch_dtype": "bfloat16"
 })";
 
+// DFlash block drafter (z-lab's DFlashDraftModel layout) for tiny-swa and tiny-hybrid: two
+// Qwen3 layers (q/k norm) attending non-causally within a block of up to 8 tokens, keys and
+// values of the context projected from the outputs of target layers 1 and 3, <|pad|> as the
+// mask token (byte prompts never contain it), and a float16 cache. Random weights, like
+// tiny-eagle's: it exercises the block path through the shared cache, not speculation's gain.
+constexpr std::string_view kTinyDflash = R"({
+  "_source": "mixkv tiny DFlash drafter with generated weights, seed 17",
+  "model_type": "qwen3",
+  "architectures": ["DFlashDraftModel"],
+  "block_size": 8,
+  "dflash_config": {"target_layer_ids": [1, 3], "mask_token_id": 258},
+  "hidden_size": 64,
+  "intermediate_size": 96,
+  "num_hidden_layers": 2,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 16,
+  "vocab_size": 260,
+  "max_position_embeddings": 2048,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float16"
+})";
+
 constexpr std::array kModels = {
     TinyModel{"tiny-swa",
               "gpt-oss-like: 4 layers alternating sliding window 32 (sinks) / full, GQA 4/2", 7,
@@ -92,6 +117,10 @@ constexpr std::array kModels = {
     TinyModel{"tiny-eagle",
               "EAGLE-style drafter for tiny-swa: 1 llama layer, MHA 4/4, bfloat16 cache", 13,
               kTinyEagle, "", "tiny-swa"},
+    TinyModel{"tiny-dflash",
+              "DFlash block drafter for tiny-swa and tiny-hybrid: 2 non-causal qwen3 layers, "
+              "blocks of 8, reads target layers 1 and 3, float16 cache",
+              17, kTinyDflash, "", "tiny-swa tiny-hybrid"},
 };
 
 constexpr std::array<std::string_view, 4> kSpecials = {"<|bos|>", "<|eos|>", "<|pad|>", "<|unk|>"};
@@ -120,6 +149,16 @@ std::string decode_bytes(std::span<const TokenId> tokens) {
 }
 
 std::span<const TinyModel> tiny_models() { return kModels; }
+
+bool drafts_for(const TinyModel& drafter, std::string_view target) {
+  std::string_view rest = drafter.draft_for;
+  while (!rest.empty()) {
+    const std::size_t space = rest.find(' ');
+    if (rest.substr(0, space) == target) return true;
+    rest = space == std::string_view::npos ? std::string_view{} : rest.substr(space + 1);
+  }
+  return false;
+}
 
 const TinyModel* find_tiny_model(std::string_view name) {
   for (const TinyModel& m : kModels) {

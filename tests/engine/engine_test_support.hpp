@@ -1,8 +1,11 @@
 // Shared by the engine tests: prompt batches and the token streams a plain run gives.
 #pragma once
 
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mixkv/generator.hpp"
@@ -39,6 +42,46 @@ inline std::vector<std::vector<TokenId>> mixed_prompts(std::string_view base, st
     prompts.push_back(encode_bytes(s));
   }
   return prompts;
+}
+
+// A request's cache as the kernels see it: the live state bytes of every recurrent layer, and
+// the K/V bytes of every verified position each attention layer still holds (sliding layers
+// drop what left the window), keyed by layer and position (block ids differ between runs).
+struct CacheImage {
+  std::map<std::string, std::vector<std::byte>> states;
+  std::map<std::pair<std::string, std::int64_t>, std::vector<std::byte>> pages;
+  bool operator==(const CacheImage&) const = default;
+};
+
+// Only the layers `keep` accepts (by name: "layers.3", "draft.layers.0").
+inline CacheImage cache_image(const ModelRunner& runner, const cache::KvCacheManager& m,
+                              cache::RequestId id,
+                              const std::function<bool(const std::string&)>& keep) {
+  CacheImage image;
+  for (const layout::LayerGeometry& g : runner.geometry().layers) {
+    if (!keep(g.layer)) continue;
+    const auto table = m.block_table(id, g.kv_cache_group);
+    const auto tensor = runner.cache_tensor(g.tensor);
+    if (g.recurrent) {
+      const auto at = static_cast<std::size_t>(g.offset + table[0].value() * g.kernel_page_stride);
+      image.states[g.layer].assign(
+          tensor.begin() + static_cast<std::ptrdiff_t>(at),
+          tensor.begin() + static_cast<std::ptrdiff_t>(at) + g.state_bytes);
+      continue;
+    }
+    std::vector<std::int64_t> blocks;
+    for (cache::BlockId b : table) blocks.push_back(b.value());
+    for (std::int64_t p = 0; p < m.num_computed(id); ++p) {
+      if (table[static_cast<std::size_t>(p / g.block_tokens)].is_null()) continue;
+      const layout::TokenLocation at = layout::locate_token(g, blocks, p);
+      std::vector<std::byte> bytes(tensor.begin() + at.k_offset,
+                                   tensor.begin() + at.k_offset + g.k_token_bytes);
+      bytes.insert(bytes.end(), tensor.begin() + at.v_offset,
+                   tensor.begin() + at.v_offset + g.v_token_bytes);
+      image.pages[{g.layer, p}] = std::move(bytes);
+    }
+  }
+  return image;
 }
 
 }  // namespace mixkv::engine::testing

@@ -100,6 +100,26 @@ TEST(GenerateCommand, TinyHybridDraftsWithItsMtpLayer) {
   EXPECT_NE(none.err.find("no MTP layers"), std::string::npos) << none.err;
 }
 
+TEST(GenerateCommand, TinyDflashDraftsABlockForEitherTinyTarget) {
+  for (const char* target : {"tiny-swa", "tiny-hybrid"}) {
+    const auto r = run_cli("generate", {target, "--draft", "tiny-dflash", "--num-spec-tokens", "7",
+                                        "--max-tokens", "16", "--batch", "2", "--json"});
+    ASSERT_EQ(r.status, 0) << target << ": " << r.err;
+    const auto lines = json_lines(r.out);
+    ASSERT_EQ(lines.size(), 2u) << target;
+    for (const auto& j : lines) {
+      EXPECT_EQ(j["stats"]["drafter"], "dflash");
+      EXPECT_EQ(j["stats"]["identical_to_plain"], true);
+      EXPECT_GT(j["stats"]["drafted_tokens"].get<int>(), 0);
+    }
+  }
+  // A block holds the anchor and at most block_size - 1 = 7 drafts.
+  const auto big =
+      run_cli("generate", {"tiny-swa", "--draft", "tiny-dflash", "--num-spec-tokens", "8"});
+  EXPECT_EQ(big.status, 2);
+  EXPECT_NE(big.err.find("use --num-spec-tokens 7 or less"), std::string::npos) << big.err;
+}
+
 TEST(GenerateCommand, HumanReportShowsBothSpeeds) {
   const auto r = run_cli("generate", {"tiny-swa", "--draft", "oracle", "--max-tokens", "8"});
   ASSERT_EQ(r.status, 0) << r.err;
@@ -138,6 +158,7 @@ TEST(GenerateCommand, BadInputIsAnErrorWithStatusTwo) {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"no-such-model"},
            {"tiny-hybrid", "--draft", "tiny-eagle"},
+           {"tiny-dflash", "--draft", "tiny-dflash"},
            {"tiny-swa", "--draft", "eagle-from-nowhere"},
            {"tiny-swa", "--batch", "0"},
            {"tiny-swa", "--max-tokens", "0"},

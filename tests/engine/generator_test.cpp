@@ -48,29 +48,10 @@ std::vector<std::vector<TokenId>> mixed_batch() {
       40, 5, 3);
 }
 
-// The cached K/V bytes of every verified token a request still holds, per layer, keyed by
-// position (block ids differ between runs; the bytes of a position must not).
-using CacheImage = std::map<std::pair<std::string, std::int64_t>, std::vector<std::byte>>;
-CacheImage cache_image(const ModelRunner& runner, const cache::KvCacheManager& m,
-                       cache::RequestId id) {
-  CacheImage image;
-  for (const layout::LayerGeometry& g : runner.geometry().layers) {
-    const auto table = m.block_table(id, g.kv_cache_group);
-    std::vector<std::int64_t> blocks;
-    for (cache::BlockId b : table) blocks.push_back(b.value());
-    const auto tensor = runner.cache_tensor(g.tensor);
-    for (std::int64_t p = 0; p < m.num_computed(id); ++p) {
-      if (table[static_cast<std::size_t>(p / g.block_tokens)].is_null())
-        continue;  // left the window
-      const layout::TokenLocation at = layout::locate_token(g, blocks, p);
-      std::vector<std::byte> bytes(tensor.begin() + at.k_offset,
-                                   tensor.begin() + at.k_offset + g.k_token_bytes);
-      bytes.insert(bytes.end(), tensor.begin() + at.v_offset,
-                   tensor.begin() + at.v_offset + g.v_token_bytes);
-      image[{g.layer, p}] = std::move(bytes);
-    }
-  }
-  return image;
+// The K/V bytes of every verified position a request still holds, by layer and position.
+using Pages = std::map<std::pair<std::string, std::int64_t>, std::vector<std::byte>>;
+Pages cache_pages(const ModelRunner& runner, const cache::KvCacheManager& m, cache::RequestId id) {
+  return testing::cache_image(runner, m, id, [](const std::string&) { return true; }).pages;
 }
 
 void expect_same_tokens(const GenerateReport& a, const GenerateReport& b) {
@@ -181,9 +162,9 @@ TEST(Generate, RollbackLeavesTheCacheByteForByteAsPlainDecoding) {
                                                      text(std::string(45, 'w'))};
   GenerateOptions o;
   o.max_tokens = 80;
-  std::vector<CacheImage> images;
+  std::vector<Pages> images;
   o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
-    images.push_back(cache_image(runner, m, id));
+    images.push_back(cache_pages(runner, m, id));
   };
   const GenerateReport plain = generate(runner, prompts, nullptr, o);
   o.num_spec_tokens = 3;
@@ -196,8 +177,8 @@ TEST(Generate, RollbackLeavesTheCacheByteForByteAsPlainDecoding) {
   EXPECT_GT(images[0].size(), 2u * (30 + 79));
   EXPECT_EQ(images[0].size() + images[1].size(), images[2].size() + images[3].size());
   for (std::size_t i = 0; i < 2; ++i) {
-    const CacheImage& want = images[i];
-    const CacheImage& got = images[i + 2];
+    const Pages& want = images[i];
+    const Pages& got = images[i + 2];
     EXPECT_EQ(want.size(), got.size());
     for (const auto& [key, bytes] : want) {
       const auto it = got.find(key);
@@ -253,9 +234,9 @@ TEST(Generate, EagleDrafterCacheDoesNotDependOnHowManyTokensWereDrafted) {
                                                      text(std::string(40, 'q'))};
   GenerateOptions o;
   o.max_tokens = 60;
-  std::vector<CacheImage> images;
+  std::vector<Pages> images;
   o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
-    images.push_back(cache_image(runner, m, id));
+    images.push_back(cache_pages(runner, m, id));
   };
   EagleDrafter eagle(runner);
   for (int k : {1, 4}) {

@@ -1,0 +1,256 @@
+// tiny-dflash, the DFlash block drafter: its non-causal layers are planned into the target's
+// cache with their own dtype, a block's queries see the whole block and the context projected
+// from the target's chosen layers, and speculation with it gives exactly the plain tokens on
+// tiny-swa and tiny-hybrid, leaving the target's cache as plain decoding does and its own cache
+// independent of how many tokens were drafted.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "engine_test_support.hpp"
+#include "mixkv/error.hpp"
+#include "mixkv/generator.hpp"
+
+namespace mixkv::engine {
+namespace {
+
+using testing::cache_image;
+using testing::CacheImage;
+using testing::references;
+
+// `target` with tiny-dflash's layers in the same plan and both models' weights; `draft_config`
+// replaces tiny-dflash's config (tests of bad configs).
+ModelRunner make_dflash_runner(std::string_view target, RunnerOptions o,
+                               std::optional<std::string> draft_config = std::nullopt) {
+  const TinyModel& m = *find_tiny_model(target);
+  const TinyModel& d = *find_tiny_model("tiny-dflash");
+  const model::ModelSource src = tiny_model_source(m);
+  o.draft = draft_config
+                ? model::parse_model_source("tiny-dflash", "edited tiny-dflash", *draft_config)
+                : tiny_model_source(d);
+  model::DescribeOptions opt;
+  opt.num_spec_tokens = o.num_spec_tokens;
+  const auto desc = model::describe(src, o.draft, opt);
+  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
+  w.merge(generate_draft_weights(read_transformer_config(*o.draft), desc, d.seed));
+  return ModelRunner(src, w, o);
+}
+
+// tiny-dflash's config with one edit.
+std::string edited_config(const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(find_tiny_model("tiny-dflash")->config_json);
+  edit(j);
+  return j.dump();
+}
+
+bool is_target_layer(const std::string& name) { return name.starts_with("layers."); }
+bool is_draft_layer(const std::string& name) { return name.starts_with("draft."); }
+
+void expect_same_tokens(const GenerateReport& a, const GenerateReport& b, const std::string& what) {
+  ASSERT_EQ(a.requests.size(), b.requests.size());
+  for (std::size_t i = 0; i < a.requests.size(); ++i) {
+    EXPECT_EQ(a.requests[i].tokens, b.requests[i].tokens) << what << ", request " << i;
+  }
+}
+
+TEST(TinyDflash, ItsNonCausalLayersArePlannedBesideTheTargetsWithTheirOwnDtype) {
+  ModelRunner runner = make_dflash_runner("tiny-hybrid", {.num_spec_tokens = 7});
+  ASSERT_TRUE(runner.has_block_drafter());
+  EXPECT_EQ(runner.block_size(), 8);
+  EXPECT_EQ(runner.mask_token(), kPadToken);
+  EXPECT_EQ(runner.draft_feature_width(), 2 * 64);  // target layers 1 and 3
+  int draft_layers = 0;
+  for (const model::LayerDesc& l : runner.desc().layers) {
+    if (l.owner != model::Owner::kDraft) continue;
+    ++draft_layers;
+    EXPECT_FALSE(l.causal) << l.name;
+    EXPECT_EQ(l.kv_dtype, DType::kFloat16) << l.name;
+  }
+  EXPECT_EQ(draft_layers, 2);
+  // The target's full layers and the drafter's differ in causality and dtype: separate
+  // attention metadata, and a float16 page of 2 KV heads of 16.
+  const layout::LayerGeometry& draft = runner.geometry().layer("draft.layers.0");
+  const layout::LayerGeometry& full = runner.geometry().layer("layers.3");
+  EXPECT_NE(draft.attention_group, full.attention_group);
+  EXPECT_EQ(draft.k_token_bytes, 2 * 16 * 2);
+  EXPECT_EQ(full.k_token_bytes, 2 * 16 * 4);
+}
+
+TEST(TinyDflash, BlockQueriesSeeTheWholeBlockAndTheProjectedContext) {
+  constexpr int k = 7;
+  ModelRunner runner = make_dflash_runner("tiny-swa", {.num_spec_tokens = k});
+  const plan::CachePlan& plan = runner.plan();
+  cache::KvCacheManager manager(plan, k);
+  const cache::RequestId id{0};
+  const std::vector<TokenId> prompt = encode_bytes("a block drafter reads the whole block");
+  manager.add_request(id, prompt);
+  ASSERT_TRUE(manager.admit(id, k));
+  auto tables = [&] {
+    std::vector<std::span<const cache::BlockId>> t;
+    for (std::size_t g = 0; g < plan.groups.size(); ++g)
+      t.push_back(manager.block_table(id, static_cast<int>(g)));
+    return t;
+  };
+  SequenceInput prefill{prompt, 0, tables()};
+  const ForwardOutput fwd = runner.forward(std::span(&prefill, 1));
+  ASSERT_EQ(fwd.layer_hidden.size(), prompt.size() * 2 * 64);
+  runner.draft_context(std::span(&prefill, 1), fwd.layer_hidden);
+  const TokenId anchor = argmax(std::span(fwd.logits).subspan((prompt.size() - 1) * 260, 260));
+  manager.commit(id, static_cast<std::int64_t>(prompt.size()), std::span(&anchor, 1));
+  ASSERT_TRUE(manager.allocate(id, 1, k));
+
+  const auto n = static_cast<std::int64_t>(prompt.size());
+  auto draft = [&](const std::vector<TokenId>& block) {
+    const SequenceInput in{block, n, tables()};
+    return runner.block_draft(std::span(&in, 1)).logits;
+  };
+  auto row = [](const std::vector<float>& logits, std::size_t r) {
+    return std::vector<float>(logits.begin() + static_cast<std::ptrdiff_t>(r * 260),
+                              logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * 260));
+  };
+  std::vector<TokenId> block(k + 1, runner.mask_token());
+  block[0] = anchor;
+  const std::vector<float> base = draft(block);
+  ASSERT_EQ(base.size(), static_cast<std::size_t>(k + 1) * 260);
+  EXPECT_EQ(draft(block), base);  // deterministic, the block's slots rewritten alike
+
+  // The last block token changes what the first mask predicts: non-causal within the block.
+  std::vector<TokenId> other = block;
+  other.back() = 'x';
+  EXPECT_NE(row(draft(other), 1), row(base, 1));
+  EXPECT_NE(row(draft(other), 0), row(base, 0));
+
+  // The context enters as keys and values from the target's features: other features at
+  // position 0 change the block's predictions; the original ones restore them.
+  const SequenceInput first{std::span(prompt).subspan(0, 1), 0, tables()};
+  runner.draft_context(std::span(&first, 1), std::vector<float>(2 * 64, 0.5f));
+  EXPECT_NE(row(draft(block), 1), row(base, 1));
+  runner.draft_context(std::span(&first, 1), std::span(fwd.layer_hidden).subspan(0, 2 * 64));
+  EXPECT_EQ(draft(block), base);
+}
+
+class DflashGenerate : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DflashGenerate, SpeculationIsBitIdenticalToPlainDecoding) {
+  constexpr int k = 7;
+  ModelRunner runner = make_dflash_runner(GetParam(), {.num_spec_tokens = k});
+  DflashDrafter dflash(runner);
+  GenerateOptions o;
+  o.max_tokens = 256;
+  const std::vector<std::vector<TokenId>> one = {encode_bytes("Once upon a time, in one block,")};
+  const GenerateReport plain = generate(runner, one, nullptr, o);
+  o.num_spec_tokens = k;
+  const GenerateReport got = generate(runner, one, &dflash, o);
+  expect_same_tokens(plain, got, "batch 1");
+  const RequestStats& st = got.requests[0].stats;
+  EXPECT_LE(st.drafted_tokens, k * st.decode_steps);
+  EXPECT_GE(st.drafted_tokens, k * (st.decode_steps - k));
+
+  // 16 mixed prompts: 1 to 140 tokens, half sharing a 40-token prefix, the longest beyond
+  // tiny-swa's 32-token window, with blocks shorter than block_size (k = 4). The batched drafter
+  // drafts for every decoding request in one forward.
+  const auto prompts = testing::mixed_prompts(
+      "Blocks of masks become drafts in one forward pass over the shared cache.", 40, 3, 7);
+  o.num_spec_tokens = 0;
+  const GenerateReport plain16 = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 4;
+  const GenerateReport got16 = generate(runner, prompts, &dflash, o);
+  expect_same_tokens(plain16, got16, "batch 16");
+
+  // Six at a time, so later requests take prefix hits, drafter blocks included; 48 tokens, the
+  // start of the plain run's 256.
+  o.max_batch = 6;
+  o.max_tokens = 48;
+  o.num_spec_tokens = 2;
+  const GenerateReport hits = generate(runner, prompts, &dflash, o);
+  std::int64_t hit_tokens = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<TokenId>& want = plain16.requests[i].tokens;
+    EXPECT_EQ(hits.requests[i].tokens, std::vector<TokenId>(want.begin(), want.begin() + 48))
+        << "six at a time, request " << i;
+    hit_tokens += hits.requests[i].stats.prefix_hit_tokens;
+  }
+  EXPECT_GT(hit_tokens, 0);
+}
+
+TEST_P(DflashGenerate, TargetCacheIsAsPlainAndDrafterCacheIndependentOfK) {
+  ModelRunner runner = make_dflash_runner(GetParam(), {.num_spec_tokens = 7});
+  DflashDrafter dflash(runner);
+  const std::vector<std::vector<TokenId>> prompts = {encode_bytes("the drafter's own pages"),
+                                                     encode_bytes(std::string(45, 'q'))};
+  GenerateOptions o;
+  o.max_tokens = 70;
+  std::vector<CacheImage> target, draft;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
+    target.push_back(cache_image(runner, m, id, is_target_layer));
+    draft.push_back(cache_image(runner, m, id, is_draft_layer));
+  };
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  for (int k : {1, 7}) {
+    o.num_spec_tokens = k;
+    const GenerateReport spec = generate(runner, prompts, &dflash, o);
+    expect_same_tokens(plain, spec, "k = " + std::to_string(k));
+  }
+  ASSERT_EQ(target.size(), 6u);
+  // Plain first, then k = 1 and k = 7; each run finishes its requests in the same order.
+  for (std::size_t i = 0; i < 2; ++i) {
+    ASSERT_FALSE(target[i].pages.empty());
+    EXPECT_TRUE(target[i] == target[i + 2]) << "request " << i << ", k = 1";
+    EXPECT_TRUE(target[i] == target[i + 4]) << "request " << i << ", k = 7";
+    // The drafter's K/V at every verified position, whatever was drafted around it.
+    std::size_t positions = 0;
+    for (const auto& [key, bytes] : draft[i + 2].pages) positions += key.first == "draft.layers.0";
+    EXPECT_EQ(positions, prompts[i].size() + 70 - 1) << "request " << i;
+    EXPECT_TRUE(draft[i + 2] == draft[i + 4]) << "request " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyTargets, DflashGenerate, ::testing::Values("tiny-swa", "tiny-hybrid"),
+                         [](const auto& info) {
+                           return info.param == "tiny-swa" ? "TinySwa" : "TinyHybrid";
+                         });
+
+TEST(TinyDflash, ConfigsThatDoNotFitTheTargetAreRefused) {
+  auto message = [](std::string_view target, int k, const std::optional<std::string>& config) {
+    try {
+      make_dflash_runner(target, {.num_spec_tokens = k}, config);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("tiny-swa", 8, std::nullopt),
+            "tiny tiny-dflash: 8 speculative tokens do not fit a DFlash block of 8 (the anchor "
+            "and at most 7 drafts); use --num-spec-tokens 7 or less");
+  EXPECT_EQ(message("tiny-swa", 3, edited_config([](nlohmann::json& j) {
+                      j["dflash_config"]["target_layer_ids"] = {1, 5};
+                    })),
+            "drafter tiny-dflash: target_layer_ids names layer 5, but the target tiny-swa has 4 "
+            "layers; the drafter was trained for another target");
+  EXPECT_EQ(message("tiny-swa", 3, edited_config([](nlohmann::json& j) {
+                      j["dflash_config"].erase("mask_token_id");
+                    })),
+            "edited tiny-dflash: field 'mask_token_id' is missing; a DFlash drafter fills its "
+            "block with this token");
+  EXPECT_EQ(message("tiny-swa", 3, edited_config([](nlohmann::json& j) {
+                      j["dflash_config"]["mask_token_id"] = 300;
+                    })),
+            "edited tiny-dflash: field 'dflash_config.mask_token_id' is 300, outside the target's "
+            "vocabulary of 260");
+
+  // A runner without a block drafter has no DFlash path; a block longer than block_size is
+  // refused.
+  const TinyModel& m = *find_tiny_model("tiny-swa");
+  const model::ModelSource src = tiny_model_source(m);
+  ModelRunner plain(src, generate_weights(read_transformer_config(src),
+                                          model::describe(src, std::nullopt, {}), m.seed));
+  EXPECT_THROW(DflashDrafter{plain}, Error);
+  EXPECT_THROW(plain.block_draft({}), Error);
+  ModelRunner runner = make_dflash_runner("tiny-swa", {.num_spec_tokens = 3});
+  const std::vector<TokenId> nine(9, runner.mask_token());
+  std::vector<std::span<const cache::BlockId>> tables(runner.plan().groups.size());
+  const SequenceInput in{nine, 0, tables};
+  EXPECT_THROW(runner.block_draft(std::span(&in, 1)), Error);
+}
+
+}  // namespace
+}  // namespace mixkv::engine
