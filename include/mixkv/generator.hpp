@@ -104,14 +104,18 @@ class NgramDrafter final : public Drafter {
 // position before. observe() runs it over the newly verified positions with the real hidden
 // states before they are committed (so every cached block holds what a plain run would have
 // put there) and through the last sampled token, whose output is the first draft; propose()
-// chains the remaining k - 1 drafts on the drafter's own hidden states.
+// chains the remaining k - 1 drafts on the drafter's own hidden states. Both run every request
+// of the step in one drafter forward (per chain position, for propose).
 class EagleDrafter final : public Drafter {
  public:
   // The same chain serves the target's MTP layers (RunnerOptions::mtp): named "mtp" then.
   explicit EagleDrafter(ModelRunner& runner);
   std::string name() const override { return name_; }
   std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
+  std::vector<std::vector<TokenId>> propose_batch(std::span<const DraftContext> ctxs,
+                                                  int k) override;
   void observe(const DraftContext& ctx, std::int64_t first, std::span<const float> hidden) override;
+  void observe_batch(std::span<const Observation> observations) override;
   void forget(std::size_t request) override;
 
  private:

@@ -217,15 +217,28 @@ TEST(Generate, EagleSpeculationIsBitIdenticalToPlainDecoding) {
   EXPECT_LE(st.drafted_tokens, 4 * st.decode_steps);
   EXPECT_GE(st.drafted_tokens, 4 * (st.decode_steps - 4));
 
-  // A mixed batch of 16 (shared prefixes, a prompt beyond the window), 48 tokens each.
+  // A mixed batch of 16 (shared prefixes, a prompt beyond the window), 256 tokens each; the
+  // drafter runs every request's chain position in one forward.
   const auto prompts = mixed_batch();
-  o.max_tokens = 48;
   o.num_spec_tokens = 0;
   const GenerateReport plain16 = generate(runner, prompts, nullptr, o);
   o.num_spec_tokens = 4;
-  o.max_batch = 6;  // later requests take prefix hits, drafter blocks included
   const GenerateReport got16 = generate(runner, prompts, &eagle, o);
   expect_same_tokens(plain16, got16);
+
+  // Six at a time, 48 tokens (the start of the plain run's): later requests take prefix hits,
+  // drafter blocks included.
+  o.max_tokens = 48;
+  o.max_batch = 6;
+  const GenerateReport hits = generate(runner, prompts, &eagle, o);
+  std::int64_t hit_tokens = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<TokenId>& want = plain16.requests[i].tokens;
+    EXPECT_EQ(hits.requests[i].tokens, std::vector<TokenId>(want.begin(), want.begin() + 48))
+        << "request " << i;
+    hit_tokens += hits.requests[i].stats.prefix_hit_tokens;
+  }
+  EXPECT_GT(hit_tokens, 0);
 }
 
 TEST(Generate, EagleDrafterCacheDoesNotDependOnHowManyTokensWereDrafted) {

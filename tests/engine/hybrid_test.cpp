@@ -293,8 +293,8 @@ TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
   expect_same_tokens(plain_one, got_one, "mtp, batch 1");
   EXPECT_GT(got_one.requests[0].stats.drafted_tokens, 400);
 
-  // The mixed batch, six at a time (prefix hits through the snapshots and the MTP layer's
-  // blocks): the same tokens, and the target's states and pages of a plain run.
+  // The mixed batch, all 16 at once, then six at a time (prefix hits through the snapshots and
+  // the MTP layer's blocks): the same tokens, and the target's states and pages of a plain run.
   const auto prompts = mixed_batch();
   o = {};
   o.max_tokens = 256;
@@ -305,6 +305,8 @@ TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
   };
   const GenerateReport plain = generate(runner, prompts, nullptr, o);
   o.num_spec_tokens = 2;
+  o.before_free = nullptr;
+  expect_same_tokens(plain, generate(runner, prompts, &drafter, o), "mtp, batch 16");
   o.max_batch = 6;
   o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
     mtp_images[i] = image_of(runner, m, id);
