@@ -34,6 +34,8 @@ demo: build
 	@echo
 	./$(BUILD_DIR)/mixkv generate tiny-hybrid --draft mtp --num-spec-tokens 2 --max-tokens 64
 	@echo
+	./$(BUILD_DIR)/mixkv generate tiny-hybrid --draft tiny-dflash --num-spec-tokens 7 --max-tokens 64
+	@echo
 	./$(BUILD_DIR)/mixkv generate tiny-swa --draft oracle --num-spec-tokens 4 --max-tokens 128
 
 test: build
