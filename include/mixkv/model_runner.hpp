@@ -69,6 +69,12 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shap
 TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
                                  std::uint64_t seed);
 
+// A drafter checkpoint's tensors under the names the runner reads: a drafter's own checkpoint
+// names them without the "draft." prefix (z-lab's DFlash: fc.weight, hidden_norm.weight,
+// layers.0.self_attn.q_proj.weight, ..., norm.weight), so each gets it. Throws Error naming a
+// tensor that already carries it.
+TensorMap as_draft_weights(TensorMap checkpoint, const std::string& origin);
+
 struct RunnerOptions {
   std::int64_t memory_bytes = 64ll << 20;  // KV cache bytes
   std::int64_t block_size = 16;            // attention manager block (tokens)

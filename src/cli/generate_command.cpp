@@ -21,6 +21,21 @@ struct Loaded {
   engine::TensorMap weights;
 };
 
+std::string checkpoint_file(const std::filesystem::path& dir) {
+  const auto weights = dir / "model.safetensors";
+  std::error_code ec;
+  if (!std::filesystem::exists(weights, ec)) {
+    throw_invalid(fmt::format("{} has no model.safetensors; generate reads one checkpoint file",
+                              dir.string()));
+  }
+  return weights.string();
+}
+
+bool is_directory(const std::string& ref) {
+  std::error_code ec;
+  return std::filesystem::is_directory(ref, ec);
+}
+
 // A tiny model's name, or a directory with config.json and model.safetensors.
 Loaded load_model(const std::string& ref) {
   if (const engine::TinyModel* tiny = engine::find_tiny_model(ref)) {
@@ -35,8 +50,7 @@ Loaded load_model(const std::string& ref) {
     return l;
   }
   const std::filesystem::path dir(ref);
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
+  if (!is_directory(ref)) {
     std::string names;
     for (const auto& m : engine::tiny_models()) names += fmt::format(" {}", m.name);
     throw_invalid(
@@ -44,12 +58,7 @@ Loaded load_model(const std::string& ref) {
                     "holding config.json and model.safetensors",
                     ref, names));
   }
-  const auto weights = dir / "model.safetensors";
-  if (!std::filesystem::exists(weights, ec)) {
-    throw_invalid(fmt::format("{} has no model.safetensors; generate reads one checkpoint file",
-                              dir.string()));
-  }
-  return {model::load_model_source(ref), engine::read_safetensors(weights.string())};
+  return {model::load_model_source(ref), engine::read_safetensors(checkpoint_file(dir))};
 }
 
 // Request i of a batch: the prompt, then for i > 0 a suffix repeated 1 to 3 times, so the batch
@@ -102,8 +111,9 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option(
       "--draft", args->draft,
       "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup), random, "
-      "mtp (the target's MTP layers: tiny-hybrid), tiny-eagle (with tiny-swa) or tiny-dflash "
-      "(block drafter, with tiny-swa or tiny-hybrid)");
+      "mtp (the target's MTP layers: tiny-hybrid), tiny-eagle (with tiny-swa), tiny-dflash "
+      "(block drafter, with tiny-swa or tiny-hybrid), or a drafter checkpoint directory "
+      "(config.json and model.safetensors)");
   cmd->add_option("--num-spec-tokens", args->num_spec_tokens, "Tokens drafted per step")
       ->capture_default_str();
   auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text (bytes)");
@@ -124,8 +134,16 @@ Action add_generate_command(CLI::App& app) {
     engine::RunnerOptions ro;
     ro.memory_bytes = plan::parse_memory_size(args->memory);
     ro.num_spec_tokens = args->draft.empty() ? 0 : args->num_spec_tokens;
-    // A tiny EAGLE drafter: its layers join the target's plan, its weights the target's.
+    // A drafter model (a tiny drafter, or a checkpoint directory): its layers join the target's
+    // plan, its weights the target's.
     const engine::TinyModel* tiny_draft = engine::find_tiny_model(args->draft);
+    const bool keyword = args->draft == "oracle" || args->draft == "ngram" ||
+                         args->draft == "random" || args->draft == model::kMtpDraft;
+    if (!keyword && tiny_draft == nullptr && !args->draft.empty() && is_directory(args->draft)) {
+      ro.draft = model::load_model_source(args->draft);
+      loaded.weights.merge(engine::as_draft_weights(
+          engine::read_safetensors(checkpoint_file(args->draft)), args->draft));
+    }
     if (tiny_draft != nullptr) {
       if (!engine::drafts_for(*tiny_draft, args->model)) {
         throw_invalid(fmt::format(
@@ -175,7 +193,7 @@ Action add_generate_command(CLI::App& app) {
       drafter = std::make_unique<engine::OracleDrafter>(std::move(refs));
     } else if (runner.has_block_drafter()) {
       drafter = std::make_unique<engine::DflashDrafter>(runner);
-    } else if (tiny_draft != nullptr || mtp) {
+    } else if (ro.draft || mtp) {
       drafter = std::make_unique<engine::EagleDrafter>(runner);
     } else if (args->draft == "ngram") {
       drafter = std::make_unique<engine::NgramDrafter>();
@@ -184,8 +202,8 @@ Action add_generate_command(CLI::App& app) {
     } else if (!args->draft.empty()) {
       throw_invalid(
           fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "
-                      "with MTP layers), tiny-eagle (with tiny-swa) or tiny-dflash (with "
-                      "tiny-swa or tiny-hybrid)",
+                      "with MTP layers), tiny-eagle (with tiny-swa), tiny-dflash (with "
+                      "tiny-swa or tiny-hybrid) or a drafter checkpoint directory",
                       args->draft));
     }
     engine::GenerateReport spec;

@@ -225,6 +225,22 @@ TensorMap generate_draft_weights(const TransformerConfig& draft, const model::Mo
   return random_tensors(draft_weight_shapes(draft, desc), seed);
 }
 
+TensorMap as_draft_weights(TensorMap checkpoint, const std::string& origin) {
+  TensorMap out;
+  while (!checkpoint.empty()) {
+    auto node = checkpoint.extract(checkpoint.begin());
+    if (node.key().starts_with("draft.")) {
+      throw_invalid(fmt::format(
+          "{}: tensor {} already carries the draft. prefix; a drafter checkpoint names its "
+          "tensors as the drafter model does (fc.weight, layers.0...)",
+          origin, node.key()));
+    }
+    node.key() = "draft." + node.key();
+    out.insert(std::move(node));
+  }
+  return out;
+}
+
 ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weights,
                          const RunnerOptions& options)
     : config_(read_transformer_config(config)) {

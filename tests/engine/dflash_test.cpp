@@ -135,7 +135,7 @@ TEST_P(DflashGenerate, SpeculationIsBitIdenticalToPlainDecoding) {
   ModelRunner runner = make_dflash_runner(GetParam(), {.num_spec_tokens = k});
   DflashDrafter dflash(runner);
   GenerateOptions o;
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   const std::vector<std::vector<TokenId>> one = {encode_bytes("Once upon a time, in one block,")};
   const GenerateReport plain = generate(runner, one, nullptr, o);
   o.num_spec_tokens = k;
@@ -157,7 +157,7 @@ TEST_P(DflashGenerate, SpeculationIsBitIdenticalToPlainDecoding) {
   expect_same_tokens(plain16, got16, "batch 16");
 
   // Six at a time, so later requests take prefix hits, drafter blocks included; 48 tokens, the
-  // start of the plain run's 256.
+  // start of the plain run's.
   o.max_batch = 6;
   o.max_tokens = 48;
   o.num_spec_tokens = 2;
@@ -208,6 +208,26 @@ INSTANTIATE_TEST_SUITE_P(TinyTargets, DflashGenerate, ::testing::Values("tiny-sw
                          [](const auto& info) {
                            return info.param == "tiny-swa" ? "TinySwa" : "TinyHybrid";
                          });
+
+TEST(TinyDflash, ADrafterCheckpointLoadsUnderTheRunnersNames) {
+  const TinyModel& m = *find_tiny_model("tiny-swa");
+  const TinyModel& d = *find_tiny_model("tiny-dflash");
+  const model::ModelSource src = tiny_model_source(m);
+  const model::ModelSource draft = tiny_model_source(d);
+  const TensorMap generated = generate_draft_weights(read_transformer_config(draft),
+                                                     model::describe(src, draft, {}), d.seed);
+  TensorMap checkpoint;  // as z-lab's checkpoints name them: fc.weight, layers.0...
+  for (const auto& [name, t] : generated) {
+    ASSERT_TRUE(name.starts_with("draft.")) << name;
+    checkpoint.emplace(name.substr(6), t);
+  }
+  ASSERT_TRUE(checkpoint.contains("fc.weight"));
+  ASSERT_TRUE(checkpoint.contains("layers.1.self_attn.k_norm.weight"));
+  const TensorMap loaded = as_draft_weights(
+      parse_safetensors(serialize_safetensors(checkpoint), "draft.safetensors"), "draft");
+  EXPECT_TRUE(loaded == generated);
+  EXPECT_THROW(as_draft_weights(generated, "a target-style map"), Error);
+}
 
 TEST(TinyDflash, ConfigsThatDoNotFitTheTargetAreRefused) {
   auto message = [](std::string_view target, int k, const std::optional<std::string>& config) {

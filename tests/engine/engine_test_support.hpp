@@ -1,6 +1,7 @@
 // Shared by the engine tests: prompt batches and the token streams a plain run gives.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -11,6 +12,16 @@
 #include "mixkv/generator.hpp"
 
 namespace mixkv::engine::testing {
+
+// Tokens each request generates in the tests that compare speculative with plain decoding: 256
+// in the Release build (`make test`, the acceptance), 64 under the sanitizers (`make
+// test-sanitize`), which run the same code paths for memory errors at about ten times the cost
+// per token.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr std::int64_t kGeneratedTokens = 64;
+#else
+inline constexpr std::int64_t kGeneratedTokens = 256;
+#endif
 
 // Each request's prompt followed by the tokens the plain run generated for it: what an oracle
 // drafter proposes from.

@@ -154,6 +154,41 @@ TEST(GenerateCommand, ReadsACheckpointDirectory) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(GenerateCommand, ReadsADrafterCheckpointDirectory) {
+  const auto dir =
+      std::filesystem::temp_directory_path() /
+      ("mixkv_draft_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  std::filesystem::create_directories(dir);
+  // tiny-dflash's weights as its own checkpoint names them: without the draft. prefix.
+  const engine::TinyModel& target = *engine::find_tiny_model("tiny-swa");
+  const engine::TinyModel& d = *engine::find_tiny_model("tiny-dflash");
+  const auto src = engine::tiny_model_source(target);
+  const auto draft = engine::tiny_model_source(d);
+  model::DescribeOptions opt;
+  opt.num_spec_tokens = 3;
+  engine::TensorMap own;
+  for (auto& [name, t] : engine::generate_draft_weights(engine::read_transformer_config(draft),
+                                                        model::describe(src, draft, opt), d.seed)) {
+    own.emplace(name.substr(std::string("draft.").size()), t);
+  }
+  engine::write_safetensors((dir / "model.safetensors").string(), own);
+  std::ofstream(dir / "config.json") << d.config_json;
+  const auto r = run_cli("generate", {"tiny-swa", "--draft", dir.string(), "--max-tokens", "12",
+                                      "--batch", "2", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const auto& j : json_lines(r.out)) {
+    EXPECT_EQ(j["stats"]["drafter"], "dflash");
+    EXPECT_EQ(j["stats"]["identical_to_plain"], true);
+  }
+  // A checkpoint missing a tensor is refused, naming it with the prefix the runner reads.
+  own.erase("hidden_norm.weight");
+  engine::write_safetensors((dir / "model.safetensors").string(), own);
+  const auto missing = run_cli("generate", {"tiny-swa", "--draft", dir.string()});
+  EXPECT_EQ(missing.status, 2);
+  EXPECT_NE(missing.err.find("draft.hidden_norm.weight"), std::string::npos) << missing.err;
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GenerateCommand, BadInputIsAnErrorWithStatusTwo) {
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"no-such-model"},

@@ -65,9 +65,9 @@ TEST(Generate, SpeculationIsBitIdenticalToPlainDecodingAtBatchOne) {
   ModelRunner runner = make_runner({.num_spec_tokens = 4});
   const std::vector<std::vector<TokenId>> prompts = {text("Once upon a time, in a paged cache,")};
   GenerateOptions o;
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   const GenerateReport plain = generate(runner, prompts, nullptr, o);
-  ASSERT_EQ(plain.requests[0].tokens.size(), 256u);
+  ASSERT_EQ(plain.requests[0].tokens.size(), static_cast<std::size_t>(testing::kGeneratedTokens));
   EXPECT_EQ(plain.requests[0].stats.decode_steps, 255);
 
   o.num_spec_tokens = 4;
@@ -91,7 +91,7 @@ TEST(Generate, SpeculationIsBitIdenticalInAMixedBatchOfSixteen) {
   ModelRunner runner = make_runner({.num_spec_tokens = 3});
   const auto prompts = mixed_batch();
   GenerateOptions o;
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   o.max_batch = 16;
   o.prefill_chunk = 24;
   const GenerateReport plain = generate(runner, prompts, nullptr, o);
@@ -205,7 +205,7 @@ TEST(TinyEagle, ItsLayersArePlannedBesideTheTargetsWithTheirOwnHeadsAndDtype) {
 TEST(Generate, EagleSpeculationIsBitIdenticalToPlainDecoding) {
   ModelRunner runner = make_eagle_runner({.num_spec_tokens = 4});
   GenerateOptions o;
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   const std::vector<std::vector<TokenId>> one = {text("Once upon a time, in a paged cache,")};
   const GenerateReport plain = generate(runner, one, nullptr, o);
   o.num_spec_tokens = 4;

@@ -133,9 +133,9 @@ TEST(TinyHybrid, SpeculationIsBitIdenticalToPlainDecodingAtBatchOne) {
   const std::vector<std::vector<TokenId>> prompts = {
       encode_bytes("Once upon a time, a recurrent state met a paged cache.")};
   GenerateOptions o;
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   const GenerateReport plain = generate(runner, prompts, nullptr, o);
-  ASSERT_EQ(plain.requests[0].tokens.size(), 256u);
+  ASSERT_EQ(plain.requests[0].tokens.size(), static_cast<std::size_t>(testing::kGeneratedTokens));
 
   o.num_spec_tokens = 4;
   OracleDrafter oracle(references(prompts, plain));
@@ -160,7 +160,7 @@ TEST(TinyHybrid, SpeculationAndPrefixHitsAreBitIdenticalInAMixedBatchOfSixteen) 
   ModelRunner runner = make_hybrid({.num_spec_tokens = 3});
   const auto prompts = mixed_batch();
   GenerateOptions o;
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   o.max_batch = 16;
   o.prefill_chunk = 24;
   std::map<std::size_t, Image> plain_images;
@@ -209,7 +209,7 @@ TEST(TinyHybrid, SpeculationAndPrefixHitsAreBitIdenticalInAMixedBatchOfSixteen) 
 
   // Each request alone, another chunking, no prefix cache: the same tokens.
   o = {};
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   o.prefill_chunk = 7;
   o.prefix_caching = false;
   for (std::size_t i : {std::size_t{0}, std::size_t{9}}) {
@@ -281,9 +281,9 @@ TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
   const model::LayerDesc& mtp = runner.desc().layers.back();
   EXPECT_EQ(mtp.name, "mtp.layers.0");
   EXPECT_EQ(mtp.kind, model::LayerKind::kFull);
-  // Batch 1, 256 tokens.
+  // Batch 1, 256 tokens (kGeneratedTokens).
   GenerateOptions o;
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   const std::vector<std::vector<TokenId>> one = {encode_bytes("The MTP layer drafts ahead.")};
   const GenerateReport plain_one = generate(runner, one, nullptr, o);
   o.num_spec_tokens = 2;
@@ -291,13 +291,13 @@ TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
   EXPECT_EQ(drafter.name(), "mtp");
   const GenerateReport got_one = generate(runner, one, &drafter, o);
   expect_same_tokens(plain_one, got_one, "mtp, batch 1");
-  EXPECT_GT(got_one.requests[0].stats.drafted_tokens, 400);
+  EXPECT_GT(got_one.requests[0].stats.drafted_tokens, 3 * testing::kGeneratedTokens / 2);
 
   // The mixed batch, all 16 at once, then six at a time (prefix hits through the snapshots and
   // the MTP layer's blocks): the same tokens, and the target's states and pages of a plain run.
   const auto prompts = mixed_batch();
   o = {};
-  o.max_tokens = 256;
+  o.max_tokens = testing::kGeneratedTokens;
   o.max_batch = 16;
   std::map<std::size_t, Image> plain_images, mtp_images;
   o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
