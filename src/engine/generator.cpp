@@ -81,8 +81,10 @@ EagleDrafter::EagleDrafter(ModelRunner& runner)
       name_(runner.desc().draft_info && runner.desc().draft_info->kind == model::DraftKind::kMtp
                 ? "mtp"
                 : "eagle") {
-  if (!runner.has_drafter()) {
-    throw_invalid("the eagle drafter needs a runner built with its drafter (RunnerOptions::draft)");
+  if (!runner.has_drafter() || runner.has_block_drafter()) {
+    throw_invalid(
+        "the eagle drafter needs a runner built with an EAGLE-style drafter or MTP layers "
+        "(RunnerOptions::draft or mtp)");
   }
 }
 

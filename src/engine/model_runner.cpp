@@ -426,6 +426,18 @@ void ModelRunner::read_dflash_config(const model::ModelSource& draft, int num_sp
   }
 }
 
+namespace {
+
+void check_feature_count(std::string_view what, std::int64_t tokens, std::int64_t width,
+                         std::span<const float> features) {
+  if (static_cast<std::int64_t>(features.size()) != tokens * width) {
+    throw_invalid(fmt::format("{}: {} tokens need {} feature values, got {}", what, tokens,
+                              tokens * width, features.size()));
+  }
+}
+
+}  // namespace
+
 std::span<const std::byte> ModelRunner::cache_tensor(int tensor) const {
   return tensors_.at(static_cast<std::size_t>(tensor));
 }
@@ -485,10 +497,7 @@ void ModelRunner::draft_context(std::span<const SequenceInput> batch,
   const std::int64_t h = config_.hidden_size;
   const std::int64_t width = draft_feature_width();
   const auto total = static_cast<std::int64_t>(positions.size());
-  if (static_cast<std::int64_t>(features.size()) != total * width) {
-    throw_invalid(fmt::format("draft_context: {} tokens need {} feature values, got {}", total,
-                              total * width, features.size()));
-  }
+  check_feature_count("draft_context", total, width, features);
   // The context features: fc over the chosen layers' states, then hidden_norm. Unlike block
   // tokens they enter each layer's k_proj and v_proj without the layer's input norm.
   std::vector<float> context(static_cast<std::size_t>(total * h));
@@ -523,16 +532,17 @@ ForwardOutput ModelRunner::block_draft(std::span<const SequenceInput> batch) {
 
 ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
                                          std::span<const float> features) {
-  if (!has_drafter()) throw_invalid("draft_forward: the runner has no drafter");
+  if (!has_drafter() || has_block_drafter()) {
+    throw_invalid(
+        "draft_forward: the runner has no EAGLE-style or MTP drafter (a DFlash drafter runs "
+        "through draft_context and block_draft)");
+  }
   std::vector<std::int64_t> positions;
   std::vector<float> embedded;
   check_batch(batch, positions, embedded);
   const std::int64_t h = config_.hidden_size;
   const auto total = static_cast<std::int64_t>(positions.size());
-  if (static_cast<std::int64_t>(features.size()) != total * h) {
-    throw_invalid(fmt::format("draft_forward: {} tokens need {} feature values, got {}", total,
-                              total * h, features.size()));
-  }
+  check_feature_count("draft_forward", total, h, features);
   // EAGLE's input: [embedding of the token; hidden state that predicted it] projected to hidden.
   // MTP (DeepSeek-V3, Qwen3-Next) RMS-normalises each half first.
   std::vector<float> both(static_cast<std::size_t>(total * 2 * h));

@@ -19,20 +19,14 @@ using testing::references;
 
 // `target` with tiny-dflash's layers in the same plan and both models' weights; `draft_config`
 // replaces tiny-dflash's config (tests of bad configs).
-ModelRunner make_dflash_runner(std::string_view target, RunnerOptions o,
-                               std::optional<std::string> draft_config = std::nullopt) {
-  const TinyModel& m = *find_tiny_model(target);
+ModelRunner make_dflash_runner(std::string_view target, const RunnerOptions& o,
+                               const std::optional<std::string>& draft_config = std::nullopt) {
   const TinyModel& d = *find_tiny_model("tiny-dflash");
-  const model::ModelSource src = tiny_model_source(m);
-  o.draft = draft_config
-                ? model::parse_model_source("tiny-dflash", "edited tiny-dflash", *draft_config)
-                : tiny_model_source(d);
-  model::DescribeOptions opt;
-  opt.num_spec_tokens = o.num_spec_tokens;
-  const auto desc = model::describe(src, o.draft, opt);
-  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
-  w.merge(generate_draft_weights(read_transformer_config(*o.draft), desc, d.seed));
-  return ModelRunner(src, w, o);
+  return testing::runner_with_drafter(
+      target,
+      draft_config ? model::parse_model_source("tiny-dflash", "edited tiny-dflash", *draft_config)
+                   : tiny_model_source(d),
+      d.seed, o);
 }
 
 // tiny-dflash's config with one edit.
@@ -162,14 +156,7 @@ TEST_P(DflashGenerate, SpeculationIsBitIdenticalToPlainDecoding) {
   o.max_tokens = 48;
   o.num_spec_tokens = 2;
   const GenerateReport hits = generate(runner, prompts, &dflash, o);
-  std::int64_t hit_tokens = 0;
-  for (std::size_t i = 0; i < prompts.size(); ++i) {
-    const std::vector<TokenId>& want = plain16.requests[i].tokens;
-    EXPECT_EQ(hits.requests[i].tokens, std::vector<TokenId>(want.begin(), want.begin() + 48))
-        << "six at a time, request " << i;
-    hit_tokens += hits.requests[i].stats.prefix_hit_tokens;
-  }
-  EXPECT_GT(hit_tokens, 0);
+  EXPECT_GT(testing::expect_prefix_of(plain16, hits, "six at a time"), 0);
 }
 
 TEST_P(DflashGenerate, TargetCacheIsAsPlainAndDrafterCacheIndependentOfK) {
@@ -266,6 +253,8 @@ TEST(TinyDflash, ConfigsThatDoNotFitTheTargetAreRefused) {
   EXPECT_THROW(DflashDrafter{plain}, Error);
   EXPECT_THROW(plain.block_draft({}), Error);
   ModelRunner runner = make_dflash_runner("tiny-swa", {.num_spec_tokens = 3});
+  EXPECT_THROW(EagleDrafter{runner}, Error);  // a block drafter is not a chain
+  EXPECT_THROW(runner.draft_forward({}, {}), Error);
   const std::vector<TokenId> nine(9, runner.mask_token());
   std::vector<std::span<const cache::BlockId>> tables(runner.plan().groups.size());
   const SequenceInput in{nine, 0, tables};

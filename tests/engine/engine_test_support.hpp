@@ -1,6 +1,9 @@
 // Shared by the engine tests: prompt batches and the token streams a plain run gives.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -53,6 +56,40 @@ inline std::vector<std::vector<TokenId>> mixed_prompts(std::string_view base, st
     prompts.push_back(encode_bytes(s));
   }
   return prompts;
+}
+
+// The tiny model `target` with a drafter model planned into the same cache (o.draft =
+// `draft`), and both models' weights (the drafter's generated with `draft_seed`).
+inline ModelRunner runner_with_drafter(std::string_view target, const model::ModelSource& draft,
+                                       std::uint64_t draft_seed, RunnerOptions o) {
+  const TinyModel& m = *find_tiny_model(target);
+  const model::ModelSource src = tiny_model_source(m);
+  o.draft = draft;
+  model::DescribeOptions d;
+  d.num_spec_tokens = o.num_spec_tokens;
+  const auto desc = model::describe(src, o.draft, d);
+  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
+  w.merge(generate_draft_weights(read_transformer_config(draft), desc, draft_seed));
+  return ModelRunner(src, w, o);
+}
+
+// Each request of `shorter` generated the first tokens of `longer`'s request (greedy decoding:
+// a shorter run is a prefix of a longer one). Returns the prefix-hit tokens `shorter` took.
+inline std::int64_t expect_prefix_of(const GenerateReport& longer, const GenerateReport& shorter,
+                                     const std::string& what) {
+  std::int64_t hit_tokens = 0;
+  EXPECT_EQ(longer.requests.size(), shorter.requests.size()) << what;
+  for (std::size_t i = 0; i < std::min(longer.requests.size(), shorter.requests.size()); ++i) {
+    const std::vector<TokenId>& got = shorter.requests[i].tokens;
+    const std::vector<TokenId>& all = longer.requests[i].tokens;
+    EXPECT_LE(got.size(), all.size()) << what << ", request " << i;
+    EXPECT_TRUE(
+        std::equal(got.begin(), got.end(), all.begin(),
+                   all.begin() + static_cast<std::ptrdiff_t>(std::min(got.size(), all.size()))))
+        << what << ", request " << i;
+    hit_tokens += shorter.requests[i].stats.prefix_hit_tokens;
+  }
+  return hit_tokens;
 }
 
 // A request's cache as the kernels see it: the live state bytes of every recurrent layer, and

@@ -22,6 +22,15 @@ std::vector<nlohmann::json> json_lines(const std::string& out) {
   return objects;
 }
 
+// An empty directory under the system's temporary one, named per test run.
+std::filesystem::path fresh_directory(const std::string& prefix) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   (prefix + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
 TEST(GenerateCommand, OracleDraftGivesThePlainTokensAndFullAcceptance) {
   const auto r = run_cli("generate", {"tiny-swa", "--draft", "oracle", "--num-spec-tokens", "4",
                                       "--prompt", "hello", "--max-tokens", "21", "--json"});
@@ -130,10 +139,7 @@ TEST(GenerateCommand, HumanReportShowsBothSpeeds) {
 }
 
 TEST(GenerateCommand, ReadsACheckpointDirectory) {
-  const auto dir =
-      std::filesystem::temp_directory_path() /
-      ("mixkv_gen_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
-  std::filesystem::create_directories(dir);
+  const auto dir = fresh_directory("mixkv_gen_");
   const engine::TinyModel& m = *engine::find_tiny_model("tiny-swa");
   const auto src = engine::tiny_model_source(m);
   engine::write_safetensors(
@@ -155,10 +161,7 @@ TEST(GenerateCommand, ReadsACheckpointDirectory) {
 }
 
 TEST(GenerateCommand, ReadsADrafterCheckpointDirectory) {
-  const auto dir =
-      std::filesystem::temp_directory_path() /
-      ("mixkv_draft_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
-  std::filesystem::create_directories(dir);
+  const auto dir = fresh_directory("mixkv_draft_");
   // tiny-dflash's weights as its own checkpoint names them: without the draft. prefix.
   const engine::TinyModel& target = *engine::find_tiny_model("tiny-swa");
   const engine::TinyModel& d = *engine::find_tiny_model("tiny-dflash");
