@@ -98,9 +98,9 @@ TEST(TinyHybrid, SpeculationIsBitIdenticalToPlainDecodingAtBatchOne) {
   const std::vector<std::vector<TokenId>> prompts = {
       encode_bytes("Once upon a time, a recurrent state met a paged cache.")};
   GenerateOptions o;
-  o.max_tokens = testing::kGeneratedTokens;
+  o.max_tokens = 256;  // batch 1 is cheap: 256 in every build
   const GenerateReport plain = generate(runner, prompts, nullptr, o);
-  ASSERT_EQ(plain.requests[0].tokens.size(), static_cast<std::size_t>(testing::kGeneratedTokens));
+  ASSERT_EQ(plain.requests[0].tokens.size(), 256u);
 
   o.num_spec_tokens = 4;
   OracleDrafter oracle(references(prompts, plain));
