@@ -82,11 +82,12 @@ constexpr std::string_view kTinyEagle = R"({
   "torch_dtype": "bfloat16"
 })";
 
-// DFlash block drafter (z-lab's DFlashDraftModel layout) for tiny-swa and tiny-hybrid: two
-// Qwen3 layers (q/k norm) attending non-causally within a block of up to 8 tokens, keys and
-// values of the context projected from the outputs of target layers 1 and 3, <|pad|> as the
-// mask token (byte prompts never contain it), and a float16 cache. Random weights, like
-// tiny-eagle's: it exercises the block path through the shared cache, not speculation's gain.
+// DFlash block drafter (z-lab's DFlashDraftModel layout) for tiny-swa and tiny-hybrid: a sliding
+// (window 24) and a full Qwen3 layer (q/k norm), as the later Qwen3.5 DFlash drafters mix them,
+// attending non-causally within a block of up to 8 tokens; keys and values of the context
+// projected from the outputs of target layers 1 and 3; <|pad|> as the mask token (byte prompts
+// never contain it); a float16 cache. Random weights, like tiny-eagle's: it exercises the block
+// path through the shared cache, not speculation's gain.
 constexpr std::string_view kTinyDflash = R"({
   "_source": "mixkv tiny DFlash drafter with generated weights, seed 17",
   "model_type": "qwen3",
@@ -96,6 +97,8 @@ constexpr std::string_view kTinyDflash = R"({
   "hidden_size": 64,
   "intermediate_size": 96,
   "num_hidden_layers": 2,
+  "layer_types": ["sliding_attention", "full_attention"],
+  "sliding_window": 24,
   "num_attention_heads": 4,
   "num_key_value_heads": 2,
   "head_dim": 16,
@@ -118,8 +121,8 @@ constexpr std::array kModels = {
               "EAGLE-style drafter for tiny-swa: 1 llama layer, MHA 4/4, bfloat16 cache", 13,
               kTinyEagle, "", "tiny-swa"},
     TinyModel{"tiny-dflash",
-              "DFlash block drafter for tiny-swa and tiny-hybrid: 2 non-causal qwen3 layers, "
-              "blocks of 8, reads target layers 1 and 3, float16 cache",
+              "DFlash block drafter for tiny-swa and tiny-hybrid: 2 non-causal qwen3 layers "
+              "(sliding 24, full), blocks of 8, reads target layers 1 and 3, float16 cache",
               17, kTinyDflash, "", "tiny-swa tiny-hybrid"},
 };
 

@@ -60,11 +60,17 @@ TEST(TinyDflash, ItsNonCausalLayersArePlannedBesideTheTargetsWithTheirOwnDtype) 
     EXPECT_EQ(l.kv_dtype, DType::kFloat16) << l.name;
   }
   EXPECT_EQ(draft_layers, 2);
+  // A sliding and a full layer, as the later Qwen3.5 DFlash drafters mix them.
+  const model::LayerDesc& sliding = runner.desc().layers.at(runner.desc().layers.size() - 2);
+  EXPECT_EQ(sliding.kind, model::LayerKind::kSliding);
+  EXPECT_EQ(sliding.window, 24);
+  EXPECT_EQ(runner.desc().layers.back().kind, model::LayerKind::kFull);
   // The target's full layers and the drafter's differ in causality and dtype: separate
   // attention metadata, and a float16 page of 2 KV heads of 16.
-  const layout::LayerGeometry& draft = runner.geometry().layer("draft.layers.0");
+  const layout::LayerGeometry& draft = runner.geometry().layer("draft.layers.1");
   const layout::LayerGeometry& full = runner.geometry().layer("layers.3");
   EXPECT_NE(draft.attention_group, full.attention_group);
+  EXPECT_NE(runner.geometry().layer("draft.layers.0").attention_group, draft.attention_group);
   EXPECT_EQ(draft.k_token_bytes, 2 * 16 * 2);
   EXPECT_EQ(full.k_token_bytes, 2 * 16 * 4);
 }
@@ -185,7 +191,8 @@ TEST_P(DflashGenerate, TargetCacheIsAsPlainAndDrafterCacheIndependentOfK) {
     EXPECT_TRUE(target[i] == target[i + 4]) << "request " << i << ", k = 7";
     // The drafter's K/V at every verified position, whatever was drafted around it.
     std::size_t positions = 0;
-    for (const auto& [key, bytes] : draft[i + 2].pages) positions += key.first == "draft.layers.0";
+    for (const auto& [key, bytes] : draft[i + 2].pages)
+      positions += key.first == "draft.layers.1";  // the full one
     EXPECT_EQ(positions, prompts[i].size() + 70 - 1) << "request " << i;
     EXPECT_TRUE(draft[i + 2] == draft[i + 4]) << "request " << i;
   }
