@@ -4,6 +4,7 @@
 // run without speculation.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -126,6 +127,107 @@ TEST(TinyMamba, RunsMamba2LayersThroughTheCachePlanWithNemotronHWeightNames) {
                                                      encode_bytes("yyyyyyyyz")};
   const GenerateReport r = generate(runner, prompts, nullptr, o);
   EXPECT_NE(r.requests[0].tokens, r.requests[1].tokens);
+}
+
+// One Mamba2 block against HF's formulas written out in double, token by token over the whole
+// history: in_proj split [z; x, B, C; dt], the causal conv (weight[c][K-1] on the newest token)
+// with bias and SiLU, dt = softplus(dt + dt_bias), A = -exp(A_log), head h reading B/C group
+// h / (heads / groups), the D skip, y * SiLU(z) normalised per group, out_proj, residual.
+TEST(TinyMamba, Mamba2BlockMatchesHfFormulasWrittenOutInDouble) {
+  const model::ModelSource src = model::parse_model_source("m", "one Mamba2 block", R"({
+    "model_type": "nemotron_h", "hidden_size": 16, "intermediate_size": 32,
+    "num_hidden_layers": 1, "hybrid_override_pattern": "M", "num_attention_heads": 2,
+    "mamba_num_heads": 4, "mamba_head_dim": 4, "ssm_state_size": 8, "n_groups": 2,
+    "conv_kernel": 3, "vocab_size": 40, "max_position_embeddings": 256,
+    "layer_norm_epsilon": 1e-5, "torch_dtype": "float32"})");
+  const TransformerConfig config = read_transformer_config(src);
+  const TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), 21);
+  ModelRunner runner(src, w);
+  const std::vector<TokenId> tokens = {3, 17, 5, 5, 39, 0, 22, 8, 13, 31};
+  cache::KvCacheManager m(runner.plan(), 0);
+  m.add_request(cache::RequestId{0}, tokens);
+  ASSERT_EQ(m.admit(cache::RequestId{0}, 0), 0);
+  SequenceInput in;
+  in.tokens = tokens;
+  for (std::size_t g = 0; g < runner.plan().groups.size(); ++g)
+    in.block_tables.push_back(m.block_table(cache::RequestId{0}, static_cast<int>(g)));
+  const ForwardOutput got = runner.forward(std::span(&in, 1));
+
+  const auto at = [&](const std::string& name) { return w.at(name).values; };
+  const std::string p = "backbone.layers.0.mixer.";
+  const auto embed = at("backbone.embeddings.weight"), norm = at("backbone.layers.0.norm.weight");
+  const auto in_proj = at(p + "in_proj.weight"), conv_w = at(p + "conv1d.weight"),
+             conv_b = at(p + "conv1d.bias"), dt_bias = at(p + "dt_bias"), a_log = at(p + "A_log"),
+             d = at(p + "D"), gnorm = at(p + "norm.weight"), out_proj = at(p + "out_proj.weight"),
+             norm_f = at("backbone.norm_f.weight"), lm_head = at("lm_head.weight");
+  constexpr int kH = 16, kHeads = 4, kP = 4, kN = 8, kG = 2, kK = 3, kVocab = 40;
+  constexpr int kInner = kHeads * kP, kConv = kInner + 2 * kG * kN,
+                kWidth = kInner + kConv + kHeads;
+  const auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  const auto rms = [](std::vector<double> v, const float* weight, double eps) {
+    double ss = 0.0;
+    for (double x : v) ss += x * x;
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(v.size()) + eps);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] *= inv * weight[i];
+    return v;
+  };
+  std::vector<std::vector<double>> history;  // x, B, C inputs of the conv
+  std::vector<double> state(kHeads * kP * kN, 0.0);
+  double worst = 0.0, scale = 0.0;
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    std::vector<double> x(embed.begin() + tokens[t] * kH, embed.begin() + (tokens[t] + 1) * kH);
+    const std::vector<double> normed = rms(x, norm.data(), 1e-5);
+    std::vector<double> proj(kWidth, 0.0);
+    for (int o = 0; o < kWidth; ++o) {
+      for (int i = 0; i < kH; ++i) proj[o] += in_proj[o * kH + i] * normed[i];
+    }
+    history.emplace_back(proj.begin() + kInner, proj.begin() + kInner + kConv);
+    std::vector<double> c(kConv);
+    for (int ch = 0; ch < kConv; ++ch) {
+      double sum = conv_b[ch];
+      for (int k = 0; k < kK; ++k) {
+        const auto back = static_cast<std::ptrdiff_t>(t) - (kK - 1) + k;
+        if (back >= 0) sum += conv_w[ch * kK + k] * history[static_cast<std::size_t>(back)][ch];
+      }
+      c[ch] = silu(sum);
+    }
+    std::vector<double> y(kInner);
+    for (int h = 0; h < kHeads; ++h) {
+      const int g = h / (kHeads / kG);
+      const double raw = proj[kInner + kConv + h] + dt_bias[h];
+      const double dt = raw > 20.0 ? raw : std::log1p(std::exp(raw));
+      const double decay = std::exp(dt * -std::exp(static_cast<double>(a_log[h])));
+      for (int pp = 0; pp < kP; ++pp) {
+        const double xv = c[h * kP + pp];
+        double sum = 0.0;
+        for (int n = 0; n < kN; ++n) {
+          double& s = state[(h * kP + pp) * kN + n];
+          s = decay * s + dt * xv * c[kInner + g * kN + n];
+          sum += c[kInner + kG * kN + g * kN + n] * s;
+        }
+        y[h * kP + pp] = sum + d[h] * xv;
+      }
+    }
+    for (int i = 0; i < kInner; ++i) y[i] *= silu(proj[i]);
+    const int per = kInner / kG;
+    for (int g = 0; g < kG; ++g) {
+      const auto part = rms(std::vector<double>(y.begin() + g * per, y.begin() + (g + 1) * per),
+                            gnorm.data() + g * per, 1e-5);
+      std::copy(part.begin(), part.end(), y.begin() + g * per);
+    }
+    for (int o = 0; o < kH; ++o) {
+      for (int i = 0; i < kInner; ++i) x[o] += out_proj[o * kInner + i] * y[i];
+    }
+    const std::vector<double> final_normed = rms(x, norm_f.data(), 1e-5);
+    for (int v = 0; v < kVocab; ++v) {
+      double logit = 0.0;
+      for (int i = 0; i < kH; ++i) logit += lm_head[v * kH + i] * final_normed[i];
+      worst = std::max(worst, std::abs(logit - got.logits[t * kVocab + v]));
+      scale = std::max(scale, std::abs(logit));
+    }
+  }
+  EXPECT_GT(scale, 0.5);
+  EXPECT_LT(worst, 1e-4 * scale);
 }
 
 TEST(TinyMamba, WhatTheRunnerDoesNotComputeIsRefusedByName) {
