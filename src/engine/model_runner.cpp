@@ -102,6 +102,11 @@ void read_family_fields(const model::ConfigReader& c, TransformerConfig& t) {
     }
     require_string("mamba_hidden_act", "silu");
     require_string("mlp_hidden_act", "relu2");
+  } else if (t.model_type.starts_with("gemma3")) {
+    throw_unsupported(fmt::format(
+        "{} is '{}'; the reference runner computes Gemma 2's layer, not Gemma 3's (q/k norms, "
+        "local RoPE base)",
+        c.where("model_type"), t.model_type));
   } else if (t.model_type == "gemma2") {
     t.final_logit_softcap = c.optional_positive_number("final_logit_softcapping");
     require_string("hidden_activation", "gelu_pytorch_tanh");

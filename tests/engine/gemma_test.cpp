@@ -141,5 +141,21 @@ TEST(TinyGemma, SpeculationIsBitIdenticalToPlainDecodingAtBatchOneAndSixteen) {
   expect_same_tokens(plain, generate(runner, prompts, &noise, o), "random, batch 16");
 }
 
+TEST(TinyGemma, Gemma3IsRefusedByItsModelType) {
+  // Described like Gemma 2, but its layer adds q/k norms the runner does not compute.
+  const model::ModelSource src = model::parse_model_source("g3", "test gemma3", R"({
+    "model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "vocab_size": 260, "torch_dtype": "float32"})");
+  try {
+    ModelRunner runner(src, {});
+    FAIL() << "a gemma3 config ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("'model_type' is 'gemma3_text'"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace mixkv::engine
