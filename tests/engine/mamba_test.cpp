@@ -376,6 +376,31 @@ TEST(TinyMamba, RollbackLeavesMamba2StatesAndPagesByteForByteAsPlainDecoding) {
       same_bits(images[0].states.at("layers.0.conv"), images[1].states.at("layers.0.conv")));
 }
 
+TEST(TinyMamba, Bfloat16SsmStatesGiveTheSameTokensPlainAndSpeculative) {
+  // One kernel call per token rounds the state to bf16 after every token, in a verify block as
+  // in one-by-one decoding.
+  ModelRunner runner = make_mamba({.num_spec_tokens = 3, .ssm_dtype = DType::kBfloat16});
+  const model::LayerDesc& mamba = runner.desc().layers[0];
+  ASSERT_EQ(mamba.state.back().name, "ssm");
+  EXPECT_EQ(mamba.state.back().dtype, DType::kBfloat16);
+  const std::vector<std::vector<TokenId>> prompts = {encode_bytes("bf16 SSM states, rounded")};
+  GenerateOptions o;
+  o.max_tokens = 128;
+  std::vector<Image> images;
+  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
+    images.push_back(image_of(runner, m, id));
+  };
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 3;
+  OracleDrafter oracle(references(prompts, plain));
+  expect_same_tokens(plain, generate(runner, prompts, &oracle, o), "bf16, oracle");
+  RandomDrafter random(runner.vocab_size(), 9);
+  expect_same_tokens(plain, generate(runner, prompts, &random, o), "bf16, random");
+  ASSERT_EQ(images.size(), 3u);
+  expect_same_image(images[0], images[1], "bf16, oracle");
+  expect_same_image(images[0], images[2], "bf16, random");
+}
+
 TEST(TinyMamba, PreemptionByRecomputeKeepsTheTokens) {
   const auto prompts = mixed_batch();
   GenerateOptions o;
