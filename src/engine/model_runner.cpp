@@ -475,7 +475,8 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   if (is_nemotron(config_)) load_nemotron_blocks(get);
   if (is_gemma(config_)) {
     for (float& v : final_norm_) v += 1.0f;
-    // Gemma2Model scales embeddings by sqrt(hidden_size), rounded to the model's dtype.
+    // Gemma2Model scales embeddings by sqrt(hidden_size) (HF rounds the factor to the model's
+    // dtype; the runner computes in float32, where 8 for tiny-gemma is exact).
     embed_scale_ = std::sqrt(static_cast<float>(config_.hidden_size));
   }
 }
