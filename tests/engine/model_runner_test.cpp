@@ -100,7 +100,7 @@ TEST(TinyModels, ByteVocabularyRoundTripsText) {
   EXPECT_EQ(decode_bytes(specials), "<|bos|>a<|eos|><|999|>");
 }
 
-TEST(ModelRunner, Mamba2LayersOutsideNemotronHAreRefusedNamingTheLayer) {
+TEST(ModelRunner, Mamba2LayersOutsideNemotronHAndMamba1LayersAreRefusedNamingTheLayer) {
   // tiny-hybrid's Gated DeltaNet and tiny-mamba's (nemotron_h) Mamba2 layers run
   // (hybrid_test.cpp, mamba_test.cpp); granitemoehybrid's block layout is not built.
   EXPECT_TRUE(find_tiny_model("tiny-hybrid")->missing.empty());
@@ -117,6 +117,19 @@ TEST(ModelRunner, Mamba2LayersOutsideNemotronHAreRefusedNamingTheLayer) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("layers.0 is mamba2"), std::string::npos) << e.what();
+  }
+  // Mamba1 (Jamba) layers stay refused too.
+  const model::ModelSource jamba = model::parse_model_source("jamba", "test jamba", R"({
+    "model_type": "jamba", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "layers_block_type": ["attention", "mamba"], "num_attention_heads": 4,
+    "num_key_value_heads": 2, "mamba_expand": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+    "vocab_size": 260, "max_position_embeddings": 512, "torch_dtype": "float32"})");
+  try {
+    ModelRunner runner(jamba, {});
+    FAIL() << "a Mamba1 layer ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("layers.1 is mamba1"), std::string::npos) << e.what();
   }
 }
 
