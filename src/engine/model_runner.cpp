@@ -983,8 +983,9 @@ void ModelRunner::run_mamba2(const Layer& layer, std::span<const SequenceInput> 
            part(c, inner + bc, bc), layer.a_neg, layer.d_skip, layer.dt_bias},
           std::span(y).subspan(static_cast<std::size_t>(row * inner),
                                static_cast<std::size_t>(inner)));
-      if (i + 1 == snap)
+      if (i + 1 == snap) {
         copy_state(cache::BlockId(static_cast<std::int32_t>(out_slot)), step.snapshot);
+      }
     }
   }
 

@@ -149,8 +149,9 @@ TEST(TinyMamba, Mamba2BlockMatchesHfFormulasWrittenOutInDouble) {
   ASSERT_EQ(m.admit(cache::RequestId{0}, 0), 0);
   SequenceInput in;
   in.tokens = tokens;
-  for (std::size_t g = 0; g < runner.plan().groups.size(); ++g)
+  for (std::size_t g = 0; g < runner.plan().groups.size(); ++g) {
     in.block_tables.push_back(m.block_table(cache::RequestId{0}, static_cast<int>(g)));
+  }
   const ForwardOutput got = runner.forward(std::span(&in, 1));
 
   const auto at = [&](const std::string& name) { return w.at(name).values; };
@@ -160,9 +161,9 @@ TEST(TinyMamba, Mamba2BlockMatchesHfFormulasWrittenOutInDouble) {
              conv_b = at(p + "conv1d.bias"), dt_bias = at(p + "dt_bias"), a_log = at(p + "A_log"),
              d = at(p + "D"), gnorm = at(p + "norm.weight"), out_proj = at(p + "out_proj.weight"),
              norm_f = at("backbone.norm_f.weight"), lm_head = at("lm_head.weight");
-  constexpr int kH = 16, kHeads = 4, kP = 4, kN = 8, kG = 2, kK = 3, kVocab = 40;
-  constexpr int kInner = kHeads * kP, kConv = kInner + 2 * kG * kN,
-                kWidth = kInner + kConv + kHeads;
+  constexpr std::int64_t kH = 16, kHeads = 4, kP = 4, kN = 8, kG = 2, kK = 3, kVocab = 40;
+  constexpr std::int64_t kInner = kHeads * kP, kConv = kInner + 2 * kG * kN,
+                         kWidth = kInner + kConv + kHeads;
   const auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
   const auto rms = [](std::vector<double> v, const float* weight, double eps) {
     double ss = 0.0;
@@ -178,29 +179,29 @@ TEST(TinyMamba, Mamba2BlockMatchesHfFormulasWrittenOutInDouble) {
     std::vector<double> x(embed.begin() + tokens[t] * kH, embed.begin() + (tokens[t] + 1) * kH);
     const std::vector<double> normed = rms(x, norm.data(), 1e-5);
     std::vector<double> proj(kWidth, 0.0);
-    for (int o = 0; o < kWidth; ++o) {
-      for (int i = 0; i < kH; ++i) proj[o] += in_proj[o * kH + i] * normed[i];
+    for (std::int64_t o = 0; o < kWidth; ++o) {
+      for (std::int64_t i = 0; i < kH; ++i) proj[o] += in_proj[o * kH + i] * normed[i];
     }
     history.emplace_back(proj.begin() + kInner, proj.begin() + kInner + kConv);
     std::vector<double> c(kConv);
-    for (int ch = 0; ch < kConv; ++ch) {
+    for (std::int64_t ch = 0; ch < kConv; ++ch) {
       double sum = conv_b[ch];
-      for (int k = 0; k < kK; ++k) {
+      for (std::int64_t k = 0; k < kK; ++k) {
         const auto back = static_cast<std::ptrdiff_t>(t) - (kK - 1) + k;
         if (back >= 0) sum += conv_w[ch * kK + k] * history[static_cast<std::size_t>(back)][ch];
       }
       c[ch] = silu(sum);
     }
     std::vector<double> y(kInner);
-    for (int h = 0; h < kHeads; ++h) {
-      const int g = h / (kHeads / kG);
+    for (std::int64_t h = 0; h < kHeads; ++h) {
+      const std::int64_t g = h / (kHeads / kG);
       const double raw = proj[kInner + kConv + h] + dt_bias[h];
       const double dt = raw > 20.0 ? raw : std::log1p(std::exp(raw));
       const double decay = std::exp(dt * -std::exp(static_cast<double>(a_log[h])));
-      for (int pp = 0; pp < kP; ++pp) {
+      for (std::int64_t pp = 0; pp < kP; ++pp) {
         const double xv = c[h * kP + pp];
         double sum = 0.0;
-        for (int n = 0; n < kN; ++n) {
+        for (std::int64_t n = 0; n < kN; ++n) {
           double& s = state[(h * kP + pp) * kN + n];
           s = decay * s + dt * xv * c[kInner + g * kN + n];
           sum += c[kInner + kG * kN + g * kN + n] * s;
@@ -208,20 +209,20 @@ TEST(TinyMamba, Mamba2BlockMatchesHfFormulasWrittenOutInDouble) {
         y[h * kP + pp] = sum + d[h] * xv;
       }
     }
-    for (int i = 0; i < kInner; ++i) y[i] *= silu(proj[i]);
-    const int per = kInner / kG;
-    for (int g = 0; g < kG; ++g) {
+    for (std::int64_t i = 0; i < kInner; ++i) y[i] *= silu(proj[i]);
+    const std::int64_t per = kInner / kG;
+    for (std::int64_t g = 0; g < kG; ++g) {
       const auto part = rms(std::vector<double>(y.begin() + g * per, y.begin() + (g + 1) * per),
                             gnorm.data() + g * per, 1e-5);
       std::copy(part.begin(), part.end(), y.begin() + g * per);
     }
-    for (int o = 0; o < kH; ++o) {
-      for (int i = 0; i < kInner; ++i) x[o] += out_proj[o * kInner + i] * y[i];
+    for (std::int64_t o = 0; o < kH; ++o) {
+      for (std::int64_t i = 0; i < kInner; ++i) x[o] += out_proj[o * kInner + i] * y[i];
     }
     const std::vector<double> final_normed = rms(x, norm_f.data(), 1e-5);
-    for (int v = 0; v < kVocab; ++v) {
+    for (std::int64_t v = 0; v < kVocab; ++v) {
       double logit = 0.0;
-      for (int i = 0; i < kH; ++i) logit += lm_head[v * kH + i] * final_normed[i];
+      for (std::int64_t i = 0; i < kH; ++i) logit += lm_head[v * kH + i] * final_normed[i];
       worst = std::max(worst, std::abs(logit - got.logits[t * kVocab + v]));
       scale = std::max(scale, std::abs(logit));
     }
