@@ -6,9 +6,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mixkv/attention_groups.hpp"
@@ -36,6 +38,14 @@ struct TransformerConfig {
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
+  // Family specifics (docs/engine.md). model_type decides the weight names and block layout:
+  // "nemotron_h" (blocks of hybrid_override_pattern: M Mamba2, * attention, - MLP; backbone.*
+  // names, no RoPE, relu² MLP) and "gemma2" (RMSNorm times 1 + w, four norms per layer, GELU-tanh
+  // gated MLP, embeddings scaled by sqrt(hidden), final_logit_softcapping); else Llama's.
+  std::string model_type;
+  std::string block_pattern;                  // nemotron_h: hybrid_override_pattern
+  bool conv_bias = true;                      // nemotron_h: use_conv_bias
+  std::optional<double> final_logit_softcap;  // gemma2: final_logit_softcapping
   bool operator==(const TransformerConfig&) const = default;
 };
 
@@ -48,6 +58,9 @@ TransformerConfig read_transformer_config(const model::ModelSource& source);
 // {q,k,v,o}_proj, self_attn.sinks, post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
 // lm_head (unless tied). Gated DeltaNet layers have Qwen3-Next's linear_attn.{in_proj_qkvz,
 // in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj} in place of self_attn (docs/engine.md).
+// nemotron_h names its blocks backbone.layers.{i}.{norm, mixer.*} (Mamba2 mixers: mixer.{in_proj,
+// conv1d, dt_bias, A_log, D, norm, out_proj}), backbone.embeddings and backbone.norm_f; gemma2
+// adds pre_feedforward_layernorm and post_feedforward_layernorm.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
     const TransformerConfig& config, const model::ModelDesc& desc);
 
@@ -120,9 +133,9 @@ struct ForwardOutput {
 
 class ModelRunner {
  public:
-  // Throws Error when a layer kind is not served (Mamba2, MLA, chunked), a weight is missing
-  // or misshapen, a DFlash drafter's target layers or mask token do not fit the target, or the
-  // cache cannot be planned.
+  // Throws Error when a layer kind is not served (Mamba2 outside nemotron_h, MLA, chunked, KDA,
+  // Mamba1), a weight is missing or misshapen, a DFlash drafter's target layers or mask token do
+  // not fit the target, or the cache cannot be planned.
   ModelRunner(const model::ModelSource& config, const TensorMap& weights,
               const RunnerOptions& options = {});
 
@@ -168,6 +181,9 @@ class ModelRunner {
   const layout::Geometry& geometry() const { return geometry_; }
   std::span<const std::byte> cache_tensor(int tensor) const;
   std::int64_t vocab_size() const { return config_.vocab_size; }
+  // The kernel spec of attention layer `layer` (e.g. "layers.0") as forward() runs it: window,
+  // soft cap, scale, sinks. Throws Error for a name that is not an attention layer of the target.
+  const kernels::AttentionSpec& attention_spec(std::string_view layer) const;
 
  private:
   struct Layer {
@@ -184,6 +200,20 @@ class ModelRunner {
     kernels::AttentionSpec spec;
     std::vector<float> input_norm, post_norm, wq, wk, wv, wo, sinks, gate, up, down;
     std::vector<float> q_norm, k_norm;  // Qwen3's per-head RMSNorm of q and k; empty: none
+    // Mamba2 mixer (nemotron_h "M" blocks): in_proj rows [z; x, B, C; dt], conv over x, B, C,
+    // gated RMSNorm grouped by n_groups; a_neg = -exp(A_log) and conv_w, dt_bias, out_proj above.
+    bool mamba = false;
+    kernels::Mamba2LayerSpec mamba_spec;
+    std::vector<float> in_proj, conv_bias, d_skip, mamba_norm;
+    // Block layout beyond Llama's: nemotron_h blocks hold a mixer or an MLP (mlp_only: `post_norm`
+    // is the block's norm), its attention has no RoPE; gemma2 normalises the mixer's and the MLP's
+    // outputs before each residual.
+    enum class Activation { kSwiGlu, kGeluTanhGated, kRelu2 };
+    Activation activation = Activation::kSwiGlu;
+    bool rope = true;
+    bool has_mlp = true;
+    bool mlp_only = false;
+    std::vector<float> mixer_out_norm, mlp_out_norm;
   };
   TransformerConfig config_;
   model::ModelDesc desc_;
@@ -196,6 +226,9 @@ class ModelRunner {
   void read_dflash_config(const model::ModelSource& draft, int num_spec_tokens);
   void run_gdn(const Layer& layer, std::span<const SequenceInput> batch,
                const std::vector<float>& normed, std::vector<float>& out);
+  void run_mamba2(const Layer& layer, std::span<const SequenceInput> batch,
+                  const std::vector<float>& normed, std::vector<float>& out);
+  void load_nemotron_blocks(const std::function<std::vector<float>(const std::string&)>& get);
   // `capture` (optional): the ids of layers whose outputs go to captured, [tokens, ids x hidden].
   void run_layers(const std::vector<Layer>& layers, std::span<const SequenceInput> batch,
                   const std::vector<std::int64_t>& positions, std::vector<float>& x,
@@ -218,6 +251,7 @@ class ModelRunner {
   std::vector<float> dflash_hidden_norm_;
   TokenId mask_token_ = 0;
   int block_size_ = 0;
+  float embed_scale_ = 1.0f;  // gemma2: sqrt(hidden_size)
 };
 
 // Greedy sampling: the index of the largest logit, the lowest one on ties.

@@ -100,8 +100,10 @@ Action add_generate_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "generate", "Greedy generation through the reference engine, plain and speculative");
   cmd->footer(
-      "MODEL: tiny-swa or tiny-hybrid (mixkv's tiny models have generated weights and a "
-      "byte-level vocabulary; tiny-hybrid mixes Gated DeltaNet and full attention layers) or a "
+      "MODEL: tiny-swa, tiny-hybrid, tiny-mamba or tiny-gemma (mixkv's tiny models have "
+      "generated weights and a byte-level vocabulary; tiny-hybrid mixes Gated DeltaNet and full "
+      "attention layers, tiny-mamba Mamba2 and attention blocks, tiny-gemma soft-capped sliding "
+      "and full layers) or a "
       "directory with config.json and "
       "model.safetensors. With --draft, the prompts are "
       "generated twice, plain and speculative, and the tokens must match (exit status 3 if "

@@ -73,6 +73,55 @@ void rope(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, d
   }
 }
 
+// What nemotron_h and gemma2 configs add (TransformerConfig); refuses, naming the field, what the
+// runner does not compute (biases, MoE blocks, other activations).
+void read_family_fields(const model::ConfigReader& c, TransformerConfig& t) {
+  const auto require_string = [&](std::string_view key, std::string_view want) {
+    if (auto v = c.optional_string(key); v && *v != want) {
+      throw_unsupported(
+          fmt::format("{} is '{}'; the reference runner computes {} only", c.where(key), *v, want));
+    }
+  };
+  if (t.model_type == "nemotron_h") {
+    t.block_pattern = c.string("hybrid_override_pattern");
+    t.rms_norm_eps = c.optional_positive_number("layer_norm_epsilon").value_or(t.rms_norm_eps);
+    t.conv_bias = c.optional_bool("use_conv_bias").value_or(true);
+    if (auto hd = c.optional_positive_int("attention_head_dim")) t.head_dim = *hd;
+    for (std::string_view key : {"use_bias", "attention_bias", "mlp_bias"}) {
+      if (c.optional_bool(key).value_or(false)) {
+        throw_unsupported(fmt::format(
+            "{} is true; the reference runner reads no projection biases (conv1d's aside)",
+            c.where(key)));
+      }
+    }
+    if (const auto e = t.block_pattern.find_first_not_of("M*-"); e != std::string::npos) {
+      throw_unsupported(fmt::format(
+          "{}: block {} is '{}'; the reference runner serves M (Mamba2), * (attention) and "
+          "- (MLP) blocks, not mixture-of-experts ones",
+          c.where("hybrid_override_pattern"), e, t.block_pattern[e]));
+    }
+    require_string("mamba_hidden_act", "silu");
+    require_string("mlp_hidden_act", "relu2");
+  } else if (t.model_type.starts_with("gemma3")) {
+    throw_unsupported(fmt::format(
+        "{} is '{}'; the reference runner computes Gemma 2's layer, not Gemma 3's (q/k norms, "
+        "local RoPE base)",
+        c.where("model_type"), t.model_type));
+  } else if (t.model_type == "gemma2") {
+    t.final_logit_softcap = c.optional_positive_number("final_logit_softcapping");
+    require_string("hidden_activation", "gelu_pytorch_tanh");
+  }
+}
+
+bool is_nemotron(const TransformerConfig& c) { return c.model_type == "nemotron_h"; }
+bool is_gemma(const TransformerConfig& c) { return c.model_type == "gemma2"; }
+std::string embed_name(const TransformerConfig& c) {
+  return is_nemotron(c) ? "backbone.embeddings.weight" : "model.embed_tokens.weight";
+}
+std::string final_norm_name(const TransformerConfig& c) {
+  return is_nemotron(c) ? "backbone.norm_f.weight" : "model.norm.weight";
+}
+
 }  // namespace
 
 TransformerConfig read_transformer_config(const model::ModelSource& source) {
@@ -90,6 +139,9 @@ TransformerConfig read_transformer_config(const model::ModelSource& source) {
   t.rope_theta = c.optional_positive_number("rope_theta").value_or(10000.0);
   t.tie_word_embeddings = c.optional_bool("tie_word_embeddings").value_or(false);
   if (t.head_dim % 2 != 0) c.fail("head_dim", "must be even for rotary embeddings");
+  t.model_type =
+      c.optional_string("model_type").value_or(root.optional_string("model_type").value_or(""));
+  read_family_fields(c, t);
   return t;
 }
 
@@ -104,7 +156,7 @@ TensorMap random_tensors(
     Tensor t;
     t.shape = shape;
     t.values.resize(static_cast<std::size_t>(t.numel()));
-    const bool norm = name.ends_with("norm.weight");
+    const bool norm = name.ends_with("norm.weight") || name.ends_with("norm_f.weight");
     const bool sinks = name.ends_with("sinks");
     // Uniform with the variance of Kaiming-style init (1/fan_in); embeddings of unit scale so
     // the tiny model's greedy continuation depends on its input.
@@ -135,9 +187,15 @@ void add_attention_shapes(std::vector<std::pair<std::string, std::vector<std::in
   }
 }
 
+// Weights some families add to a Llama-style layer.
+struct LayerExtras {
+  bool qk_norm = false;  // Qwen3 (DFlash drafters): per-head q_norm and k_norm
+  bool gemma = false;    // Gemma 2: pre- and post-feed-forward norms
+};
+
 void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
                       const std::string& p, const model::LayerDesc& l, std::int64_t h,
-                      std::int64_t inter, int num_spec_tokens, bool qk_norm = false) {
+                      std::int64_t inter, int num_spec_tokens, LayerExtras extras = {}) {
   const std::int64_t q = std::int64_t{l.num_q_heads} * l.head_size;
   const std::int64_t kv = std::int64_t{l.num_kv_heads} * l.head_size;
   out.push_back({p + "input_layernorm.weight", {h}});
@@ -155,13 +213,63 @@ void add_layer_shapes(std::vector<std::pair<std::string, std::vector<std::int64_
     out.push_back({p + "linear_attn.norm.weight", {g.gdn.v_dim}});
     out.push_back({p + "linear_attn.out_proj.weight", {h, value}});
   } else {
-    add_attention_shapes(out, p, l, h, q, kv, qk_norm);
+    add_attention_shapes(out, p, l, h, q, kv, extras.qk_norm);
   }
   out.push_back({p + "post_attention_layernorm.weight", {h}});
+  if (extras.gemma) {
+    out.push_back({p + "pre_feedforward_layernorm.weight", {h}});
+    out.push_back({p + "post_feedforward_layernorm.weight", {h}});
+  }
   out.push_back({p + "mlp.gate_proj.weight", {inter, h}});
   out.push_back({p + "mlp.up_proj.weight", {inter, h}});
   out.push_back({p + "mlp.down_proj.weight", {h, inter}});
 }
+// Nemotron-H's blocks (HF NemotronHBlock): backbone.layers.{i}.norm and one mixer, a Mamba2
+// mixer (NemotronHMamba2Mixer), attention without RoPE, or an MLP (up, relu², down).
+void add_nemotron_shapes(std::vector<std::pair<std::string, std::vector<std::int64_t>>>& out,
+                         const TransformerConfig& c, const model::ModelDesc& desc) {
+  const std::int64_t h = c.hidden_size;
+  for (std::size_t i = 0; i < c.block_pattern.size(); ++i) {
+    const std::string p = fmt::format("backbone.layers.{}.", i);
+    const std::string name = fmt::format("layers.{}", i);
+    const auto l = std::find_if(desc.layers.begin(), desc.layers.end(),
+                                [&](const model::LayerDesc& d) { return d.name == name; });
+    out.push_back({p + "norm.weight", {h}});
+    const char kind = c.block_pattern[i];
+    if (kind == '-') {
+      out.push_back({p + "mixer.up_proj.weight", {c.intermediate_size, h}});
+      out.push_back({p + "mixer.down_proj.weight", {h, c.intermediate_size}});
+      continue;
+    }
+    if (l == desc.layers.end()) {
+      throw_invalid(
+          fmt::format("block {} ('{}') of hybrid_override_pattern has no layer {}", i, kind, name));
+    }
+    if (kind == '*') {
+      const std::int64_t q = std::int64_t{l->num_q_heads} * l->head_size;
+      const std::int64_t kv = std::int64_t{l->num_kv_heads} * l->head_size;
+      out.push_back({p + "mixer.q_proj.weight", {q, h}});
+      out.push_back({p + "mixer.k_proj.weight", {kv, h}});
+      out.push_back(
+          {p + "mixer.v_proj.weight", {std::int64_t{l->num_kv_heads} * l->head_size_v, h}});
+      out.push_back(
+          {p + "mixer.o_proj.weight", {h, std::int64_t{l->num_q_heads} * l->head_size_v}});
+      continue;
+    }
+    const kernels::Mamba2LayerSpec m = kernels::mamba2_layer_spec(*l, desc.num_spec_tokens);
+    const std::int64_t inner = m.ssm.heads * m.ssm.head_dim;
+    const std::int64_t conv = m.conv.channels;  // x, B, C
+    out.push_back({p + "mixer.in_proj.weight", {inner + conv + m.ssm.heads, h}});
+    out.push_back({p + "mixer.conv1d.weight", {conv, 1, m.conv.kernel}});
+    if (c.conv_bias) out.push_back({p + "mixer.conv1d.bias", {conv}});
+    out.push_back({p + "mixer.dt_bias", {m.ssm.heads}});
+    out.push_back({p + "mixer.A_log", {m.ssm.heads}});
+    out.push_back({p + "mixer.D", {m.ssm.heads}});
+    out.push_back({p + "mixer.norm.weight", {inner}});
+    out.push_back({p + "mixer.out_proj.weight", {h, inner}});
+  }
+}
+
 // Checkpoint prefix of a layer: "model.layers.3." for the target, "draft.layers.0." for a drafter.
 std::string weight_prefix(const model::LayerDesc& l) {
   return l.owner == model::Owner::kTarget ? layer_prefix(l.index) : l.name + ".";
@@ -176,14 +284,15 @@ bool is_dflash(const model::ModelDesc& desc) {
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
     const TransformerConfig& c, const model::ModelDesc& desc) {
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> out;
-  out.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}});
+  out.push_back({embed_name(c), {c.vocab_size, c.hidden_size}});
   for (const model::LayerDesc& l : desc.layers) {
-    if (l.owner == model::Owner::kTarget) {
+    if (l.owner == model::Owner::kTarget && !is_nemotron(c)) {
       add_layer_shapes(out, weight_prefix(l), l, c.hidden_size, c.intermediate_size,
-                       desc.num_spec_tokens);
+                       desc.num_spec_tokens, {.gemma = is_gemma(c)});
     }
   }
-  out.push_back({"model.norm.weight", {c.hidden_size}});
+  if (is_nemotron(c)) add_nemotron_shapes(out, c, desc);
+  out.push_back({final_norm_name(c), {c.hidden_size}});
   if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}});
   return out;
 }
@@ -213,7 +322,7 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shap
   for (const model::LayerDesc& l : desc.layers) {
     if (l.owner == model::Owner::kDraft) {
       add_layer_shapes(out, weight_prefix(l), l, h, draft.intermediate_size, desc.num_spec_tokens,
-                       dflash);
+                       {.qk_norm = dflash});
     }
   }
   out.push_back({p + "norm.weight", {h}});
@@ -291,11 +400,13 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     const bool target = l.owner == model::Owner::kTarget;
     const std::string& origin = target || !options.draft ? config.origin : options.draft->origin;
     const bool gdn = l.kind == model::LayerKind::kGdn && target;
-    if (l.kind != model::LayerKind::kFull && l.kind != model::LayerKind::kSliding && !gdn) {
-      throw_unsupported(fmt::format(
-          "{}: layer {} is {}; the reference runner serves full and sliding attention and "
-          "(target) Gated DeltaNet layers",
-          origin, l.name, model::to_string(l.kind)));
+    const bool mamba = l.kind == model::LayerKind::kMamba2 && target && is_nemotron(config_);
+    if (l.kind != model::LayerKind::kFull && l.kind != model::LayerKind::kSliding && !gdn &&
+        !mamba) {
+      throw_unsupported(
+          fmt::format("{}: layer {} is {}; the reference runner serves full and sliding attention, "
+                      "(target) Gated DeltaNet layers and the Mamba2 layers of nemotron_h",
+                      origin, l.name, model::to_string(l.kind)));
     }
   }
   plan::PlanOptions popt;
@@ -321,7 +432,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     for (auto& [name, shape] : draft_weight_shapes(*draft_config, desc_))
       shapes.emplace(name, shape);
   }
-  auto get = [&](const std::string& name) {
+  auto get = [&](const std::string& name) -> std::vector<float> {
     const std::vector<std::int64_t>& shape = shapes.at(name);
     const auto it = weights.find(name);
     if (it == weights.end()) {
@@ -336,8 +447,8 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
     return it->second.values;
   };
 
-  embed_ = get("model.embed_tokens.weight");
-  final_norm_ = get("model.norm.weight");
+  embed_ = get(embed_name(config_));
+  final_norm_ = get(final_norm_name(config_));
   lm_head_ = config_.tie_word_embeddings ? embed_ : get("lm_head.weight");
   if (draft_config) {
     const std::string p = options.mtp ? "mtp." : "draft.";
@@ -352,6 +463,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   }
   for (const model::LayerDesc& l : desc_.layers) {
     const bool target = l.owner == model::Owner::kTarget;
+    if (target && is_nemotron(config_)) continue;  // load_nemotron_blocks, below
     const TransformerConfig& c = target ? config_ : *draft_config;
     Layer layer;
     layer.intermediate = c.intermediate_size;
@@ -386,10 +498,88 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
       }
     }
     layer.post_norm = get(p + "post_attention_layernorm.weight");
+    if (target && is_gemma(config_)) {
+      // Gemma 2: post_attention_layernorm normalises the attention output; the MLP reads
+      // pre_feedforward_layernorm and its output goes through post_feedforward_layernorm.
+      layer.mixer_out_norm = std::move(layer.post_norm);
+      layer.post_norm = get(p + "pre_feedforward_layernorm.weight");
+      layer.mlp_out_norm = get(p + "post_feedforward_layernorm.weight");
+      layer.activation = Layer::Activation::kGeluTanhGated;
+      // Gemma2RMSNorm multiplies by 1 + w (in float, as here).
+      for (auto* w :
+           {&layer.input_norm, &layer.post_norm, &layer.mixer_out_norm, &layer.mlp_out_norm}) {
+        for (float& v : *w) v += 1.0f;
+      }
+    }
     layer.gate = get(p + "mlp.gate_proj.weight");
     layer.up = get(p + "mlp.up_proj.weight");
     layer.down = get(p + "mlp.down_proj.weight");
     (target ? layers_ : draft_layers_).push_back(std::move(layer));
+  }
+  if (is_nemotron(config_)) load_nemotron_blocks(get);
+  if (is_gemma(config_)) {
+    for (float& v : final_norm_) v += 1.0f;
+    // Gemma2Model scales embeddings by sqrt(hidden_size) (HF rounds the factor to the model's
+    // dtype; the runner computes in float32, where 8 for tiny-gemma is exact).
+    embed_scale_ = std::sqrt(static_cast<float>(config_.hidden_size));
+  }
+}
+
+const kernels::AttentionSpec& ModelRunner::attention_spec(std::string_view name) const {
+  for (const Layer& l : layers_) {
+    if (l.name == name && !l.gdn && !l.mamba && !l.mlp_only) return l.spec;
+  }
+  throw_invalid(fmt::format("attention_spec: {} is not an attention layer of the target", name));
+}
+
+// Nemotron-H's blocks in hybrid_override_pattern order (add_nemotron_shapes gives the names):
+// each block is its norm, then one mixer or an MLP, then the residual.
+void ModelRunner::load_nemotron_blocks(
+    const std::function<std::vector<float>(const std::string&)>& get) {
+  for (std::size_t i = 0; i < config_.block_pattern.size(); ++i) {
+    const char kind = config_.block_pattern[i];
+    const std::string p = fmt::format("backbone.layers.{}.", i);
+    Layer layer;
+    layer.name = fmt::format("layers.{}", i);
+    layer.rms_norm_eps = config_.rms_norm_eps;
+    layer.intermediate = config_.intermediate_size;
+    layer.activation = Layer::Activation::kRelu2;
+    layer.has_mlp = false;
+    layer.rope = false;  // NemotronHAttention applies no positional embedding
+    layer.input_norm = get(p + "norm.weight");
+    if (kind == '-') {
+      layer.mlp_only = true;
+      layer.has_mlp = true;
+      layer.post_norm = layer.input_norm;
+      layer.up = get(p + "mixer.up_proj.weight");
+      layer.down = get(p + "mixer.down_proj.weight");
+      layers_.push_back(std::move(layer));
+      continue;
+    }
+    const auto l = std::find_if(desc_.layers.begin(), desc_.layers.end(),
+                                [&](const model::LayerDesc& d) { return d.name == layer.name; });
+    layer.geometry = geometry_.layer(layer.name);
+    if (kind == '*') {
+      const auto& group = groups_.at(static_cast<std::size_t>(layer.geometry.attention_group));
+      layer.spec = kernels::attention_spec(attn::kernel_params(group, *l), *l);
+      layer.wq = get(p + "mixer.q_proj.weight");
+      layer.wk = get(p + "mixer.k_proj.weight");
+      layer.wv = get(p + "mixer.v_proj.weight");
+      layer.wo = get(p + "mixer.o_proj.weight");
+    } else {
+      layer.mamba = true;
+      layer.mamba_spec = kernels::mamba2_layer_spec(*l, desc_.num_spec_tokens);
+      layer.in_proj = get(p + "mixer.in_proj.weight");
+      layer.conv_w = get(p + "mixer.conv1d.weight");
+      if (config_.conv_bias) layer.conv_bias = get(p + "mixer.conv1d.bias");
+      layer.dt_bias = get(p + "mixer.dt_bias");
+      layer.a_neg = get(p + "mixer.A_log");
+      for (float& a : layer.a_neg) a = -std::exp(a);
+      layer.d_skip = get(p + "mixer.D");
+      layer.mamba_norm = get(p + "mixer.norm.weight");
+      layer.out_proj = get(p + "mixer.out_proj.weight");
+    }
+    layers_.push_back(std::move(layer));
   }
 }
 
@@ -471,6 +661,9 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
   std::vector<std::int64_t> positions;
   std::vector<float> x;
   check_batch(batch, positions, x);
+  if (embed_scale_ != 1.0f) {
+    for (float& v : x) v *= embed_scale_;
+  }
   std::vector<float> captured;
   run_layers(layers_, batch, positions, x, dflash_layer_ids_, &captured);
   ForwardOutput out = head(std::move(x), final_norm_, config_.rms_norm_eps);
@@ -573,33 +766,58 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
   ForwardOutput out;
   out.logits.resize(static_cast<std::size_t>(total * vocab));
   matmul(lm_head_, normed.data(), total, h, vocab, out.logits.data());
+  if (config_.final_logit_softcap) {
+    const auto cap = static_cast<float>(*config_.final_logit_softcap);
+    for (float& v : out.logits) v = std::tanh(v / cap) * cap;
+  }
   out.hidden = std::move(x);
   return out;
 }
 
 namespace {
 
-// The mixer's output `mixed` joins the residual stream; then RMSNorm, SwiGLU MLP, residual.
+// The mixer's output `mixed` joins the residual stream (Gemma 2 normalises it first); then
+// RMSNorm, the MLP (SwiGLU; Gemma 2's GELU-tanh gate; Nemotron-H's relu² without gate; none in a
+// Nemotron-H mixer block), residual.
 template <typename Layer>
 void mlp(const Layer& layer, std::vector<float>& x, std::vector<float>& mixed,
          std::vector<float>& normed) {
-  const std::int64_t h = static_cast<std::int64_t>(layer.post_norm.size());
+  const auto h = static_cast<std::int64_t>(layer.input_norm.size());
   const std::int64_t inter = layer.intermediate;
   const auto total = static_cast<std::int64_t>(x.size()) / h;
+  const double eps = layer.rms_norm_eps;
   for (std::int64_t t = 0; t < total; ++t) {
     float* xt = x.data() + t * h;
-    for (std::int64_t i = 0; i < h; ++i) xt[i] += mixed[static_cast<std::size_t>(t * h + i)];
-    rms_norm(xt, layer.post_norm, h, layer.rms_norm_eps, normed.data() + t * h);
+    float* mt = mixed.data() + t * h;
+    if (!layer.mixer_out_norm.empty()) rms_norm(mt, layer.mixer_out_norm, h, eps, mt);
+    for (std::int64_t i = 0; i < h; ++i) xt[i] += mt[i];
+    if (layer.has_mlp) rms_norm(xt, layer.post_norm, h, eps, normed.data() + t * h);
   }
-  std::vector<float> gate(static_cast<std::size_t>(total * inter));
-  std::vector<float> up(gate.size());
-  matmul(layer.gate, normed.data(), total, h, inter, gate.data());
+  if (!layer.has_mlp) return;
+  using Act = typename Layer::Activation;
+  std::vector<float> up(static_cast<std::size_t>(total * inter));
   matmul(layer.up, normed.data(), total, h, inter, up.data());
-  for (std::size_t i = 0; i < gate.size(); ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];  // SiLU(gate) * up
+  if (layer.activation == Act::kRelu2) {
+    for (float& u : up) u = u > 0.0f ? u * u : 0.0f;
+  } else {
+    std::vector<float> gate(up.size());
+    matmul(layer.gate, normed.data(), total, h, inter, gate.data());
+    for (std::size_t i = 0; i < gate.size(); ++i) {
+      const float g = gate[i];
+      if (layer.activation == Act::kGeluTanhGated) {
+        // PyTorch's gelu(approximate="tanh").
+        constexpr float kSqrt2OverPi = 0.7978845608028654f;
+        up[i] *= 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+      } else {
+        up[i] *= g / (1.0f + std::exp(-g));  // SiLU(gate) * up
+      }
+    }
   }
-  matmul(layer.down, gate.data(), total, inter, h, mixed.data());
+  matmul(layer.down, up.data(), total, inter, h, mixed.data());
+  for (std::int64_t t = 0; t < total; ++t) {
+    float* mt = mixed.data() + t * h;
+    if (!layer.mlp_out_norm.empty()) rms_norm(mt, layer.mlp_out_norm, h, eps, mt);
+  }
   for (std::size_t i = 0; i < x.size(); ++i) x[i] += mixed[i];
 }
 
@@ -782,8 +1000,10 @@ void ModelRunner::project_kv(const Layer& layer, std::span<const float> normed,
     if (!layer.k_norm.empty()) {
       norm_heads(kt, spec.params.num_kv_heads, spec.head_size, layer.k_norm, layer.rms_norm_eps);
     }
-    rope(kt, spec.params.num_kv_heads, spec.head_size, positions[static_cast<std::size_t>(t)],
-         layer.rope_theta);
+    if (layer.rope) {
+      rope(kt, spec.params.num_kv_heads, spec.head_size, positions[static_cast<std::size_t>(t)],
+           layer.rope_theta);
+    }
   }
 }
 
@@ -822,11 +1042,11 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
   if (captured != nullptr)
     captured->assign(static_cast<std::size_t>(total * h) * capture.size(), 0);
   // HF's hidden_states[id + 1]: the residual stream after layer `id`, into column block j.
-  const auto capture_after = [&](int id) {
+  const auto capture_after = [&](std::size_t index) {
     if (captured == nullptr) return;
     const auto width = static_cast<std::int64_t>(capture.size()) * h;
     for (std::size_t j = 0; j < capture.size(); ++j) {
-      if (capture[j] != id) continue;
+      if (capture[j] != static_cast<int>(index)) continue;
       for (std::int64_t t = 0; t < total; ++t) {
         std::copy_n(x.begin() + t * h, h,
                     captured->begin() + t * width + static_cast<std::int64_t>(j) * h);
@@ -836,13 +1056,23 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
   for (std::size_t index = 0; index < layers.size(); ++index) {
     const Layer& layer = layers[index];
     const double eps = layer.rms_norm_eps;
+    if (layer.mlp_only) {  // a Nemotron-H MLP block: its norm, the MLP, the residual
+      std::ranges::fill(tmp, 0.0f);
+      mlp(layer, x, tmp, normed);
+      capture_after(index);
+      continue;
+    }
     for (std::int64_t t = 0; t < total; ++t) {
       rms_norm(x.data() + t * h, layer.input_norm, h, eps, normed.data() + t * h);
     }
-    if (layer.gdn) {
-      run_gdn(layer, batch, normed, tmp);
+    if (layer.mamba || layer.gdn) {
+      if (layer.mamba) {
+        run_mamba2(layer, batch, normed, tmp);
+      } else {
+        run_gdn(layer, batch, normed, tmp);
+      }
       mlp(layer, x, tmp, normed);
-      capture_after(static_cast<int>(index));
+      capture_after(index);
       continue;
     }
     const kernels::AttentionSpec& spec = layer.spec;
@@ -853,7 +1083,9 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
     for (std::int64_t t = 0; t < total; ++t) {
       float* qt = q.data() + t * qw;
       if (!layer.q_norm.empty()) norm_heads(qt, hq, spec.head_size, layer.q_norm, eps);
-      rope(qt, hq, spec.head_size, positions[static_cast<std::size_t>(t)], layer.rope_theta);
+      if (layer.rope) {
+        rope(qt, hq, spec.head_size, positions[static_cast<std::size_t>(t)], layer.rope_theta);
+      }
     }
     project_kv(layer, normed, positions, k, v);
     write_layer_kv(layer, batch, k, v);
@@ -887,8 +1119,107 @@ void ModelRunner::run_layers(const std::vector<Layer>& layers, std::span<const S
 
     matmul(layer.wo, attn.data(), total, ow, h, tmp.data());
     mlp(layer, x, tmp, normed);
-    capture_after(static_cast<int>(index));
+    capture_after(index);
   }
+}
+
+// A Mamba2 mixer over the batch (HF NemotronHMamba2Mixer): in_proj to [z; x, B, C; dt]; the
+// depthwise causal conv with SiLU over x, B, C; the SSM step (dt = softplus(dt + dt_bias),
+// A = -exp(A_log), D skip); y * SiLU(z) RMS-normalised per group of heads (n_groups) times
+// norm.weight; out_proj. State discipline as run_gdn's: one kernel call per token and state
+// tensor, checkpoints to table[i], restore and snapshot per the manager's RecurrentStep.
+void ModelRunner::run_mamba2(const Layer& layer, std::span<const SequenceInput> batch,
+                             const std::vector<float>& normed, std::vector<float>& out) {
+  const kernels::Mamba2Spec& m = layer.mamba_spec.ssm;
+  const kernels::ConvSpec& cs = layer.mamba_spec.conv;
+  const std::int64_t h = config_.hidden_size;
+  const auto total = static_cast<std::int64_t>(normed.size()) / h;
+  const std::int64_t inner = m.heads * m.head_dim;
+  const std::int64_t bc = m.groups * m.state_size;
+  const std::int64_t channels = cs.channels;  // inner + 2 bc
+  const std::int64_t width = inner + channels + m.heads;
+  std::vector<float> proj(static_cast<std::size_t>(total * width));
+  matmul(layer.in_proj, normed.data(), total, h, width, proj.data());
+
+  const layout::LayerGeometry& geo = layer.geometry;
+  std::span<std::byte> tensor = tensors_.at(static_cast<std::size_t>(geo.tensor));
+  const auto group = static_cast<std::size_t>(geo.kv_cache_group);
+  auto state_of = [&](cache::BlockId b) {
+    const std::int64_t at = geo.offset + std::int64_t{b.value()} * geo.kernel_page_stride;
+    if (b.is_null() || at < 0 || at + geo.state_bytes > static_cast<std::int64_t>(tensor.size())) {
+      throw_invalid(fmt::format("layer {}: state block {} is null or outside the cache tensor",
+                                layer.name, b.value()));
+    }
+    return tensor.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(geo.state_bytes));
+  };
+  auto copy_state = [&](cache::BlockId from, cache::BlockId to) {
+    const std::span<std::byte> src = state_of(from);
+    std::memmove(state_of(to).data(), src.data(), src.size());
+  };
+
+  std::vector<float> conv_out(static_cast<std::size_t>(channels));
+  std::vector<float> y(static_cast<std::size_t>(total * inner));
+  std::int64_t row = 0;
+  for (std::size_t r = 0; r < batch.size(); ++r) {
+    const SequenceInput& s = batch[r];
+    const std::span<const cache::BlockId> table = s.block_tables.at(group);
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    const std::int64_t needed = s.checkpoints ? n : 1;
+    if (n > 0 && (static_cast<std::int64_t>(table.size()) < needed || table[0].is_null())) {
+      throw_invalid(fmt::format(
+          "forward: request {} gives layer {} (KV-cache group {}) {} state blocks; {} tokens {} "
+          "need {}",
+          r, layer.name, group, table.size(), n,
+          s.checkpoints ? "with checkpoints" : "of a prefill", needed));
+    }
+    cache::RecurrentStep step;
+    if (group < s.recurrent.size()) step = s.recurrent[group];
+    if (!step.restore_from.is_null() && n > 0) copy_state(step.restore_from, table[0]);
+    if (s.start == 0 && n > 0) std::ranges::fill(state_of(table[0]), std::byte{0});
+    const std::int64_t snap = step.snapshot.is_null() ? 0 : step.snapshot_at - s.start;
+    for (std::int64_t i = 0; i < n; ++i, ++row) {
+      const auto at = static_cast<std::size_t>(i);
+      const std::int64_t in = (s.checkpoints && i > 0 ? table[at - 1] : table[0]).value();
+      const std::int64_t out_slot = (s.checkpoints ? table[at] : table[0]).value();
+      const kernels::StateSequence seq{in, 1, std::span(&out_slot, 1)};
+      const std::span<const float> p = std::span<const float>(proj).subspan(
+          static_cast<std::size_t>(row * width), static_cast<std::size_t>(width));
+      const auto part = [](std::span<const float> v, std::int64_t from, std::int64_t count) {
+        return v.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(count));
+      };
+      kernels::conv_update(cs, geo, tensor, std::span(&seq, 1),
+                           {part(p, inner, channels), layer.conv_w, layer.conv_bias}, conv_out);
+      const std::span<const float> c(conv_out);
+      kernels::mamba2_step(
+          m, geo, tensor, std::span(&seq, 1),
+          {part(c, 0, inner), part(p, inner + channels, m.heads), part(c, inner, bc),
+           part(c, inner + bc, bc), layer.a_neg, layer.d_skip, layer.dt_bias},
+          std::span(y).subspan(static_cast<std::size_t>(row * inner),
+                               static_cast<std::size_t>(inner)));
+      if (i + 1 == snap) {
+        copy_state(cache::BlockId(static_cast<std::int32_t>(out_slot)), step.snapshot);
+      }
+    }
+  }
+
+  // Gated RMSNorm (MambaRMSNormGated, gate applied before the norm): per group of
+  // inner / n_groups channels.
+  const std::int64_t per_group = inner / m.groups;
+  for (std::int64_t t = 0; t < total; ++t) {
+    float* yt = y.data() + t * inner;
+    const float* z = proj.data() + t * width;
+    for (std::int64_t i = 0; i < inner; ++i) yt[i] *= silu(z[i]);
+    for (std::int64_t g = 0; g < m.groups; ++g) {
+      float* v = yt + g * per_group;
+      float ss = 0.0f;
+      for (std::int64_t i = 0; i < per_group; ++i) ss += v[i] * v[i];
+      const float inv = 1.0f / std::sqrt(ss / static_cast<float>(per_group) +
+                                         static_cast<float>(layer.rms_norm_eps));
+      const float* w = layer.mamba_norm.data() + g * per_group;
+      for (std::int64_t i = 0; i < per_group; ++i) v[i] = v[i] * inv * w[i];
+    }
+  }
+  matmul(layer.out_proj, y.data(), total, inner, h, out.data());
 }
 
 TokenId argmax(std::span<const float> logits) {

@@ -60,6 +60,67 @@ constexpr std::string_view kTinyHybrid = R"({
   "eos_token_id": 257
 })";
 
+// Nemotron-H-like: blocks of hybrid_override_pattern, each one mixer or one MLP with its own norm
+// and residual: 4 Mamba2 (8 heads of 8, 2 B/C groups, state 16, conv 4), 2 attention (GQA 4/2,
+// no RoPE, as Nemotron-H) and 2 relu² MLP blocks.
+constexpr std::string_view kTinyMamba = R"({
+  "_source": "mixkv tiny model with generated weights (seed 17); shapes chosen to run in milliseconds",
+  "model_type": "nemotron_h",
+  "architectures": ["NemotronHForCausalLM"],
+  "hidden_size": 64,
+  "intermediate_size": 128,
+  "num_hidden_layers": 8,
+  "hybrid_override_pattern": "M-M*M-M*",
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 16,
+  "mamba_num_heads": 8,
+  "mamba_head_dim": 8,
+  "ssm_state_size": 16,
+  "n_groups": 2,
+  "conv_kernel": 4,
+  "use_conv_bias": true,
+  "use_bias": false,
+  "mamba_hidden_act": "silu",
+  "mlp_hidden_act": "relu2",
+  "vocab_size": 260,
+  "max_position_embeddings": 2048,
+  "layer_norm_epsilon": 1e-05,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float32",
+  "bos_token_id": 256,
+  "eos_token_id": 257
+})";
+
+// Gemma 2-like: sliding window 32 and full layers alternating, attention logits soft-capped at 50,
+// scale 1/sqrt(query_pre_attn_scalar 24) rather than 1/sqrt(head_dim 16), final logits capped at
+// 30, GQA 4/2. Untied LM head (Gemma 2 ties it): with generated weights a tied head makes the
+// model repeat its last token.
+constexpr std::string_view kTinyGemma = R"({
+  "_source": "mixkv tiny model with generated weights (seed 19); shapes chosen to run in milliseconds",
+  "model_type": "gemma2",
+  "architectures": ["Gemma2ForCausalLM"],
+  "hidden_size": 64,
+  "intermediate_size": 128,
+  "num_hidden_layers": 4,
+  "num_attention_heads": 4,
+  "num_key_value_heads": 2,
+  "head_dim": 16,
+  "sliding_window": 32,
+  "attn_logit_softcapping": 50.0,
+  "final_logit_softcapping": 30.0,
+  "query_pre_attn_scalar": 24,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "vocab_size": 260,
+  "max_position_embeddings": 2048,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float32",
+  "bos_token_id": 256,
+  "eos_token_id": 257
+})";
+
 // EAGLE-style drafter for tiny-swa: one llama decoder layer, MHA (4 query and 4 KV heads) beside
 // the GQA target, and a bfloat16 cache beside the target's float32 one. Its weights are random
 // like the target's, so it proposes almost nothing the target accepts: it exercises the
@@ -117,6 +178,12 @@ constexpr std::array kModels = {
     TinyModel{"tiny-hybrid",
               "Qwen3-Next-like: 6 Gated DeltaNet + 2 full layers, GQA 4/2, 1 MTP layer", 11,
               kTinyHybrid, "", ""},
+    TinyModel{"tiny-mamba",
+              "Nemotron-H-like: 4 Mamba2 + 2 attention (no RoPE) + 2 MLP blocks, GQA 4/2", 17,
+              kTinyMamba, "", ""},
+    TinyModel{"tiny-gemma",
+              "Gemma 2-like: 4 layers alternating sliding window 32 / full, soft cap 50, GQA 4/2",
+              19, kTinyGemma, "", ""},
     TinyModel{"tiny-eagle",
               "EAGLE-style drafter for tiny-swa: 1 llama layer, MHA 4/4, bfloat16 cache", 13,
               kTinyEagle, "", "tiny-swa"},

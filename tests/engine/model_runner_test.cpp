@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "mixkv/error.hpp"
 #include "mixkv/kv_cache_manager.hpp"
 
@@ -98,15 +100,16 @@ TEST(TinyModels, ByteVocabularyRoundTripsText) {
   EXPECT_EQ(decode_bytes(specials), "<|bos|>a<|eos|><|999|>");
 }
 
-TEST(ModelRunner, Mamba2LayersAreRefusedNamingTheLayer) {
-  // tiny-hybrid's Gated DeltaNet layers run (hybrid_test.cpp); Mamba2 layers do not yet.
+TEST(ModelRunner, Mamba2LayersOutsideNemotronHAndMamba1LayersAreRefusedNamingTheLayer) {
+  // tiny-hybrid's Gated DeltaNet and tiny-mamba's (nemotron_h) Mamba2 layers run
+  // (hybrid_test.cpp, mamba_test.cpp); granitemoehybrid's block layout is not built.
   EXPECT_TRUE(find_tiny_model("tiny-hybrid")->missing.empty());
-  const model::ModelSource src = model::parse_model_source("mamba", "test nemotron_h", R"({
-    "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "hybrid_override_pattern": "M*", "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16,
-    "n_groups": 1, "conv_kernel": 4, "vocab_size": 260, "max_position_embeddings": 512,
+  EXPECT_TRUE(find_tiny_model("tiny-mamba")->missing.empty());
+  const model::ModelSource src = model::parse_model_source("mamba", "test granitemoehybrid", R"({
+    "model_type": "granitemoehybrid", "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "layer_types": ["mamba", "attention"], "num_attention_heads": 4,
+    "num_key_value_heads": 2, "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 16,
+    "mamba_n_groups": 1, "mamba_d_conv": 4, "vocab_size": 260, "max_position_embeddings": 512,
     "torch_dtype": "float32"})");
   try {
     ModelRunner runner(src, {});
@@ -114,6 +117,19 @@ TEST(ModelRunner, Mamba2LayersAreRefusedNamingTheLayer) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
     EXPECT_NE(std::string(e.what()).find("layers.0 is mamba2"), std::string::npos) << e.what();
+  }
+  // Mamba1 (Jamba) layers stay refused too.
+  const model::ModelSource jamba = model::parse_model_source("jamba", "test jamba", R"({
+    "model_type": "jamba", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "layers_block_type": ["attention", "mamba"], "num_attention_heads": 4,
+    "num_key_value_heads": 2, "mamba_expand": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
+    "vocab_size": 260, "max_position_embeddings": 512, "torch_dtype": "float32"})");
+  try {
+    ModelRunner runner(jamba, {});
+    FAIL() << "a Mamba1 layer ran";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("layers.1 is mamba1"), std::string::npos) << e.what();
   }
 }
 
@@ -151,8 +167,9 @@ TEST(ModelRunner, LogitsDoNotDependOnBatchCompositionOrChunking) {
 }
 
 TEST(ModelRunner, SafetensorsCheckpointGivesTheSameLogitsAsGeneratedWeights) {
-  // tiny-hybrid adds Qwen3-Next's linear_attn.* weights of its Gated DeltaNet layers.
-  for (const char* name : {"tiny-swa", "tiny-hybrid"}) {
+  // tiny-hybrid adds Qwen3-Next's linear_attn.* weights of its Gated DeltaNet layers, tiny-mamba
+  // Nemotron-H's backbone.* names, tiny-gemma Gemma 2's extra norms.
+  for (const char* name : {"tiny-swa", "tiny-hybrid", "tiny-mamba", "tiny-gemma"}) {
     const TinyModel& m = *find_tiny_model(name);
     const model::ModelSource src = tiny_model_source(m);
     const auto config = read_transformer_config(src);
@@ -171,6 +188,54 @@ TEST(ModelRunner, SafetensorsCheckpointGivesTheSameLogitsAsGeneratedWeights) {
     EXPECT_EQ(prefill_logits(from_file, {p}, 16), prefill_logits(generated, {p}, 16)) << name;
     std::filesystem::remove_all(dir);
   }
+}
+
+TEST(ModelRunner, Mamba2AndSoftCappedLogitsDoNotDependOnBatchCompositionOrChunking) {
+  for (const char* name : {"tiny-mamba", "tiny-gemma"}) {
+    ModelRunner runner = make_runner(*find_tiny_model(name));
+    const std::vector<TokenId> a = prompt(70, 1);  // beyond tiny-gemma's 32-token window
+    std::vector<TokenId> b = prompt(30, 2);
+    std::vector<TokenId> c(a.begin(), a.begin() + 40);
+    c.push_back(7);
+    const auto alone = prefill_logits(runner, {a}, 1000);
+    const auto together = prefill_logits(runner, {b, a, c}, 13);
+    const auto token_by_token = prefill_logits(runner, {a}, 1);
+    ASSERT_EQ(alone[0].size(), 70u * 260u) << name;
+    EXPECT_EQ(together[1], alone[0]) << name;  // bit-identical
+    EXPECT_EQ(token_by_token[0], alone[0]) << name;
+    EXPECT_TRUE(std::equal(together[2].begin(), together[2].begin() + 40 * 260, alone[0].begin()))
+        << name;
+  }
+}
+
+TEST(ModelRunner, SoftCapReachesTheAttentionKernel) {
+  // The same weights with attn_logit_softcapping removed from tiny-gemma's config give other
+  // logits; final_logit_softcapping keeps them within 30, and removing it gives larger ones.
+  const TinyModel& m = *find_tiny_model("tiny-gemma");
+  const model::ModelSource src = tiny_model_source(m);
+  const auto weights = generate_weights(read_transformer_config(src),
+                                        model::describe(src, std::nullopt, {}), m.seed);
+  const auto without = [&](std::vector<std::string> keys) {
+    nlohmann::json doc = nlohmann::json::parse(m.config_json);
+    for (const auto& key : keys) doc.erase(key);
+    return model::parse_model_source("tiny-gemma", "tiny-gemma without soft cap", doc.dump());
+  };
+  ModelRunner capped(src, weights);
+  ModelRunner uncapped(without({"attn_logit_softcapping"}), weights);
+  EXPECT_FALSE(uncapped.attention_spec("layers.0").params.soft_cap.has_value());
+  const std::vector<TokenId> p = prompt(50, 4);
+  const auto want = prefill_logits(capped, {p}, 16)[0];
+  const auto got = prefill_logits(uncapped, {p}, 16)[0];
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_NE(want, got);
+  float largest = 0.0f;
+  for (float v : want) largest = std::max(largest, std::abs(v));
+  EXPECT_LE(largest, 30.0f);
+  ModelRunner raw(without({"attn_logit_softcapping", "final_logit_softcapping"}), weights);
+  float raw_largest = 0.0f;
+  const auto raw_logits = prefill_logits(raw, {p}, 16)[0];
+  for (float v : raw_logits) raw_largest = std::max(raw_largest, std::abs(v));
+  EXPECT_GT(raw_largest, largest);
 }
 
 TEST(ModelRunner, MissingOrMisshapenWeightsAreNamed) {
