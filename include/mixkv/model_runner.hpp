@@ -224,6 +224,8 @@ class ModelRunner {
   void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
                    std::vector<float>& x) const;
   void read_dflash_config(const model::ModelSource& draft, int num_spec_tokens);
+  void step_recurrent(const Layer& layer, std::span<const SequenceInput> batch,
+                      const std::function<void(std::int64_t, const kernels::StateSequence&)>& step);
   void run_gdn(const Layer& layer, std::span<const SequenceInput> batch,
                const std::vector<float>& normed, std::vector<float>& out);
   void run_mamba2(const Layer& layer, std::span<const SequenceInput> batch,

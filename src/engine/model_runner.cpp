@@ -853,6 +853,62 @@ void l2_normalise(float* v, std::int64_t heads, std::int64_t d) {
 
 }  // namespace
 
+// The state discipline every recurrent layer shares. Per request: check its state blocks, copy
+// a prefix hit's state into the live slot, zero the live state before position 0 (the block may
+// hold an old request's). Per token, in batch order: `step(row, seq)` runs the layer's kernels
+// on one token, reading the state after the previous token (table[0] for the first, or in a
+// prefill) and storing this token's into table[i] (decode and verify steps, `checkpoints`) or
+// back into table[0]. The state after the manager's snapshot position is copied into the
+// snapshot block.
+void ModelRunner::step_recurrent(
+    const Layer& layer, std::span<const SequenceInput> batch,
+    const std::function<void(std::int64_t, const kernels::StateSequence&)>& step) {
+  const layout::LayerGeometry& geo = layer.geometry;
+  std::span<std::byte> tensor = tensors_.at(static_cast<std::size_t>(geo.tensor));
+  const auto group = static_cast<std::size_t>(geo.kv_cache_group);
+  // The layer's state in block b (its tensors are one contiguous run there: docs/kernels.md).
+  auto state_of = [&](cache::BlockId b) {
+    const std::int64_t at = geo.offset + std::int64_t{b.value()} * geo.kernel_page_stride;
+    if (b.is_null() || at < 0 || at + geo.state_bytes > static_cast<std::int64_t>(tensor.size())) {
+      throw_invalid(fmt::format("layer {}: state block {} is null or outside the cache tensor",
+                                layer.name, b.value()));
+    }
+    return tensor.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(geo.state_bytes));
+  };
+  auto copy_state = [&](cache::BlockId from, cache::BlockId to) {
+    const std::span<std::byte> src = state_of(from);
+    std::memmove(state_of(to).data(), src.data(), src.size());
+  };
+  std::int64_t row = 0;
+  for (std::size_t r = 0; r < batch.size(); ++r) {
+    const SequenceInput& s = batch[r];
+    const std::span<const cache::BlockId> table = s.block_tables.at(group);
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    const std::int64_t needed = s.checkpoints ? n : 1;
+    if (n > 0 && (static_cast<std::int64_t>(table.size()) < needed || table[0].is_null())) {
+      throw_invalid(fmt::format(
+          "forward: request {} gives layer {} (KV-cache group {}) {} state blocks; {} tokens {} "
+          "need {}",
+          r, layer.name, group, table.size(), n,
+          s.checkpoints ? "with checkpoints" : "of a prefill", needed));
+    }
+    cache::RecurrentStep snapshot;
+    if (group < s.recurrent.size()) snapshot = s.recurrent[group];
+    if (!snapshot.restore_from.is_null() && n > 0) copy_state(snapshot.restore_from, table[0]);
+    if (s.start == 0 && n > 0) std::ranges::fill(state_of(table[0]), std::byte{0});
+    const std::int64_t snap = snapshot.snapshot.is_null() ? 0 : snapshot.snapshot_at - s.start;
+    for (std::int64_t i = 0; i < n; ++i, ++row) {
+      const auto at = static_cast<std::size_t>(i);
+      const std::int64_t in = (s.checkpoints && i > 0 ? table[at - 1] : table[0]).value();
+      const std::int64_t out_slot = (s.checkpoints ? table[at] : table[0]).value();
+      step(row, kernels::StateSequence{in, 1, std::span(&out_slot, 1)});
+      if (i + 1 == snap) {
+        copy_state(cache::BlockId(static_cast<std::int32_t>(out_slot)), snapshot.snapshot);
+      }
+    }
+  }
+}
+
 // A Gated DeltaNet layer's mixer over the batch (Qwen3-Next's layout and formulas; HF
 // Qwen3NextGatedDeltaNet). The conv and the delta rule run one token per kernel call, the state
 // stored to the cache after every token: a token's output and state are then the same bytes
@@ -904,70 +960,30 @@ void ModelRunner::run_gdn(const Layer& layer, std::span<const SequenceInput> bat
 
   const layout::LayerGeometry& geo = layer.geometry;
   std::span<std::byte> tensor = tensors_.at(static_cast<std::size_t>(geo.tensor));
-  const auto group = static_cast<std::size_t>(geo.kv_cache_group);
-  // The layer's state in block b (its tensors are one contiguous run there: docs/kernels.md).
-  auto state_of = [&](cache::BlockId b) {
-    const std::int64_t at = geo.offset + std::int64_t{b.value()} * geo.kernel_page_stride;
-    if (b.is_null() || at < 0 || at + geo.state_bytes > static_cast<std::int64_t>(tensor.size())) {
-      throw_invalid(fmt::format("layer {}: state block {} is null or outside the cache tensor",
-                                layer.name, b.value()));
-    }
-    return tensor.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(geo.state_bytes));
-  };
-  auto copy_state = [&](cache::BlockId from, cache::BlockId to) {
-    const std::span<std::byte> src = state_of(from);
-    std::memmove(state_of(to).data(), src.data(), src.size());
-  };
-
   std::vector<float> conv_out(mixed.size());
   std::vector<float> o(static_cast<std::size_t>(total * value));
-  std::int64_t row = 0;
-  for (std::size_t r = 0; r < batch.size(); ++r) {
-    const SequenceInput& s = batch[r];
-    const std::span<const cache::BlockId> table = s.block_tables.at(group);
-    const auto n = static_cast<std::int64_t>(s.tokens.size());
-    const std::int64_t needed = s.checkpoints ? n : 1;
-    if (n > 0 && (static_cast<std::int64_t>(table.size()) < needed || table[0].is_null())) {
-      throw_invalid(fmt::format(
-          "forward: request {} gives layer {} (KV-cache group {}) {} state blocks; {} tokens {} "
-          "need {}",
-          r, layer.name, group, table.size(), n,
-          s.checkpoints ? "with checkpoints" : "of a prefill", needed));
-    }
-    cache::RecurrentStep step;
-    if (group < s.recurrent.size()) step = s.recurrent[group];
-    if (!step.restore_from.is_null() && n > 0) copy_state(step.restore_from, table[0]);
-    // A request's first token starts from the zero state; the block may hold an old request's.
-    if (s.start == 0 && n > 0) std::ranges::fill(state_of(table[0]), std::byte{0});
-    const std::int64_t snap = step.snapshot.is_null() ? 0 : step.snapshot_at - s.start;
-    for (std::int64_t i = 0; i < n; ++i, ++row) {
-      const auto at = static_cast<std::size_t>(i);
-      const std::int64_t in = (s.checkpoints && i > 0 ? table[at - 1] : table[0]).value();
-      const std::int64_t out_slot = (s.checkpoints ? table[at] : table[0]).value();
-      const kernels::StateSequence seq{in, 1, std::span(&out_slot, 1)};
-      const auto rows_of = [&](const std::vector<float>& v, std::int64_t w) {
-        return std::span<const float>(v).subspan(static_cast<std::size_t>(row * w),
-                                                 static_cast<std::size_t>(w));
-      };
-      std::span<float> c_out = std::span(conv_out).subspan(static_cast<std::size_t>(row * channels),
-                                                           static_cast<std::size_t>(channels));
-      kernels::conv_update(cs, geo, tensor, std::span(&seq, 1),
-                           {rows_of(mixed, channels), layer.conv_w, {}}, c_out);
-      // Conv and delta rule each read their own tensor of `in` and write it into `out_slot`.
-      l2_normalise(c_out.data(), hk, dk);
-      l2_normalise(c_out.data() + key, hk, dk);
-      kernels::gdn_step(
-          g, geo, tensor, std::span(&seq, 1),
-          {c_out.subspan(0, static_cast<std::size_t>(key)),
-           c_out.subspan(static_cast<std::size_t>(key), static_cast<std::size_t>(key)),
-           c_out.subspan(static_cast<std::size_t>(2 * key), static_cast<std::size_t>(value)),
-           rows_of(decay, hv), rows_of(beta, hv)},
-          std::span(o).subspan(static_cast<std::size_t>(row * value),
-                               static_cast<std::size_t>(value)));
-      if (i + 1 == snap)
-        copy_state(cache::BlockId(static_cast<std::int32_t>(out_slot)), step.snapshot);
-    }
-  }
+  step_recurrent(layer, batch, [&](std::int64_t row, const kernels::StateSequence& seq) {
+    const auto rows_of = [&](const std::vector<float>& v, std::int64_t w) {
+      return std::span<const float>(v).subspan(static_cast<std::size_t>(row * w),
+                                               static_cast<std::size_t>(w));
+    };
+    std::span<float> c_out = std::span(conv_out).subspan(static_cast<std::size_t>(row * channels),
+                                                         static_cast<std::size_t>(channels));
+    // Conv and delta rule each read their own tensor of the input slot and write it into the
+    // output slot.
+    kernels::conv_update(cs, geo, tensor, std::span(&seq, 1),
+                         {rows_of(mixed, channels), layer.conv_w, {}}, c_out);
+    l2_normalise(c_out.data(), hk, dk);
+    l2_normalise(c_out.data() + key, hk, dk);
+    kernels::gdn_step(
+        g, geo, tensor, std::span(&seq, 1),
+        {c_out.subspan(0, static_cast<std::size_t>(key)),
+         c_out.subspan(static_cast<std::size_t>(key), static_cast<std::size_t>(key)),
+         c_out.subspan(static_cast<std::size_t>(2 * key), static_cast<std::size_t>(value)),
+         rows_of(decay, hv), rows_of(beta, hv)},
+        std::span(o).subspan(static_cast<std::size_t>(row * value),
+                             static_cast<std::size_t>(value)));
+  });
 
   // Gated RMSNorm per value head (Qwen3NextRMSNormGated): norm(o) * w * SiLU(z); out_proj.
   const double eps = layer.rms_norm_eps;
@@ -1143,64 +1159,23 @@ void ModelRunner::run_mamba2(const Layer& layer, std::span<const SequenceInput> 
 
   const layout::LayerGeometry& geo = layer.geometry;
   std::span<std::byte> tensor = tensors_.at(static_cast<std::size_t>(geo.tensor));
-  const auto group = static_cast<std::size_t>(geo.kv_cache_group);
-  auto state_of = [&](cache::BlockId b) {
-    const std::int64_t at = geo.offset + std::int64_t{b.value()} * geo.kernel_page_stride;
-    if (b.is_null() || at < 0 || at + geo.state_bytes > static_cast<std::int64_t>(tensor.size())) {
-      throw_invalid(fmt::format("layer {}: state block {} is null or outside the cache tensor",
-                                layer.name, b.value()));
-    }
-    return tensor.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(geo.state_bytes));
-  };
-  auto copy_state = [&](cache::BlockId from, cache::BlockId to) {
-    const std::span<std::byte> src = state_of(from);
-    std::memmove(state_of(to).data(), src.data(), src.size());
-  };
-
   std::vector<float> conv_out(static_cast<std::size_t>(channels));
   std::vector<float> y(static_cast<std::size_t>(total * inner));
-  std::int64_t row = 0;
-  for (std::size_t r = 0; r < batch.size(); ++r) {
-    const SequenceInput& s = batch[r];
-    const std::span<const cache::BlockId> table = s.block_tables.at(group);
-    const auto n = static_cast<std::int64_t>(s.tokens.size());
-    const std::int64_t needed = s.checkpoints ? n : 1;
-    if (n > 0 && (static_cast<std::int64_t>(table.size()) < needed || table[0].is_null())) {
-      throw_invalid(fmt::format(
-          "forward: request {} gives layer {} (KV-cache group {}) {} state blocks; {} tokens {} "
-          "need {}",
-          r, layer.name, group, table.size(), n,
-          s.checkpoints ? "with checkpoints" : "of a prefill", needed));
-    }
-    cache::RecurrentStep step;
-    if (group < s.recurrent.size()) step = s.recurrent[group];
-    if (!step.restore_from.is_null() && n > 0) copy_state(step.restore_from, table[0]);
-    if (s.start == 0 && n > 0) std::ranges::fill(state_of(table[0]), std::byte{0});
-    const std::int64_t snap = step.snapshot.is_null() ? 0 : step.snapshot_at - s.start;
-    for (std::int64_t i = 0; i < n; ++i, ++row) {
-      const auto at = static_cast<std::size_t>(i);
-      const std::int64_t in = (s.checkpoints && i > 0 ? table[at - 1] : table[0]).value();
-      const std::int64_t out_slot = (s.checkpoints ? table[at] : table[0]).value();
-      const kernels::StateSequence seq{in, 1, std::span(&out_slot, 1)};
-      const std::span<const float> p = std::span<const float>(proj).subspan(
-          static_cast<std::size_t>(row * width), static_cast<std::size_t>(width));
-      const auto part = [](std::span<const float> v, std::int64_t from, std::int64_t count) {
-        return v.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(count));
-      };
-      kernels::conv_update(cs, geo, tensor, std::span(&seq, 1),
-                           {part(p, inner, channels), layer.conv_w, layer.conv_bias}, conv_out);
-      const std::span<const float> c(conv_out);
-      kernels::mamba2_step(
-          m, geo, tensor, std::span(&seq, 1),
-          {part(c, 0, inner), part(p, inner + channels, m.heads), part(c, inner, bc),
-           part(c, inner + bc, bc), layer.a_neg, layer.d_skip, layer.dt_bias},
-          std::span(y).subspan(static_cast<std::size_t>(row * inner),
-                               static_cast<std::size_t>(inner)));
-      if (i + 1 == snap) {
-        copy_state(cache::BlockId(static_cast<std::int32_t>(out_slot)), step.snapshot);
-      }
-    }
-  }
+  step_recurrent(layer, batch, [&](std::int64_t row, const kernels::StateSequence& seq) {
+    const std::span<const float> p = std::span<const float>(proj).subspan(
+        static_cast<std::size_t>(row * width), static_cast<std::size_t>(width));
+    const auto part = [](std::span<const float> v, std::int64_t from, std::int64_t count) {
+      return v.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(count));
+    };
+    kernels::conv_update(cs, geo, tensor, std::span(&seq, 1),
+                         {part(p, inner, channels), layer.conv_w, layer.conv_bias}, conv_out);
+    const std::span<const float> c(conv_out);
+    kernels::mamba2_step(m, geo, tensor, std::span(&seq, 1),
+                         {part(c, 0, inner), part(p, inner + channels, m.heads), part(c, inner, bc),
+                          part(c, inner + bc, bc), layer.a_neg, layer.d_skip, layer.dt_bias},
+                         std::span(y).subspan(static_cast<std::size_t>(row * inner),
+                                              static_cast<std::size_t>(inner)));
+  });
 
   // Gated RMSNorm (MambaRMSNormGated, gate applied before the norm): per group of
   // inner / n_groups channels.

@@ -15,6 +15,7 @@ namespace {
 
 using testing::cache_image;
 using testing::CacheImage;
+using testing::expect_same_tokens;
 using testing::references;
 
 // `target` with tiny-dflash's layers in the same plan and both models' weights; `draft_config`
@@ -38,13 +39,6 @@ std::string edited_config(const std::function<void(nlohmann::json&)>& edit) {
 
 bool is_target_layer(const std::string& name) { return name.starts_with("layers."); }
 bool is_draft_layer(const std::string& name) { return name.starts_with("draft."); }
-
-void expect_same_tokens(const GenerateReport& a, const GenerateReport& b, const std::string& what) {
-  ASSERT_EQ(a.requests.size(), b.requests.size());
-  for (std::size_t i = 0; i < a.requests.size(); ++i) {
-    EXPECT_EQ(a.requests[i].tokens, b.requests[i].tokens) << what << ", request " << i;
-  }
-}
 
 TEST(TinyDflash, ItsNonCausalLayersArePlannedBesideTheTargetsWithTheirOwnDtype) {
   ModelRunner runner = make_dflash_runner("tiny-hybrid", {.num_spec_tokens = 7});

@@ -58,6 +58,22 @@ inline std::vector<std::vector<TokenId>> mixed_prompts(std::string_view base, st
   return prompts;
 }
 
+// A tiny model with its generated weights.
+inline ModelRunner tiny_runner(std::string_view name, const RunnerOptions& o = {}) {
+  const TinyModel& m = *find_tiny_model(name);
+  const model::ModelSource src = tiny_model_source(m);
+  const auto desc = model::describe(src, std::nullopt, {});
+  return ModelRunner(src, generate_weights(read_transformer_config(src), desc, m.seed), o);
+}
+
+inline void expect_same_tokens(const GenerateReport& a, const GenerateReport& b,
+                               const std::string& what) {
+  ASSERT_EQ(a.requests.size(), b.requests.size()) << what;
+  for (std::size_t i = 0; i < a.requests.size(); ++i) {
+    EXPECT_EQ(a.requests[i].tokens, b.requests[i].tokens) << what << ", request " << i;
+  }
+}
+
 // The tiny model `target` with a drafter model planned into the same cache (o.draft =
 // `draft`), and both models' weights (the drafter's generated with `draft_seed`).
 inline ModelRunner runner_with_drafter(std::string_view target, const model::ModelSource& draft,
@@ -130,6 +146,24 @@ inline CacheImage cache_image(const ModelRunner& runner, const cache::KvCacheMan
     }
   }
   return image;
+}
+
+// `got` holds `want`'s bytes: the live state of each of `recurrent_layers` recurrent layers, and
+// every page.
+inline void expect_same_cache(const CacheImage& want, const CacheImage& got,
+                              std::size_t recurrent_layers, const std::string& what) {
+  ASSERT_EQ(want.states.size(), recurrent_layers) << what;
+  ASSERT_EQ(want.states.size(), got.states.size()) << what;
+  for (const auto& [name, bytes] : want.states) {
+    EXPECT_EQ(bytes, got.states.at(name)) << what << ": state of " << name;
+  }
+  ASSERT_FALSE(want.pages.empty()) << what;
+  EXPECT_EQ(want.pages.size(), got.pages.size()) << what;
+  for (const auto& [key, bytes] : want.pages) {
+    const auto it = got.pages.find(key);
+    ASSERT_NE(it, got.pages.end()) << what << ": " << key.first << " position " << key.second;
+    EXPECT_EQ(it->second, bytes) << what << ": " << key.first << " position " << key.second;
+  }
 }
 
 }  // namespace mixkv::engine::testing

@@ -14,20 +14,11 @@
 namespace mixkv::engine {
 namespace {
 
+using testing::expect_same_tokens;
 using testing::references;
 
 ModelRunner make_gemma(const RunnerOptions& o = {}) {
-  const TinyModel& m = *find_tiny_model("tiny-gemma");
-  const model::ModelSource src = tiny_model_source(m);
-  const auto desc = model::describe(src, std::nullopt, {});
-  return ModelRunner(src, generate_weights(read_transformer_config(src), desc, m.seed), o);
-}
-
-void expect_same_tokens(const GenerateReport& a, const GenerateReport& b, const char* what) {
-  ASSERT_EQ(a.requests.size(), b.requests.size());
-  for (std::size_t i = 0; i < a.requests.size(); ++i) {
-    EXPECT_EQ(a.requests[i].tokens, b.requests[i].tokens) << what << ", request " << i;
-  }
+  return testing::tiny_runner("tiny-gemma", o);
 }
 
 TEST(TinyGemma, AttentionLayersRunWithTheSoftCapWindowAndScaleOfTheConfig) {

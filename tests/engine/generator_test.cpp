@@ -15,13 +15,7 @@ namespace {
 
 using testing::references;
 
-ModelRunner make_runner(const RunnerOptions& o = {}) {
-  const TinyModel& m = *find_tiny_model("tiny-swa");
-  const model::ModelSource src = tiny_model_source(m);
-  const auto config = read_transformer_config(src);
-  const auto desc = model::describe(src, std::nullopt, {});
-  return ModelRunner(src, generate_weights(config, desc, m.seed), o);
-}
+ModelRunner make_runner(const RunnerOptions& o = {}) { return testing::tiny_runner("tiny-swa", o); }
 
 // tiny-swa with the tiny-eagle drafter's layers in the same plan, and both models' weights.
 ModelRunner make_eagle_runner(const RunnerOptions& o) {
@@ -47,10 +41,7 @@ Pages cache_pages(const ModelRunner& runner, const cache::KvCacheManager& m, cac
 }
 
 void expect_same_tokens(const GenerateReport& a, const GenerateReport& b) {
-  ASSERT_EQ(a.requests.size(), b.requests.size());
-  for (std::size_t i = 0; i < a.requests.size(); ++i) {
-    EXPECT_EQ(a.requests[i].tokens, b.requests[i].tokens) << "request " << i;
-  }
+  testing::expect_same_tokens(a, b, "speculative against plain");
 }
 
 TEST(Generate, SpeculationIsBitIdenticalToPlainDecodingAtBatchOne) {

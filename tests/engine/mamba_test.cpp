@@ -1,7 +1,7 @@
-// tiny-mamba (Nemotron-H blocks: Mamba2, attention without RoPE, relu² MLP): speculative decoding
-// gives exactly the tokens of plain decoding, and after any accept/reject sequence or prefix hit
-// the live Mamba2 conv and SSM states and the attention pages equal, byte for byte, those of a
-// run without speculation.
+// tiny-mamba (Nemotron-H blocks: Mamba2, attention without RoPE, relu² MLP): its blocks run
+// through the plan with Nemotron-H's weight names, one Mamba2 block equals HF's formulas written
+// out in double, and what the runner does not compute is refused by name. Speculation, rollback,
+// prefix hits and preemption are in recurrent_targets_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,83 +16,8 @@
 namespace mixkv::engine {
 namespace {
 
-using testing::references;
-
 ModelRunner make_mamba(const RunnerOptions& o = {}) {
-  const TinyModel& m = *find_tiny_model("tiny-mamba");
-  const model::ModelSource src = tiny_model_source(m);
-  const auto desc = model::describe(src, std::nullopt, {});
-  return ModelRunner(src, generate_weights(read_transformer_config(src), desc, m.seed), o);
-}
-
-// 16 prompts of 1 to 134 tokens, every other one starting with the same 64 tokens.
-std::vector<std::vector<TokenId>> mixed_batch() {
-  return testing::mixed_prompts(
-      "A Mamba2 block keeps a conv and an SSM state; a prefix hit restores both of them.", 64, 5,
-      3);
-}
-
-void expect_same_tokens(const GenerateReport& a, const GenerateReport& b, const char* what) {
-  ASSERT_EQ(a.requests.size(), b.requests.size());
-  for (std::size_t i = 0; i < a.requests.size(); ++i) {
-    EXPECT_EQ(a.requests[i].tokens, b.requests[i].tokens) << what << ", request " << i;
-  }
-}
-
-// A request's cache as the kernels see it: the live conv and SSM states of every Mamba2 layer
-// (read_state), and the K/V bytes of every verified position of the attention layers.
-struct Image {
-  std::map<std::string, std::vector<float>> states;
-  std::map<std::pair<std::string, std::int64_t>, std::vector<std::byte>> pages;
-};
-
-Image image_of(const ModelRunner& runner, const cache::KvCacheManager& m, cache::RequestId id) {
-  Image image;
-  for (const layout::LayerGeometry& g : runner.geometry().layers) {
-    const auto table = m.block_table(id, g.kv_cache_group);
-    const auto tensor = runner.cache_tensor(g.tensor);
-    if (g.recurrent) {
-      const auto& layers = runner.desc().layers;
-      const auto it = std::find_if(layers.begin(), layers.end(),
-                                   [&](const model::LayerDesc& l) { return l.name == g.layer; });
-      const auto spec = kernels::mamba2_layer_spec(*it, runner.desc().num_spec_tokens);
-      image.states[g.layer + ".conv"] =
-          kernels::read_state(spec.conv.place, g, tensor, table[0].value());
-      image.states[g.layer + ".ssm"] =
-          kernels::read_state(spec.ssm.place, g, tensor, table[0].value());
-      continue;
-    }
-    std::vector<std::int64_t> blocks;
-    for (cache::BlockId b : table) blocks.push_back(b.value());
-    for (std::int64_t p = 0; p < m.num_computed(id); ++p) {
-      const layout::TokenLocation at = layout::locate_token(g, blocks, p);
-      std::vector<std::byte> bytes(tensor.begin() + at.k_offset,
-                                   tensor.begin() + at.k_offset + g.k_token_bytes);
-      bytes.insert(bytes.end(), tensor.begin() + at.v_offset,
-                   tensor.begin() + at.v_offset + g.v_token_bytes);
-      image.pages[{g.layer, p}] = std::move(bytes);
-    }
-  }
-  return image;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-void expect_same_image(const Image& want, const Image& got, const std::string& what) {
-  ASSERT_EQ(want.states.size(), 8u) << what;  // 4 Mamba2 layers, conv and SSM states
-  ASSERT_EQ(want.states.size(), got.states.size()) << what;
-  for (const auto& [name, values] : want.states) {
-    EXPECT_TRUE(same_bits(values, got.states.at(name))) << what << ": state " << name;
-  }
-  ASSERT_FALSE(want.pages.empty()) << what;
-  EXPECT_EQ(want.pages.size(), got.pages.size()) << what;
-  for (const auto& [key, bytes] : want.pages) {
-    const auto it = got.pages.find(key);
-    ASSERT_NE(it, got.pages.end()) << what << ": " << key.first << " position " << key.second;
-    EXPECT_EQ(it->second, bytes) << what << ": " << key.first << " position " << key.second;
-  }
+  return testing::tiny_runner("tiny-mamba", o);
 }
 
 TEST(TinyMamba, RunsMamba2LayersThroughTheCachePlanWithNemotronHWeightNames) {
@@ -120,13 +45,6 @@ TEST(TinyMamba, RunsMamba2LayersThroughTheCachePlanWithNemotronHWeightNames) {
   EXPECT_EQ(named.count("backbone.layers.1.mixer.gate_proj.weight"), 0u);  // relu², no gate
   EXPECT_EQ(named.count("backbone.layers.3.mixer.q_proj.weight"), 1u);
   EXPECT_EQ(named.count("backbone.norm_f.weight"), 1u);
-  // The recurrence matters: the same last token after different histories gives other tokens.
-  GenerateOptions o;
-  o.max_tokens = 4;
-  const std::vector<std::vector<TokenId>> prompts = {encode_bytes("xxxxxxxxz"),
-                                                     encode_bytes("yyyyyyyyz")};
-  const GenerateReport r = generate(runner, prompts, nullptr, o);
-  EXPECT_NE(r.requests[0].tokens, r.requests[1].tokens);
 }
 
 // One Mamba2 block against HF's formulas written out in double, token by token over the whole
@@ -254,168 +172,6 @@ TEST(TinyMamba, WhatTheRunnerDoesNotComputeIsRefusedByName) {
     "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 16, "ssm_state_size": 16,
     "n_groups": 1, "conv_kernel": 4, "vocab_size": 260, "use_bias": true})",
           "'use_bias' is true");
-}
-
-TEST(TinyMamba, SpeculationIsBitIdenticalToPlainDecodingAtBatchOne) {
-  ModelRunner runner = make_mamba({.num_spec_tokens = 4});
-  const std::vector<std::vector<TokenId>> prompts = {
-      encode_bytes("Once upon a time, a selective state space met a paged cache.")};
-  GenerateOptions o;
-  o.max_tokens = 256;
-  const GenerateReport plain = generate(runner, prompts, nullptr, o);
-  ASSERT_EQ(plain.requests[0].tokens.size(), 256u);
-
-  o.num_spec_tokens = 4;
-  OracleDrafter oracle(references(prompts, plain));
-  const GenerateReport fast = generate(runner, prompts, &oracle, o);
-  expect_same_tokens(plain, fast, "oracle");
-  EXPECT_EQ(fast.requests[0].stats.acceptance_rate(), 1.0);
-  EXPECT_EQ(fast.requests[0].stats.decode_steps, 51);  // 255 tokens in steps of 1 + 4
-
-  RandomDrafter random(runner.vocab_size(), 5);
-  const GenerateReport slow = generate(runner, prompts, &random, o);
-  expect_same_tokens(plain, slow, "random");
-  EXPECT_LT(slow.requests[0].stats.acceptance_rate(), 0.05);
-  EXPECT_GT(slow.requests[0].stats.drafted_tokens, 900);
-
-  NgramDrafter ngram;
-  const GenerateReport lookup = generate(runner, prompts, &ngram, o);
-  expect_same_tokens(plain, lookup, "ngram");
-  EXPECT_GT(lookup.requests[0].stats.drafted_tokens, 0);
-}
-
-TEST(TinyMamba, SpeculationAndPrefixHitsAreBitIdenticalInAMixedBatchOfSixteen) {
-  ModelRunner runner = make_mamba({.num_spec_tokens = 3});
-  const auto prompts = mixed_batch();
-  GenerateOptions o;
-  o.max_tokens = 256;
-  o.max_batch = 16;
-  o.prefill_chunk = 24;
-  std::map<std::size_t, Image> plain_images;
-  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
-    plain_images[i] = image_of(runner, m, id);
-  };
-  const GenerateReport plain = generate(runner, prompts, nullptr, o);
-  o.before_free = nullptr;
-
-  o.num_spec_tokens = 3;
-  OracleDrafter oracle(references(prompts, plain));
-  expect_same_tokens(plain, generate(runner, prompts, &oracle, o), "oracle");
-  NgramDrafter ngram;
-  expect_same_tokens(plain, generate(runner, prompts, &ngram, o), "ngram");
-  // Random drafts, nearly all rolled back: every request ends with the plain run's states and
-  // pages.
-  o.num_spec_tokens = 2;
-  RandomDrafter random(runner.vocab_size(), 6);
-  std::map<std::size_t, Image> random_images;
-  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
-    random_images[i] = image_of(runner, m, id);
-  };
-  expect_same_tokens(plain, generate(runner, prompts, &random, o), "random");
-  ASSERT_EQ(random_images.size(), 16u);
-  for (std::size_t i = 0; i < 16; ++i) {
-    expect_same_image(plain_images.at(i), random_images.at(i), "random " + std::to_string(i));
-  }
-
-  // Five at a time: later requests restore the shared prefix's Mamba2 snapshots (and its
-  // attention blocks), and end with the plain run's cache bytes too.
-  o.num_spec_tokens = 3;
-  o.max_batch = 5;
-  std::map<std::size_t, Image> hit_images;
-  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t i) {
-    hit_images[i] = image_of(runner, m, id);
-  };
-  const GenerateReport narrow = generate(runner, prompts, &oracle, o);
-  expect_same_tokens(plain, narrow, "five at a time");
-  std::int64_t hits = 0;
-  for (const auto& r : narrow.requests) hits += r.stats.prefix_hit_tokens;
-  EXPECT_GE(hits, 3 * 64);
-  ASSERT_EQ(hit_images.size(), 16u);
-  for (std::size_t i = 0; i < 16; ++i) {
-    expect_same_image(plain_images.at(i), hit_images.at(i), "hit " + std::to_string(i));
-  }
-
-  // Each request alone, another chunking, no prefix cache: the same tokens.
-  o = {};
-  o.max_tokens = 256;
-  o.prefill_chunk = 7;
-  o.prefix_caching = false;
-  for (std::size_t i : {std::size_t{0}, std::size_t{9}}) {
-    const std::vector<std::vector<TokenId>> one = {prompts[i]};
-    EXPECT_EQ(generate(runner, one, nullptr, o).requests[0].tokens, plain.requests[i].tokens)
-        << "request " << i;
-  }
-}
-
-TEST(TinyMamba, RollbackLeavesMamba2StatesAndPagesByteForByteAsPlainDecoding) {
-  ModelRunner runner = make_mamba({.num_spec_tokens = 3});
-  const std::vector<std::vector<TokenId>> prompts = {encode_bytes("rollback: every rejected draft"),
-                                                     encode_bytes(std::string(45, 'w'))};
-  GenerateOptions o;
-  o.max_tokens = 80;
-  std::vector<Image> images;
-  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
-    images.push_back(image_of(runner, m, id));
-  };
-  const GenerateReport plain = generate(runner, prompts, nullptr, o);
-  o.num_spec_tokens = 3;
-  RandomDrafter random(runner.vocab_size(), 3);
-  const GenerateReport spec = generate(runner, prompts, &random, o);
-  expect_same_tokens(plain, spec, "random");
-  EXPECT_GT(spec.requests[0].stats.drafted_tokens, 200);
-  OracleDrafter oracle(references(prompts, plain));
-  const GenerateReport fast = generate(runner, prompts, &oracle, o);
-  expect_same_tokens(plain, fast, "oracle");
-  ASSERT_EQ(images.size(), 6u);
-  for (std::size_t i = 0; i < 2; ++i) {
-    expect_same_image(images[i], images[i + 2], "random, request " + std::to_string(i));
-    expect_same_image(images[i], images[i + 4], "oracle, request " + std::to_string(i));
-  }
-  // The states are not trivially equal: two requests end in different states.
-  EXPECT_FALSE(same_bits(images[0].states.at("layers.0.ssm"), images[1].states.at("layers.0.ssm")));
-  EXPECT_FALSE(
-      same_bits(images[0].states.at("layers.0.conv"), images[1].states.at("layers.0.conv")));
-}
-
-TEST(TinyMamba, Bfloat16SsmStatesGiveTheSameTokensPlainAndSpeculative) {
-  // One kernel call per token rounds the state to bf16 after every token, in a verify block as
-  // in one-by-one decoding.
-  ModelRunner runner = make_mamba({.num_spec_tokens = 3, .ssm_dtype = DType::kBfloat16});
-  const model::LayerDesc& mamba = runner.desc().layers[0];
-  ASSERT_EQ(mamba.state.back().name, "ssm");
-  EXPECT_EQ(mamba.state.back().dtype, DType::kBfloat16);
-  const std::vector<std::vector<TokenId>> prompts = {encode_bytes("bf16 SSM states, rounded")};
-  GenerateOptions o;
-  o.max_tokens = 128;
-  std::vector<Image> images;
-  o.before_free = [&](const cache::KvCacheManager& m, cache::RequestId id, std::size_t) {
-    images.push_back(image_of(runner, m, id));
-  };
-  const GenerateReport plain = generate(runner, prompts, nullptr, o);
-  o.num_spec_tokens = 3;
-  OracleDrafter oracle(references(prompts, plain));
-  expect_same_tokens(plain, generate(runner, prompts, &oracle, o), "bf16, oracle");
-  RandomDrafter random(runner.vocab_size(), 9);
-  expect_same_tokens(plain, generate(runner, prompts, &random, o), "bf16, random");
-  ASSERT_EQ(images.size(), 3u);
-  expect_same_image(images[0], images[1], "bf16, oracle");
-  expect_same_image(images[0], images[2], "bf16, random");
-}
-
-TEST(TinyMamba, PreemptionByRecomputeKeepsTheTokens) {
-  const auto prompts = mixed_batch();
-  GenerateOptions o;
-  o.max_tokens = 64;
-  o.max_batch = 16;
-  ModelRunner roomy = make_mamba({.num_spec_tokens = 2});
-  const GenerateReport want = generate(roomy, prompts, nullptr, o);
-  ModelRunner tight =
-      make_mamba({.memory_bytes = 384 << 10, .max_model_len = 256, .num_spec_tokens = 2});
-  o.num_spec_tokens = 2;
-  RandomDrafter random(tight.vocab_size(), 4);
-  const GenerateReport got = generate(tight, prompts, &random, o);
-  EXPECT_GT(got.preemptions, 0);
-  expect_same_tokens(want, got, "preempted");
 }
 
 }  // namespace
