@@ -3,7 +3,10 @@
 // from the target's chosen layers, and speculation with it gives exactly the plain tokens on
 // tiny-swa and tiny-hybrid, leaving the target's cache as plain decoding does and its own cache
 // independent of how many tokens were drafted.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "engine_test_support.hpp"
@@ -120,6 +123,181 @@ TEST(TinyDflash, BlockQueriesSeeTheWholeBlockAndTheProjectedContext) {
   EXPECT_NE(row(draft(block), 1), row(base, 1));
   runner.draft_context(std::span(&first, 1), std::span(fwd.layer_hidden).subspan(0, 2 * 64));
   EXPECT_EQ(draft(block), base);
+}
+
+// The drafter's block forward written out in double from z-lab's DFlash layout, over the same
+// weights and target features: context K/V = RoPE(k_norm(k_proj(c_p))), v_proj(c_p) with
+// c_p = hidden_norm(fc(features_p)); block tokens through RMSNorm, q/k norm, RoPE at their own
+// positions, attention to the context and the whole block (non-causal; the sliding layer sees
+// keys p - 23 .. block end), o_proj, residual, SwiGLU, residual; then norm and the target's LM
+// head. The cache stores K/V in float16, hence the tolerance; a causal mask, or the sliding layer
+// given no window, is far outside it.
+TEST(TinyDflash, BlockDraftMatchesTheFormulasWrittenOutInDouble) {
+  constexpr int k = 7;
+  constexpr std::int64_t kH = 64, kHeads = 4, kKvHeads = 2, kD = 16, kInter = 96, kVocab = 260;
+  const TinyModel& m = *find_tiny_model("tiny-swa");
+  const TinyModel& d = *find_tiny_model("tiny-dflash");
+  const model::ModelSource src = tiny_model_source(m);
+  const model::ModelSource draft = tiny_model_source(d);
+  model::DescribeOptions opt;
+  opt.num_spec_tokens = k;
+  const auto desc = model::describe(src, draft, opt);
+  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
+  w.merge(generate_draft_weights(read_transformer_config(draft), desc, d.seed));
+  ModelRunner runner(src, w, {.num_spec_tokens = k, .draft = draft});
+
+  // The runner's own path: prefill, context K/V, one block.
+  const plan::CachePlan& plan = runner.plan();
+  cache::KvCacheManager manager(plan, k);
+  const cache::RequestId id{0};
+  const std::vector<TokenId> prompt =
+      encode_bytes("the block sees its context and itself, both ways at once");
+  const auto n = static_cast<std::int64_t>(prompt.size());
+  ASSERT_GT(n, 24);  // beyond the sliding layer's window
+  manager.add_request(id, prompt);
+  ASSERT_TRUE(manager.admit(id, k));
+  auto tables = [&] {
+    std::vector<std::span<const cache::BlockId>> t;
+    for (std::size_t g = 0; g < plan.groups.size(); ++g)
+      t.push_back(manager.block_table(id, static_cast<int>(g)));
+    return t;
+  };
+  const SequenceInput prefill{prompt, 0, tables()};
+  const ForwardOutput target = runner.forward(std::span(&prefill, 1));
+  runner.draft_context(std::span(&prefill, 1), target.layer_hidden);
+  const TokenId anchor =
+      argmax(std::span(target.logits).subspan((prompt.size() - 1) * kVocab, kVocab));
+  manager.commit(id, n, std::span(&anchor, 1));
+  ASSERT_TRUE(manager.allocate(id, 1, k));
+  std::vector<TokenId> block(k + 1, runner.mask_token());
+  block[0] = anchor;
+  const SequenceInput in{block, n, tables()};
+  const std::vector<float> got = runner.block_draft(std::span(&in, 1)).logits;
+
+  // The same in double.
+  using Vec = std::vector<double>;
+  const auto at = [&](const std::string& name) { return w.at(name).values; };
+  const auto linear = [](const std::vector<float>& weight, const Vec& x, std::int64_t out) {
+    Vec y(static_cast<std::size_t>(out), 0.0);
+    const auto in_size = static_cast<std::int64_t>(x.size());
+    for (std::int64_t o = 0; o < out; ++o) {
+      for (std::int64_t i = 0; i < in_size; ++i) y[o] += weight[o * in_size + i] * x[i];
+    }
+    return y;
+  };
+  const auto rms = [](Vec v, const std::vector<float>& weight, std::int64_t from, std::int64_t size,
+                      double eps) {
+    double ss = 0.0;
+    for (std::int64_t i = 0; i < size; ++i) ss += v[from + i] * v[from + i];
+    const double inv = 1.0 / std::sqrt(ss / static_cast<double>(size) + eps);
+    for (std::int64_t i = 0; i < size; ++i) v[from + i] *= inv * weight[i];
+    return v;
+  };
+  const auto heads_rms = [&](Vec v, const std::vector<float>& weight, std::int64_t heads) {
+    for (std::int64_t h = 0; h < heads; ++h) v = rms(std::move(v), weight, h * kD, kD, 1e-6);
+    return v;
+  };
+  const auto rope = [](Vec v, std::int64_t heads, std::int64_t position) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t i = 0; i < kD / 2; ++i) {
+        const double angle = static_cast<double>(position) * std::pow(10000.0, -2.0 * i / kD);
+        const double a = v[h * kD + i], b = v[h * kD + i + kD / 2];
+        v[h * kD + i] = a * std::cos(angle) - b * std::sin(angle);
+        v[h * kD + i + kD / 2] = b * std::cos(angle) + a * std::sin(angle);
+      }
+    }
+    return v;
+  };
+  const std::vector<float> embed = at("model.embed_tokens.weight"), fc = at("draft.fc.weight"),
+                           hidden_norm = at("draft.hidden_norm.weight");
+  // Context features of every prompt position, as the drafter reads them.
+  std::vector<Vec> context;
+  for (std::int64_t p = 0; p < n; ++p) {
+    const auto row = std::span(target.layer_hidden).subspan(p * 2 * kH, 2 * kH);
+    context.push_back(rms(linear(fc, Vec(row.begin(), row.end()), kH), hidden_norm, 0, kH, 1e-6));
+  }
+  const auto reference = [&](bool causal) {
+    std::vector<Vec> x;
+    for (const TokenId t : block)
+      x.emplace_back(embed.begin() + t * kH, embed.begin() + (t + 1) * kH);
+    for (int layer = 0; layer < 2; ++layer) {
+      const std::string p = fmt::format("draft.layers.{}.", layer);
+      const auto wq = at(p + "self_attn.q_proj.weight"), wk = at(p + "self_attn.k_proj.weight"),
+                 wv = at(p + "self_attn.v_proj.weight"), wo = at(p + "self_attn.o_proj.weight"),
+                 q_norm = at(p + "self_attn.q_norm.weight"),
+                 k_norm = at(p + "self_attn.k_norm.weight");
+      const std::int64_t window_left = layer == 0 ? 23 : n + k;  // sliding 24, then full
+      std::vector<Vec> keys, values, queries;
+      for (std::int64_t pos = 0; pos < n; ++pos) {
+        keys.push_back(rope(heads_rms(linear(wk, context[pos], kKvHeads * kD), k_norm, kKvHeads),
+                            kKvHeads, pos));
+        values.push_back(linear(wv, context[pos], kKvHeads * kD));
+      }
+      for (std::int64_t i = 0; i <= k; ++i) {
+        const Vec h = rms(x[i], at(p + "input_layernorm.weight"), 0, kH, 1e-6);
+        queries.push_back(
+            rope(heads_rms(linear(wq, h, kHeads * kD), q_norm, kHeads), kHeads, n + i));
+        keys.push_back(
+            rope(heads_rms(linear(wk, h, kKvHeads * kD), k_norm, kKvHeads), kKvHeads, n + i));
+        values.push_back(linear(wv, h, kKvHeads * kD));
+      }
+      for (std::int64_t i = 0; i <= k; ++i) {
+        const std::int64_t pos = n + i;
+        Vec attn(kHeads * kD, 0.0);
+        for (std::int64_t head = 0; head < kHeads; ++head) {
+          const std::int64_t kv = head / (kHeads / kKvHeads);
+          const std::int64_t last = causal ? pos : n + k;
+          Vec logits;
+          double peak = -1e300;
+          for (std::int64_t j = std::max<std::int64_t>(0, pos - window_left); j <= last; ++j) {
+            double dot = 0.0;
+            for (std::int64_t e = 0; e < kD; ++e)
+              dot += queries[i][head * kD + e] * keys[j][kv * kD + e];
+            logits.push_back(dot / std::sqrt(static_cast<double>(kD)));
+            peak = std::max(peak, logits.back());
+          }
+          double sum = 0.0;
+          for (double& l : logits) sum += (l = std::exp(l - peak));
+          const std::int64_t first = std::max<std::int64_t>(0, pos - window_left);
+          for (std::size_t j = 0; j < logits.size(); ++j) {
+            for (std::int64_t e = 0; e < kD; ++e) {
+              attn[head * kD + e] +=
+                  logits[j] / sum * values[first + static_cast<std::int64_t>(j)][kv * kD + e];
+            }
+          }
+        }
+        const Vec o = linear(wo, attn, kH);
+        for (std::int64_t e = 0; e < kH; ++e) x[i][e] += o[e];
+      }
+      for (std::int64_t i = 0; i <= k; ++i) {
+        const Vec h = rms(x[i], at(p + "post_attention_layernorm.weight"), 0, kH, 1e-6);
+        const Vec gate = linear(at(p + "mlp.gate_proj.weight"), h, kInter);
+        const Vec up = linear(at(p + "mlp.up_proj.weight"), h, kInter);
+        Vec act(kInter);
+        for (std::int64_t e = 0; e < kInter; ++e)
+          act[e] = gate[e] / (1.0 + std::exp(-gate[e])) * up[e];
+        const Vec down = linear(at(p + "mlp.down_proj.weight"), act, kH);
+        for (std::int64_t e = 0; e < kH; ++e) x[i][e] += down[e];
+      }
+    }
+    Vec logits;
+    for (std::int64_t i = 0; i <= k; ++i) {
+      const Vec row =
+          linear(at("lm_head.weight"), rms(x[i], at("draft.norm.weight"), 0, kH, 1e-6), kVocab);
+      logits.insert(logits.end(), row.begin(), row.end());
+    }
+    return logits;
+  };
+  const auto max_diff = [&](const Vec& want) {
+    double worst = 0.0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, std::abs(want[i] - got[i]));
+    return worst;
+  };
+  ASSERT_EQ(got.size(), static_cast<std::size_t>((k + 1) * kVocab));
+  const double tolerance = 5e-3;  // measured 3.3e-4; a causal or unwindowed block: above 0.5
+  EXPECT_LT(max_diff(reference(false)), tolerance);
+  EXPECT_GT(max_diff(reference(true)), 10 * tolerance);  // a causal block would be caught
 }
 
 class DflashGenerate : public ::testing::TestWithParam<std::string> {};
