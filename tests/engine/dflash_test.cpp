@@ -72,57 +72,70 @@ TEST(TinyDflash, ItsNonCausalLayersArePlannedBesideTheTargetsWithTheirOwnDtype) 
   EXPECT_EQ(full.k_token_bytes, 2 * 16 * 4);
 }
 
+// Request 0 of a fresh manager as a decode step finds it: the prompt prefilled, its drafter
+// context written, the first token sampled as the anchor, room for a block of k + 1.
+struct PrefilledRequest {
+  PrefilledRequest(ModelRunner& r, std::vector<TokenId> p, int k)
+      : runner(r), manager(r.plan(), k), prompt(std::move(p)) {
+    manager.add_request(id, prompt);
+    EXPECT_TRUE(manager.admit(id, k));
+    const SequenceInput prefill{prompt, 0, tables()};
+    target = runner.forward(std::span(&prefill, 1));
+    runner.draft_context(std::span(&prefill, 1), target.layer_hidden);
+    const auto vocab = static_cast<std::size_t>(runner.vocab_size());
+    anchor = argmax(std::span(target.logits).subspan((prompt.size() - 1) * vocab, vocab));
+    manager.commit(id, start(), std::span(&anchor, 1));
+    EXPECT_TRUE(manager.allocate(id, 1, k));
+  }
+  std::int64_t start() const { return static_cast<std::int64_t>(prompt.size()); }
+  std::vector<std::span<const cache::BlockId>> tables() const {
+    std::vector<std::span<const cache::BlockId>> t;
+    for (std::size_t g = 0; g < runner.plan().groups.size(); ++g)
+      t.push_back(manager.block_table(id, static_cast<int>(g)));
+    return t;
+  }
+  // The drafter's logits for `block` (anchor first) at the position after the prompt.
+  std::vector<float> draft(const std::vector<TokenId>& block) const {
+    const SequenceInput in{block, start(), tables()};
+    return runner.block_draft(std::span(&in, 1)).logits;
+  }
+
+  ModelRunner& runner;
+  cache::KvCacheManager manager;
+  const cache::RequestId id{0};
+  std::vector<TokenId> prompt;
+  ForwardOutput target;
+  TokenId anchor = 0;
+};
+
 TEST(TinyDflash, BlockQueriesSeeTheWholeBlockAndTheProjectedContext) {
   constexpr int k = 7;
   ModelRunner runner = make_dflash_runner("tiny-swa", {.num_spec_tokens = k});
-  const plan::CachePlan& plan = runner.plan();
-  cache::KvCacheManager manager(plan, k);
-  const cache::RequestId id{0};
-  const std::vector<TokenId> prompt = encode_bytes("a block drafter reads the whole block");
-  manager.add_request(id, prompt);
-  ASSERT_TRUE(manager.admit(id, k));
-  auto tables = [&] {
-    std::vector<std::span<const cache::BlockId>> t;
-    for (std::size_t g = 0; g < plan.groups.size(); ++g)
-      t.push_back(manager.block_table(id, static_cast<int>(g)));
-    return t;
-  };
-  SequenceInput prefill{prompt, 0, tables()};
-  const ForwardOutput fwd = runner.forward(std::span(&prefill, 1));
-  ASSERT_EQ(fwd.layer_hidden.size(), prompt.size() * 2 * 64);
-  runner.draft_context(std::span(&prefill, 1), fwd.layer_hidden);
-  const TokenId anchor = argmax(std::span(fwd.logits).subspan((prompt.size() - 1) * 260, 260));
-  manager.commit(id, static_cast<std::int64_t>(prompt.size()), std::span(&anchor, 1));
-  ASSERT_TRUE(manager.allocate(id, 1, k));
-
-  const auto n = static_cast<std::int64_t>(prompt.size());
-  auto draft = [&](const std::vector<TokenId>& block) {
-    const SequenceInput in{block, n, tables()};
-    return runner.block_draft(std::span(&in, 1)).logits;
-  };
+  const PrefilledRequest req(runner, encode_bytes("a block drafter reads the whole block"), k);
+  ASSERT_EQ(req.target.layer_hidden.size(), req.prompt.size() * 2 * 64);
   auto row = [](const std::vector<float>& logits, std::size_t r) {
     return std::vector<float>(logits.begin() + static_cast<std::ptrdiff_t>(r * 260),
                               logits.begin() + static_cast<std::ptrdiff_t>((r + 1) * 260));
   };
   std::vector<TokenId> block(k + 1, runner.mask_token());
-  block[0] = anchor;
-  const std::vector<float> base = draft(block);
+  block[0] = req.anchor;
+  const std::vector<float> base = req.draft(block);
   ASSERT_EQ(base.size(), static_cast<std::size_t>(k + 1) * 260);
-  EXPECT_EQ(draft(block), base);  // deterministic, the block's slots rewritten alike
+  EXPECT_EQ(req.draft(block), base);  // deterministic, the block's slots rewritten alike
 
   // The last block token changes what the first mask predicts: non-causal within the block.
   std::vector<TokenId> other = block;
   other.back() = 'x';
-  EXPECT_NE(row(draft(other), 1), row(base, 1));
-  EXPECT_NE(row(draft(other), 0), row(base, 0));
+  EXPECT_NE(row(req.draft(other), 1), row(base, 1));
+  EXPECT_NE(row(req.draft(other), 0), row(base, 0));
 
   // The context enters as keys and values from the target's features: other features at
   // position 0 change the block's predictions; the original ones restore them.
-  const SequenceInput first{std::span(prompt).subspan(0, 1), 0, tables()};
+  const SequenceInput first{std::span(req.prompt).subspan(0, 1), 0, req.tables()};
   runner.draft_context(std::span(&first, 1), std::vector<float>(2 * 64, 0.5f));
-  EXPECT_NE(row(draft(block), 1), row(base, 1));
-  runner.draft_context(std::span(&first, 1), std::span(fwd.layer_hidden).subspan(0, 2 * 64));
-  EXPECT_EQ(draft(block), base);
+  EXPECT_NE(row(req.draft(block), 1), row(base, 1));
+  runner.draft_context(std::span(&first, 1), std::span(req.target.layer_hidden).subspan(0, 2 * 64));
+  EXPECT_EQ(req.draft(block), base);
 }
 
 // The drafter's block forward written out in double from z-lab's DFlash layout, over the same
@@ -147,32 +160,14 @@ TEST(TinyDflash, BlockDraftMatchesTheFormulasWrittenOutInDouble) {
   ModelRunner runner(src, w, {.num_spec_tokens = k, .draft = draft});
 
   // The runner's own path: prefill, context K/V, one block.
-  const plan::CachePlan& plan = runner.plan();
-  cache::KvCacheManager manager(plan, k);
-  const cache::RequestId id{0};
-  const std::vector<TokenId> prompt =
-      encode_bytes("the block sees its context and itself, both ways at once");
-  const auto n = static_cast<std::int64_t>(prompt.size());
+  const PrefilledRequest req(
+      runner, encode_bytes("the block sees its context and itself, both ways at once"), k);
+  const std::int64_t n = req.start();
   ASSERT_GT(n, 24);  // beyond the sliding layer's window
-  manager.add_request(id, prompt);
-  ASSERT_TRUE(manager.admit(id, k));
-  auto tables = [&] {
-    std::vector<std::span<const cache::BlockId>> t;
-    for (std::size_t g = 0; g < plan.groups.size(); ++g)
-      t.push_back(manager.block_table(id, static_cast<int>(g)));
-    return t;
-  };
-  const SequenceInput prefill{prompt, 0, tables()};
-  const ForwardOutput target = runner.forward(std::span(&prefill, 1));
-  runner.draft_context(std::span(&prefill, 1), target.layer_hidden);
-  const TokenId anchor =
-      argmax(std::span(target.logits).subspan((prompt.size() - 1) * kVocab, kVocab));
-  manager.commit(id, n, std::span(&anchor, 1));
-  ASSERT_TRUE(manager.allocate(id, 1, k));
   std::vector<TokenId> block(k + 1, runner.mask_token());
-  block[0] = anchor;
-  const SequenceInput in{block, n, tables()};
-  const std::vector<float> got = runner.block_draft(std::span(&in, 1)).logits;
+  block[0] = req.anchor;
+  const std::vector<float> got = req.draft(block);
+  const ForwardOutput& target = req.target;
 
   // The same in double.
   using Vec = std::vector<double>;
