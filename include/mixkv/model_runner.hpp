@@ -248,12 +248,12 @@ class ModelRunner {
   std::vector<float> draft_fc_, draft_norm_;
   std::vector<float> mtp_norm_embedding_, mtp_norm_hidden_;  // MTP only: before draft_fc_
   double draft_eps_ = 1e-5;
+  float embed_scale_ = 1.0f;  // gemma2: sqrt(hidden_size)
   // DFlash only.
   std::vector<int> dflash_layer_ids_;
   std::vector<float> dflash_hidden_norm_;
   TokenId mask_token_ = 0;
   int block_size_ = 0;
-  float embed_scale_ = 1.0f;  // gemma2: sqrt(hidden_size)
 };
 
 // Greedy sampling: the index of the largest logit, the lowest one on ties.
