@@ -302,6 +302,13 @@ GenerateReport generate(ModelRunner& runner, std::span<const std::vector<TokenId
     throw_invalid("generate: max_batch and prefill_chunk must be positive");
   }
   const int k = drafter != nullptr ? options.num_spec_tokens : 0;
+  if (k > runner.desc().num_spec_tokens) {
+    // The plan sized the look-ahead, the recurrent checkpoints and conv rows for that many.
+    throw_invalid(fmt::format(
+        "--num-spec-tokens {} exceeds the {} speculative tokens the runner's cache was planned "
+        "for; build the runner with RunnerOptions::num_spec_tokens = {}",
+        k, runner.desc().num_spec_tokens, k));
+  }
   if (k == 0) drafter = nullptr;  // nothing to draft: plain decoding
   const plan::CachePlan& plan = runner.plan();
   for (std::size_t i = 0; i < prompts.size(); ++i) {

@@ -290,6 +290,17 @@ TEST(Generate, BadOptionsAndOversizedPromptsAreRefused) {
   const std::vector<std::vector<TokenId>> empty = {{}};
   o.max_tokens = 4;
   EXPECT_THROW(generate(runner, empty, nullptr, o), Error);
+  // More speculative tokens than the runner's cache was planned for (0 here).
+  o.num_spec_tokens = 2;
+  RandomDrafter random(runner.vocab_size(), 1);
+  try {
+    generate(runner, p, &random, o);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--num-spec-tokens 2 exceeds the 0 speculative tokens the runner's cache was planned "
+              "for; build the runner with RunnerOptions::num_spec_tokens = 2");
+  }
 }
 
 }  // namespace
