@@ -312,7 +312,7 @@ TEST_P(DflashGenerate, SpeculationIsBitIdenticalToPlainDecoding) {
   EXPECT_LE(st.drafted_tokens, k * st.decode_steps);
   EXPECT_GE(st.drafted_tokens, k * (st.decode_steps - k));
 
-  // 16 mixed prompts: 1 to 140 tokens, half sharing a 40-token prefix, the longest beyond
+  // 16 mixed prompts: 1 to 110 tokens, half sharing a 40-token prefix, the longest beyond
   // tiny-swa's 32-token window, with blocks shorter than block_size (k = 4). The batched drafter
   // drafts for every decoding request in one forward.
   const auto prompts = testing::mixed_prompts(
