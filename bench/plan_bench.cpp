@@ -34,7 +34,37 @@ void BM_Plan(benchmark::State& state, const PairCase& pair, plan::Policy policy)
   for (auto _ : state) benchmark::DoNotOptimize(plan::make_plan(desc, options));
 }
 
+// A model of `layers` layers in Qwen3-Next's hybrid pattern (3 Gated DeltaNet : 1 full
+// attention), up to 4,096, the most a config may declare: planning time must stay near-linear in
+// the layer count (issue 12: 73 s at 4,096 layers before the search tried O(sqrt n) splits).
+void BM_PlanLayers(benchmark::State& state, plan::Policy policy) {
+  model::ModelDesc desc = model::describe_refs("qwen3-next-80b-a3b", std::nullopt, {});
+  const std::vector<model::LayerDesc> base = desc.layers;
+  desc.layers.clear();
+  for (int i = 0; i < state.range(0); ++i) {
+    model::LayerDesc l = base[static_cast<std::size_t>(i) % base.size()];
+    l.name = "layers." + std::to_string(i);
+    l.index = i;
+    desc.layers.push_back(l);
+  }
+  plan::PlanOptions options;
+  options.policy = policy;
+  options.memory_bytes = std::int64_t{80} << 30;
+  options.max_model_len = 8192;
+  for (auto _ : state) benchmark::DoNotOptimize(plan::make_plan(desc, options));
+  state.counters["layers"] = static_cast<double>(state.range(0));
+}
+
 const bool kRegistered = [] {
+  for (auto [name, policy] : {std::pair{"BM_PlanLayersMixkv", plan::Policy::kMixkv},
+                              std::pair{"BM_PlanLayersVllm", plan::Policy::kVllm}}) {
+    benchmark::RegisterBenchmark(name, BM_PlanLayers, policy)
+        ->Arg(64)
+        ->Arg(400)
+        ->Arg(1600)
+        ->Arg(4096)
+        ->Unit(benchmark::kMillisecond);
+  }
   for (const auto& pair : pairs()) {
     const std::string name = pair.target + (pair.draft ? "+" + *pair.draft : "");
     benchmark::RegisterBenchmark(("BM_PlanVllm/" + name).c_str(), BM_Plan, pair,

@@ -47,6 +47,13 @@ LayerSpec layer_spec(const model::LayerDesc& layer);
 // `spec_tokens` speculative tokens are being verified (sliding and chunked layers are bounded).
 std::int64_t tokens_kept(const LayerSpec& spec, std::int64_t request_len, int spec_tokens);
 
+inline constexpr std::int64_t kDefaultMaxNumBatchedTokens = 8192;
+// Longest max_model_len, request_len and max_num_batched_tokens make_plan accepts (2^40 tokens,
+// a million times the longest context of any model): block counts of such lengths, times every
+// group and byte size, stay far inside 64 bits. Block sizes are bounded by kMaxBlockTokens.
+inline constexpr std::int64_t kMaxTokens = std::int64_t{1} << 40;
+inline constexpr std::int64_t kMaxBlockTokens = std::int64_t{1} << 20;
+
 struct PlanOptions {
   Policy policy = Policy::kMixkv;
   attn::Backend backend = attn::Backend::kFlashinfer;
@@ -54,6 +61,9 @@ struct PlanOptions {
   std::optional<std::int64_t> block_size;  // user's attention block size (tokens)
   std::int64_t max_model_len = 0;          // 0: the model's max_position_embeddings
   std::int64_t request_len = 2500;
+  // vLLM's scheduler budget of tokens per step (--max-num-batched-tokens): under --policy vllm it
+  // sets what a sliding or chunked layer is charged per request, as vLLM reports concurrency.
+  std::int64_t max_num_batched_tokens = kDefaultMaxNumBatchedTokens;
 };
 
 // One id space of equal pages.
@@ -120,9 +130,11 @@ struct Concurrency {
   std::int64_t max_requests = 0;  // whole requests that fit beside the null block
   double max_concurrency = 0;     // num_blocks / blocks_per_request, as vLLM reports it
   std::int64_t physical_bytes_per_request = 0;
-  double physical_limit = 0;    // memory / physical bytes per request
-  double efficiency = 0;        // max_concurrency / physical_limit
-  double at_max_model_len = 0;  // max_concurrency for requests of max_model_len tokens
+  double physical_limit = 0;  // memory / physical bytes per request
+  double efficiency = 0;      // max_concurrency / physical_limit
+  // max_concurrency for requests of max_model_len tokens: mixkv's exact blocks under --policy
+  // mixkv, vLLM's own worst case (sliding layers charged max_num_batched_tokens) under vllm.
+  double at_max_model_len = 0;
   bool operator==(const Concurrency&) const = default;
 };
 
@@ -133,14 +145,16 @@ struct CachePlan {
   std::int64_t max_model_len = 0;
   std::int64_t request_len = 0;
   int num_spec_tokens = 0;
+  std::int64_t max_num_batched_tokens = 0;
   std::int64_t block_unit_bytes = 0;  // bytes one block id costs across all tensors of its pool
   std::vector<Pool> pools;
   std::vector<KvCacheGroup> groups;
   std::vector<Tensor> tensors;
   Concurrency concurrency;
   Waste waste_per_request;
-  std::int64_t pool_remainder_bytes = 0;     // memory no block can use
-  std::int64_t max_model_len_that_fits = 0;  // longest single request the pool can hold
+  std::int64_t pool_remainder_bytes = 0;  // memory no block can use
+  // Longest single request the policy plans in this memory (capped at max_model_len).
+  std::int64_t max_model_len_that_fits = 0;
   std::vector<std::string> warnings;
   bool operator==(const CachePlan&) const = default;
 };

@@ -79,7 +79,9 @@ enum class PlantedFault {
 };
 
 struct VerifyOptions {
-  // memory_bytes is the scaled-down budget (default 64 MiB); max_model_len 0 picks one that fits.
+  // memory_bytes is the scaled-down budget; 0 (the default) takes the smallest scale, to 1 MiB
+  // and at most 2 GiB, whose plan holds `requests` requests of `longest_request` tokens.
+  // max_model_len 0 is min(2048, the model's own).
   plan::PlanOptions plan;
   int requests = 4;
   std::uint64_t seed = 1;

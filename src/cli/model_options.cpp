@@ -83,6 +83,10 @@ void add_plan_options(CLI::App& cmd, PlanArgs& args) {
   cmd.add_option("--request-len", args.request_len, "Tokens per request of the workload")
       ->capture_default_str();
   cmd.add_option("--policy", args.policy, "Planning policy: mixkv|vllm")->capture_default_str();
+  cmd.add_option("--max-num-batched-tokens", args.max_num_batched_tokens,
+                 "vLLM's tokens per scheduler step: what --policy vllm charges a sliding or "
+                 "chunked layer per request")
+      ->capture_default_str();
 }
 
 plan::PlanOptions plan_options_from_args(const PlanArgs& args, const model::ModelDesc& desc,
@@ -99,8 +103,32 @@ plan::PlanOptions plan_options_from_args(const PlanArgs& args, const model::Mode
     throw_invalid(fmt::format("--policy '{}' is unknown; use mixkv or vllm", args.policy));
   options.policy = *policy;
   options.block_size = args.block_size;
-  options.max_model_len = args.max_model_len;
+  if (args.max_model_len) {
+    // 0 would mean "the model's own" to make_plan; a user who writes it means something else.
+    if (*args.max_model_len < 1) {
+      throw_invalid(fmt::format(
+          "--max-model-len {} is not a length; give at least 1 token, or omit it for the "
+          "model's max positions ({})",
+          *args.max_model_len,
+          desc.facts.max_position_embeddings
+              ? fmt::format("{}", *desc.facts.max_position_embeddings)
+              : std::string("not stated by this model")));
+    }
+    options.max_model_len = *args.max_model_len;
+  }
   options.request_len = args.request_len;
+  options.max_num_batched_tokens = args.max_num_batched_tokens;
+  const std::int64_t max_len = options.max_model_len > 0
+                                   ? options.max_model_len
+                                   : desc.facts.max_position_embeddings.value_or(0);
+  if (max_len > 0 && options.request_len > max_len) {
+    // No request of that length can be admitted: the plan would score zero requests.
+    throw_invalid(fmt::format(
+        "--request-len {} is above the max model length {}{}: no such request can be served; "
+        "lower --request-len or raise --max-model-len",
+        options.request_len, max_len,
+        options.max_model_len > 0 ? "" : " (the model's max positions)"));
+  }
   std::string note;
   if (!args.memory.empty()) {
     options.memory_bytes = plan::parse_memory_size(args.memory);

@@ -35,12 +35,14 @@ struct PlanArgs {
   double utilization = 0.9;
   std::optional<std::int64_t> block_size;
   std::string backend = "flashinfer";
-  std::int64_t max_model_len = 0;
+  std::optional<std::int64_t> max_model_len;  // unset: the model's max positions
   std::int64_t request_len = 2500;
   std::string policy = "mixkv";
+  std::int64_t max_num_batched_tokens = plan::kDefaultMaxNumBatchedTokens;
 };
 void add_plan_options(CLI::App& cmd, PlanArgs& args);
 // Resolves the options (default memory: --gpu h100); `memory_note` says where the memory came from.
+// A --max-model-len below 1, or a --request-len above the max model length, is an error.
 plan::PlanOptions plan_options_from_args(const PlanArgs& args, const model::ModelDesc& desc,
                                          std::string* memory_note = nullptr);
 

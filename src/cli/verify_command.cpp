@@ -24,10 +24,10 @@ Action add_verify_command(CLI::App& app) {
     ModelArgs model;
     std::optional<std::int64_t> block_size;
     std::string backend = "flashinfer";
-    std::int64_t max_model_len = 0;
+    std::optional<std::int64_t> max_model_len;
     std::int64_t request_len = 2500;
     std::string policy = "mixkv";
-    std::string memory_scale = "64MiB";
+    std::string memory_scale;  // empty: the smallest scale that holds the requests
     int requests = 4;
     std::uint64_t seed = 1;
     bool json = false;
@@ -38,7 +38,8 @@ Action add_verify_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "verify", "Run the plan's kernels over a scaled-down cache and compare with references");
   cmd->footer(
-      "Plans the model in --memory-scale bytes (same geometry rules, fewer blocks), allocates the "
+      "Plans the model in --memory-scale bytes (same geometry rules, fewer blocks; by default the "
+      "smallest scale that holds the requests), allocates the "
       "cache, writes random K/V through the slot mappings and random states into the state "
       "blocks of a batch of requests, and checks every attention group's kernel (decode and "
       "extend) and every GDN/Mamba2 group's kernels (decode, speculative checkpoints, chunked "
@@ -58,8 +59,9 @@ Action add_verify_command(CLI::App& app) {
   cmd->add_option("--request-len", args->request_len, "Tokens per request of the workload")
       ->capture_default_str();
   cmd->add_option("--policy", args->policy, "Planning policy: mixkv|vllm")->capture_default_str();
-  cmd->add_option("--memory-scale", args->memory_scale, "KV memory of the scaled-down plan")
-      ->capture_default_str();
+  cmd->add_option("--memory-scale", args->memory_scale,
+                  "KV memory of the scaled-down plan (default: the smallest, to 1 MiB, that holds "
+                  "the requests, at most 2 GiB)");
   cmd->add_option("--requests", args->requests, "Requests in the batch (1-64)")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();
@@ -85,9 +87,16 @@ Action add_verify_command(CLI::App& app) {
       throw_invalid(fmt::format("--policy '{}' is unknown; use mixkv or vllm", args->policy));
     options.plan.policy = *policy;
     options.plan.block_size = args->block_size;
-    options.plan.max_model_len = args->max_model_len;
+    if (args->max_model_len && *args->max_model_len < 1) {
+      throw_invalid(fmt::format(
+          "--max-model-len {} is not a length; give at least 1 token, or omit it for the "
+          "largest that fits (at most 2048)",
+          *args->max_model_len));
+    }
+    options.plan.max_model_len = args->max_model_len.value_or(0);
     options.plan.request_len = args->request_len;
-    options.plan.memory_bytes = plan::parse_memory_size(args->memory_scale);
+    options.plan.memory_bytes =
+        args->memory_scale.empty() ? 0 : plan::parse_memory_size(args->memory_scale);
     options.requests = args->requests;
     options.seed = args->seed;
     if (args->fault == "stride") {

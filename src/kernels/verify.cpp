@@ -1,6 +1,7 @@
 #include "mixkv/verify.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,6 +10,7 @@
 #include <random>
 #include <set>
 
+#include "mixkv/checked_math.hpp"
 #include "mixkv/dense_reference.hpp"
 #include "mixkv/error.hpp"
 #include "mixkv/kernels_convert.hpp"
@@ -141,31 +143,130 @@ constexpr std::int64_t kDefaultMaxModelLen = 2048;
 // more are checked on their first and last layer and an even sample between.
 constexpr double kReferenceBudget = 4e8;
 
+// Memory scales verify picks by itself: from 1 MiB up, at most 2 GiB (the cache is allocated and
+// poisoned for real; more would make verify slow, and no built-in pair needs it).
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+constexpr std::int64_t kMinAutoScale = kMiB;
+constexpr std::int64_t kMaxAutoScale = std::int64_t{2} << 30;
+
+std::string scale_text(std::int64_t bytes) {
+  return bytes % kMiB == 0 ? fmt::format("{}MiB", bytes / kMiB) : fmt::format("{}B", bytes);
+}
+
+// Whether the plan's pools hold `requests` requests of `len` tokens beside the null block: their
+// attention blocks (no block freed by a window), and then, in the pools afresh, a live state and
+// its checkpoints per request in every recurrent group.
+bool holds_requests(const plan::CachePlan& plan, int requests, std::int64_t len, int spec_tokens) {
+  std::map<int, std::int64_t> attention, recurrent;
+  for (const plan::KvCacheGroup& g : plan.groups) {
+    if (g.behaviour == plan::Behaviour::kRecurrent) {
+      recurrent[g.pool] += 1 + spec_tokens;
+    } else {
+      attention[g.pool] += ceil_div(len, g.block_size);
+    }
+  }
+  for (const plan::Pool& p : plan.pools) {
+    const std::int64_t need = std::max(attention[p.id], recurrent[p.id]) * requests;
+    if (need > p.num_blocks - 1) return false;
+  }
+  return true;
+}
+
+// The plan at `memory` bytes and `len` tokens, when it plans and holds verify's requests.
+std::optional<plan::CachePlan> plan_holding(const model::ModelDesc& desc, plan::PlanOptions options,
+                                            std::int64_t memory, std::int64_t len, int requests,
+                                            std::int64_t longest_request) {
+  options.memory_bytes = memory;
+  options.max_model_len = len;
+  try {
+    plan::CachePlan plan = plan::make_plan(desc, options);
+    if (!holds_requests(plan, requests, std::min(len, longest_request), desc.num_spec_tokens))
+      return std::nullopt;
+    return plan;
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidInput) throw;
+    return std::nullopt;
+  }
+}
+
+// The smallest scale (to 1 MiB) in [kMinAutoScale, kMaxAutoScale] whose plan holds verify's
+// requests: doubling, then bisecting between the last scale that failed and the first that held.
+std::optional<plan::CachePlan> smallest_scale(const model::ModelDesc& desc,
+                                              const plan::PlanOptions& options, std::int64_t len,
+                                              int requests, std::int64_t longest_request) {
+  std::int64_t lo = 0;
+  std::optional<plan::CachePlan> found;
+  std::int64_t hi = kMinAutoScale;
+  for (; hi <= kMaxAutoScale; lo = hi, hi *= 2) {
+    found = plan_holding(desc, options, hi, len, requests, longest_request);
+    if (found) break;
+  }
+  if (!found) return std::nullopt;
+  while (hi - lo > kMiB) {
+    const std::int64_t mid = (lo + hi) / 2 / kMiB * kMiB;
+    if (auto p = plan_holding(desc, options, mid, len, requests, longest_request)) {
+      hi = mid;
+      found = std::move(p);
+    } else {
+      lo = mid;
+    }
+  }
+  return found;
+}
+
+// Why no scale works: the options themselves (the plan fails even with the most memory verify
+// would take: that error, as is), or the memory (verify's requests need more than that bound).
+[[noreturn]] void no_scale_works(const model::ModelDesc& desc, plan::PlanOptions options,
+                                 std::int64_t len) {
+  options.memory_bytes = kMaxAutoScale;
+  options.max_model_len = len;
+  (void)plan::make_plan(desc, options);  // throws when the options are at fault
+  throw_invalid(fmt::format(
+      "verify's requests need more than {} of scaled memory for this model (max_model_len {}); "
+      "give a larger --memory-scale, or a smaller --max-model-len or --requests",
+      scale_text(kMaxAutoScale), len));
+}
+
 // The scaled-down plan. Memory only sets how many blocks the pools get: block sizes, page
 // bytes, padding, kernel pages, tensor sharing and layer offsets follow from the model's layers,
 // the backend, the policy's alignment rules and max_model_len/request_len, so planning the same
-// model and options with `memory_bytes` = the memory scale (64 MiB by default) yields the same
-// geometry over fewer blocks. max_model_len must then be small enough for one request to fit
-// those blocks: unless the user fixed it, start at min(2048, the model's own) and halve until the
-// plan fits (down to 16 tokens); the last error explains when nothing fits.
-plan::CachePlan scaled_plan(const model::ModelDesc& desc, plan::PlanOptions options) {
-  if (options.memory_bytes <= 0) {
+// model and options in a small memory yields the same geometry over fewer blocks. max_model_len is
+// the user's, else min(2048, the model's own). Without --memory-scale (memory_bytes 0) verify
+// takes the smallest scale that holds its requests. With one, a max_model_len the user did not fix
+// is halved until the plan fits (down to 16 tokens); when nothing fits, the error names the
+// smallest scale that works, unless the options themselves are at fault.
+plan::CachePlan scaled_plan(const model::ModelDesc& desc, plan::PlanOptions options, int requests,
+                            std::int64_t longest_request) {
+  if (options.memory_bytes < 0) {
     throw_invalid(fmt::format("--memory-scale {} B is not positive", options.memory_bytes));
   }
-  if (options.max_model_len != 0) return plan::make_plan(desc, options);
-  std::int64_t len = std::min(kDefaultMaxModelLen,
-                              desc.facts.max_position_embeddings.value_or(kDefaultMaxModelLen));
+  const bool fixed_len = options.max_model_len != 0;
+  const std::int64_t default_len =
+      fixed_len ? options.max_model_len
+                : std::min(kDefaultMaxModelLen,
+                           desc.facts.max_position_embeddings.value_or(kDefaultMaxModelLen));
+  if (options.memory_bytes == 0) {
+    if (auto plan = smallest_scale(desc, options, default_len, requests, longest_request))
+      return *plan;
+    no_scale_works(desc, options, default_len);
+  }
+  std::int64_t len = default_len;
   for (;;) {
     options.max_model_len = len;
     try {
       return plan::make_plan(desc, options);
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::kInvalidInput || len <= 16) {
-        throw Error(e.code(), fmt::format("{} (verify plans with --memory-scale {} B; give a "
-                                          "larger --memory-scale)",
-                                          e.what(), options.memory_bytes));
+      if (e.code() != ErrorCode::kInvalidInput) throw;
+      if (!fixed_len && len > 16) {
+        len /= 2;
+        continue;
       }
-      len /= 2;
+      auto smallest = smallest_scale(desc, options, default_len, requests, longest_request);
+      if (!smallest) no_scale_works(desc, options, default_len);
+      throw_invalid(fmt::format(
+          "{} (verify plans with --memory-scale {}: too small; the smallest scale that holds "
+          "verify's requests is --memory-scale {})",
+          e.what(), scale_text(options.memory_bytes), scale_text(smallest->memory_bytes)));
     }
   }
 }
@@ -256,11 +357,36 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   if (options.requests < 1 || options.requests > 64) {
     throw_invalid(fmt::format("--requests {} is out of range; use 1 to 64", options.requests));
   }
+  if (options.longest_request < 1) {
+    throw_invalid(fmt::format("longest request {} is not positive", options.longest_request));
+  }
   VerifyReport report;
-  report.plan = scaled_plan(desc, options.plan);
+  report.plan = scaled_plan(desc, options.plan, options.requests, options.longest_request);
   const plan::CachePlan& plan = report.plan;
   const std::vector<attn::AttentionGroup> groups = attn::build_attention_groups(desc, plan);
   const layout::Geometry geometry = layout::make_geometry(desc, plan, groups);
+  if (options.fault_group >= 0 || options.fault_group < -1) {
+    // A fault aimed at a group the plan does not have would silently test nothing.
+    const bool state = options.fault == PlantedFault::kStateSlot;
+    std::vector<int> ids;
+    if (state) {
+      for (const plan::KvCacheGroup& kv : plan.groups) {
+        if (kv.behaviour == plan::Behaviour::kRecurrent) ids.push_back(kv.id);
+      }
+    } else {
+      for (const attn::AttentionGroup& g : groups) ids.push_back(g.id);
+    }
+    if (options.fault == PlantedFault::kNone) {
+      throw_invalid(fmt::format("--fault-group {} without --plant-fault plants nothing",
+                                options.fault_group));
+    }
+    if (std::find(ids.begin(), ids.end(), options.fault_group) == ids.end()) {
+      throw_invalid(
+          fmt::format("--fault-group {} is not {} of this plan; it has {}", options.fault_group,
+                      state ? "a recurrent KV-cache group" : "an attention group",
+                      ids.empty() ? std::string("none") : fmt::format("{}", fmt::join(ids, ", "))));
+    }
+  }
   std::mt19937_64 rng(options.seed);
   auto layer_desc = [&](std::string_view name) -> const model::LayerDesc& {
     for (const auto& l : desc.layers) {
@@ -318,9 +444,6 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   if (options.max_layers_per_group < 0) {
     throw_invalid(fmt::format("max layers per group {} is negative; use 0 for the default",
                               options.max_layers_per_group));
-  }
-  if (options.longest_request < 1) {
-    throw_invalid(fmt::format("longest request {} is not positive", options.longest_request));
   }
   const std::int64_t longest = std::min(plan.max_model_len, options.longest_request);
   const std::int64_t draft_block = std::max(1, desc.num_spec_tokens + 1);
@@ -393,7 +516,16 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       bool fits = true;
       for (auto [pool, n] : need) fits = fits && n <= static_cast<std::int64_t>(free[pool].size());
       if (fits) break;
-      if (q.kv_len <= 1) throw_invalid("the scaled plan has no free block for verify's requests");
+      if (q.kv_len <= 1) {
+        auto smallest = smallest_scale(desc, options.plan, plan.max_model_len, options.requests,
+                                       options.longest_request);
+        throw_invalid(fmt::format(
+            "the scaled plan (--memory-scale {}) has no free block for verify's requests; {}",
+            scale_text(plan.memory_bytes),
+            smallest ? fmt::format("the smallest scale that holds them is --memory-scale {}",
+                                   scale_text(smallest->memory_bytes))
+                     : std::string("give a larger --memory-scale or fewer --requests")));
+      }
       q.kv_len = std::max<std::int64_t>(1, q.kv_len / 2);
       q.extend_queries = std::min(q.extend_queries, q.kv_len);
       q.shared_tokens = std::min(q.shared_tokens, q.kv_len - 1);

@@ -41,13 +41,15 @@ void add_group_waste(const Layout& layout, const PlannedGroup& g, std::int64_t r
   waste.block_tail += (data_blocks * g.block_size - kept) * per_token;
 }
 
-std::int64_t longest_request_that_fits(const Layout& layout, std::int64_t num_blocks,
-                                       std::int64_t max_len, int spec_tokens) {
-  if (blocks_per_request(layout, 1, spec_tokens) > num_blocks) return 0;
+// Largest L in [1, max_len] with blocks(L) <= num_blocks (blocks grow with L), or 0.
+template <typename Blocks>
+std::int64_t longest_request_that_fits(const Blocks& blocks, std::int64_t num_blocks,
+                                       std::int64_t max_len) {
+  if (blocks(1) > num_blocks) return 0;
   std::int64_t lo = 1, hi = max_len;
   while (lo < hi) {
     const std::int64_t mid = lo + (hi - lo + 1) / 2;
-    if (blocks_per_request(layout, mid, spec_tokens) <= num_blocks) {
+    if (blocks(mid) <= num_blocks) {
       lo = mid;
     } else {
       hi = mid - 1;
@@ -66,6 +68,7 @@ CachePlan finish_plan(const model::ModelDesc& desc, const PlanOptions& options, 
   plan.max_model_len = options.max_model_len;
   plan.request_len = options.request_len;
   plan.num_spec_tokens = desc.num_spec_tokens;
+  plan.max_num_batched_tokens = options.max_num_batched_tokens;
   plan.block_unit_bytes = layout.unit_bytes;
   plan.warnings = std::move(layout.warnings);
   const int k = desc.num_spec_tokens;
@@ -75,17 +78,32 @@ CachePlan finish_plan(const model::ModelDesc& desc, const PlanOptions& options, 
       0, *std::max_element(layout.tensor_pages.begin(), layout.tensor_pages.end()), num_blocks});
   plan.pool_remainder_bytes = options.memory_bytes - num_blocks * layout.unit_bytes;
 
-  const std::int64_t fits = longest_request_that_fits(layout, num_blocks, options.max_model_len, k);
+  // What one request of L tokens is charged: mixkv's exact blocks, or vLLM's own worst case
+  // under --policy vllm (it decides there whether max_model_len fits, and the concurrency).
+  const bool vllm = options.policy == Policy::kVllm;
+  const auto charged = [&](std::int64_t len) {
+    return vllm ? vllm_blocks_per_request(layout, len, k, options.max_num_batched_tokens)
+                : blocks_per_request(layout, len, k);
+  };
+  const std::int64_t fits =
+      std::min(options.max_model_len,
+               std::max(layout.longest_fit,
+                        longest_request_that_fits(charged, num_blocks, options.max_model_len)));
   plan.max_model_len_that_fits = fits;
   if (fits < options.max_model_len) {
-    const std::int64_t needed = checked_mul(blocks_per_request(layout, options.max_model_len, k),
-                                            layout.unit_bytes, "bytes for one request");
+    const std::int64_t needed =
+        checked_mul(charged(options.max_model_len), layout.unit_bytes, "bytes for one request");
+    const std::string longest =
+        fits == 0 ? std::string("not even a one-token request fits: give more memory")
+                  : fmt::format(
+                        "the longest request that fits is {} tokens: lower "
+                        "--max-model-len to it or give more memory",
+                        fits);
     throw_invalid(fmt::format(
         "one request of max_model_len {} tokens needs {:.2f} GiB of KV cache under the {} "
-        "policy, more than the {:.2f} GiB available; the longest request that fits is {} "
-        "tokens: lower --max-model-len to it or give more memory",
+        "policy, more than the {:.2f} GiB available; {}",
         options.max_model_len, double(needed) / double(1 << 30), to_string(options.policy),
-        double(options.memory_bytes) / double(1 << 30), fits));
+        double(options.memory_bytes) / double(1 << 30), longest));
   }
 
   // Tensors: slot i of each group lives in tensor `layer.tensor`.
@@ -129,8 +147,7 @@ CachePlan finish_plan(const model::ModelDesc& desc, const PlanOptions& options, 
   c.physical_bytes_per_request = physical_bytes_per_request(desc, options.request_len);
   c.physical_limit = double(options.memory_bytes) / double(c.physical_bytes_per_request);
   c.efficiency = c.max_concurrency / c.physical_limit;
-  c.at_max_model_len =
-      double(num_blocks) / double(blocks_per_request(layout, options.max_model_len, k));
+  c.at_max_model_len = double(num_blocks) / double(charged(options.max_model_len));
 
   if (allocated != c.physical_bytes_per_request + plan.waste_per_request.total()) {
     throw_internal(fmt::format(

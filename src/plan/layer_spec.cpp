@@ -111,4 +111,31 @@ std::int64_t blocks_per_request(const Layout& layout, std::int64_t request_len, 
   return total;
 }
 
+std::int64_t vllm_blocks_per_request(const Layout& layout, std::int64_t len, int spec_tokens,
+                                     std::int64_t max_num_batched_tokens) {
+  std::int64_t total = 0;
+  for (const auto& g : layout.groups) {
+    const LayerSpec& s = *g.layers.front().spec;
+    std::int64_t blocks = 0;
+    switch (s.behaviour) {
+      case Behaviour::kAllTokens:
+        blocks = ceil_div(len, g.block_size);
+        break;
+      case Behaviour::kSliding:
+        // SlidingWindowSpec: cdiv(min(window - 1 + max_num_batched_tokens, L), bs) + 1.
+        blocks = ceil_div(std::min(*s.window - 1 + max_num_batched_tokens, len), g.block_size) + 1;
+        break;
+      case Behaviour::kChunked:
+        // ChunkedLocalAttentionSpec: cdiv(min(chunk + max_num_batched_tokens, L), bs).
+        blocks = ceil_div(std::min(*s.chunk + max_num_batched_tokens, len), g.block_size);
+        break;
+      case Behaviour::kRecurrent:
+        blocks = 1 + spec_tokens;  // MambaSpec, cache mode "none"
+        break;
+    }
+    total += blocks;
+  }
+  return total;
+}
+
 }  // namespace mixkv::plan

@@ -32,6 +32,9 @@ struct Layout {
   std::int64_t unit_bytes = 0;             // one block id across every tensor: their sum
   std::vector<PlannedGroup> groups;
   std::vector<std::string> warnings;
+  // The longest request the policy can plan at all (mixkv: over every candidate layout, any of
+  // which it picks when max_model_len asks for it); 0: the longest this layout holds.
+  std::int64_t longest_fit = 0;
 };
 
 // Blocks a layer of `spec` needs for one request with `block_size`-token blocks.
@@ -40,6 +43,11 @@ std::int64_t blocks_for(const LayerSpec& spec, std::int64_t block_size, std::int
 // Blocks one group needs for one request.
 std::int64_t blocks_needed(const PlannedGroup& group, std::int64_t request_len, int spec_tokens);
 std::int64_t blocks_per_request(const Layout& layout, std::int64_t request_len, int spec_tokens);
+// vLLM's worst-case blocks for one request of `len` tokens (max_memory_usage_bytes / page,
+// vllm-reference.md §1.3-§1.7, §2.8): a sliding group charges the window's past plus a whole
+// batch of newly scheduled tokens, whatever the request's own length.
+std::int64_t vllm_blocks_per_request(const Layout& layout, std::int64_t len, int spec_tokens,
+                                     std::int64_t max_num_batched_tokens);
 
 // Fills concurrency, waste, tensors and groups; throws when one request of max_model_len does
 // not fit (naming the longest that does).

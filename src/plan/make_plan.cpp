@@ -21,13 +21,20 @@ CachePlan make_plan(const model::ModelDesc& desc, const PlanOptions& in) {
                                 desc.model));
     }
   }
-  if (options.max_model_len < 1)
-    throw_invalid(fmt::format("--max-model-len is {}, expected >= 1", options.max_model_len));
-  if (options.request_len < 1)
-    throw_invalid(fmt::format("--request-len is {}, expected >= 1", options.request_len));
-  if (options.block_size && (*options.block_size < 16 || *options.block_size % 16 != 0)) {
-    throw_invalid(fmt::format("--block-size {} is not a positive multiple of 16 tokens",
-                              *options.block_size));
+  auto check_tokens = [](std::string_view option, std::int64_t value, std::int64_t most) {
+    if (value < 1 || value > most) {
+      throw_invalid(fmt::format("{} is {}, expected 1 to {} tokens", option, value, most));
+    }
+  };
+  check_tokens("--max-model-len", options.max_model_len, kMaxTokens);
+  check_tokens("--request-len", options.request_len, kMaxTokens);
+  check_tokens("--max-num-batched-tokens", options.max_num_batched_tokens, kMaxTokens);
+  if (options.block_size) {
+    check_tokens("--block-size", *options.block_size, kMaxBlockTokens);
+    if (*options.block_size % 16 != 0) {
+      throw_invalid(fmt::format("--block-size {} is not a positive multiple of 16 tokens",
+                                *options.block_size));
+    }
   }
 
   std::vector<LayerSpec> specs;

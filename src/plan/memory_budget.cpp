@@ -31,14 +31,19 @@ constexpr std::array kUnits = {
     Unit{"mib", 1048576.0},
     Unit{"gib", 1073741824.0},
     Unit{"tib", 1099511627776.0},
+    Unit{"pib", 1125899906842624.0},
+    Unit{"eib", 1152921504606846976.0},
     Unit{"kb", 1e3},
     Unit{"mb", 1e6},
     Unit{"gb", 1e9},
     Unit{"tb", 1e12},
+    Unit{"pb", 1e15},
+    Unit{"eb", 1e18},
     Unit{"k", 1024.0},
     Unit{"m", 1048576.0},
     Unit{"g", 1073741824.0},
     Unit{"t", 1099511627776.0},
+
 };
 
 }  // namespace

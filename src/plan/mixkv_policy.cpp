@@ -3,6 +3,7 @@
 // and no group needs padding layers. The search picks B and the layers per group that serve the
 // most requests of the workload's length. docs/planning.md explains the model and its limits.
 #include <algorithm>
+#include <numeric>
 #include <set>
 #include <tuple>
 
@@ -15,13 +16,24 @@
 namespace mixkv::plan {
 namespace {
 
-// Layers that can share a block table: same growth, same bytes, same kernel rule.
+// Layers that can share a block table: same growth and a kernel page they all accept. A class of
+// the fine classification has one bytes-per-token; a merged class (vLLM's "uniform type": every
+// full-attention layer in one table, whatever its heads) holds layers of different sizes, side by
+// side in every block.
 struct LayerClass {
   Behaviour behaviour = Behaviour::kAllTokens;
-  std::int64_t bytes_per_token = 0;
-  std::int64_t state_bytes = 0;
-  attn::KernelPageRule rule;
+  std::int64_t state_bytes = 0;  // recurrent classes
+  attn::KernelPageRule rule;     // attention classes: accepted by every layer's own rule
   std::vector<const LayerSpec*> layers;
+  // Attention: the ways to split the class into strided groups worth trying. For each number of
+  // groups g the class splits into, only the fewest layers per group matter (more layers per
+  // group only shrink the block), so there are O(sqrt n) splits, not n.
+  struct Split {
+    std::int64_t per_group = 0;
+    std::int64_t groups = 0;
+    std::int64_t bytes_per_token = 0;  // of the heaviest group: what a block token costs
+  };
+  std::vector<Split> splits;
   bool attention() const { return behaviour != Behaviour::kRecurrent; }
 };
 
@@ -71,14 +83,12 @@ std::optional<ClassChoice> choose_attention(const LayerClass& c, std::int64_t un
                                             std::int64_t request_len, int spec_tokens,
                                             std::optional<std::int64_t> user_block) {
   std::optional<ClassChoice> best;
-  const auto n = static_cast<std::int64_t>(c.layers.size());
-  for (std::int64_t per_group = 1; per_group <= n; ++per_group) {
-    auto block = best_block(unit, per_group * c.bytes_per_token, c.rule, user_block);
+  for (const LayerClass::Split& s : c.splits) {  // ascending layers per group
+    auto block = best_block(unit, s.bytes_per_token, c.rule, user_block);
     if (!block) break;  // more layers per group only shrink the block
-    const std::int64_t groups = ceil_div(n, per_group);
     const std::int64_t blocks =
-        groups * blocks_for(*c.layers[0], block->block, request_len, spec_tokens);
-    if (!best || blocks <= best->blocks) best = ClassChoice{per_group, groups, *block, blocks};
+        s.groups * blocks_for(*c.layers[0], block->block, request_len, spec_tokens);
+    if (!best || blocks <= best->blocks) best = ClassChoice{s.per_group, s.groups, *block, blocks};
   }
   return best;
 }
@@ -94,36 +104,101 @@ std::optional<ClassChoice> choose_recurrent(const LayerClass& c, std::int64_t un
 
 struct Candidate {
   std::int64_t unit = 0;
+  std::size_t classification = 0;  // which way of classifying the layers
   std::vector<ClassChoice> choices;
   std::int64_t blocks = 0;  // per request at the request length
   double score = 0;         // requests served
   bool fits_max_len = false;
+  std::int64_t longest_fit = 0;  // longest single request this candidate holds
 };
+
+// Blocks one request of `len` tokens takes in a candidate.
+std::int64_t candidate_blocks(const std::vector<LayerClass>& classes,
+                              const std::vector<ClassChoice>& choices, std::int64_t len,
+                              int spec_tokens) {
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < classes.size(); ++i) {
+    const LayerClass& c = classes[i];
+    total += c.attention() ? choices[i].groups *
+                                 blocks_for(*c.layers[0], choices[i].block.block, len, spec_tokens)
+                           : choices[i].blocks;
+  }
+  return total;
+}
 
 std::optional<Candidate> evaluate(const std::vector<LayerClass>& classes, std::int64_t unit,
                                   const PlanOptions& o, int spec_tokens) {
   Candidate cand;
   cand.unit = unit;
-  std::int64_t blocks_at_max = 0;
   for (const auto& c : classes) {
     auto choice = c.attention()
                       ? choose_attention(c, unit, o.request_len, spec_tokens, o.block_size)
                       : choose_recurrent(c, unit, spec_tokens);
     if (!choice) return std::nullopt;
     cand.blocks += choice->blocks;
-    blocks_at_max += c.attention() ? choice->groups * blocks_for(*c.layers[0], choice->block.block,
-                                                                 o.max_model_len, spec_tokens)
-                                   : choice->blocks;
     cand.choices.push_back(*choice);
   }
   const std::int64_t num_blocks = o.memory_bytes / unit;
-  cand.fits_max_len = blocks_at_max <= num_blocks;
+  cand.fits_max_len =
+      candidate_blocks(classes, cand.choices, o.max_model_len, spec_tokens) <= num_blocks;
   cand.score = double(num_blocks) / double(cand.blocks);
+  // Blocks per request grow with the length: bisect for the longest that fits.
+  if (cand.fits_max_len) {
+    cand.longest_fit = o.max_model_len;
+  } else if (candidate_blocks(classes, cand.choices, 1, spec_tokens) <= num_blocks) {
+    std::int64_t lo = 1, hi = o.max_model_len - 1;
+    while (lo < hi) {
+      const std::int64_t mid = lo + (hi - lo + 1) / 2;
+      if (candidate_blocks(classes, cand.choices, mid, spec_tokens) <= num_blocks) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    cand.longest_fit = lo;
+  }
   return cand;
 }
 
+// A kernel page rule both rules accept pages of, or nullopt when they share none.
+std::optional<attn::KernelPageRule> common_rule(const attn::KernelPageRule& a,
+                                                const attn::KernelPageRule& b) {
+  if (a == b) return a;
+  if (a.multiple_of > 0 && b.multiple_of > 0) {
+    return attn::KernelPageRule{{}, std::lcm(a.multiple_of, b.multiple_of), a.serving_kernel};
+  }
+  const attn::KernelPageRule& listed = a.multiple_of > 0 ? b : a;
+  const attn::KernelPageRule& other = a.multiple_of > 0 ? a : b;
+  attn::KernelPageRule out{{}, 0, listed.serving_kernel};
+  for (std::int64_t size : listed.sizes) {
+    if (other.accepts(size)) out.sizes.push_back(size);
+  }
+  if (out.sizes.empty()) return std::nullopt;
+  return out;
+}
+
+// The splits worth trying (see LayerClass::Split), ascending in layers per group.
+void add_splits(LayerClass& c) {
+  const auto n = static_cast<std::int64_t>(c.layers.size());
+  std::int64_t last = 0;
+  for (std::int64_t groups = n; groups >= 1; --groups) {
+    const std::int64_t per_group = ceil_div(n, groups);
+    if (per_group == last) continue;
+    last = per_group;
+    const std::int64_t g = ceil_div(n, per_group);  // the fewest groups of per_group layers
+    std::vector<std::int64_t> sums(static_cast<std::size_t>(g), 0);
+    for (std::int64_t i = 0; i < n; ++i)
+      sums[static_cast<std::size_t>(i % g)] +=
+          c.layers[static_cast<std::size_t>(i)]->bytes_per_token;
+    c.splits.push_back({per_group, g, *std::max_element(sums.begin(), sums.end())});
+  }
+}
+
+// Two ways to classify the layers: by everything that sets their blocks (same bytes per token:
+// mixkv's own groups), and merged across bytes per token where the kernels allow one page size
+// (vLLM's uniform-type group, so vLLM's layout is one of mixkv's candidates).
 std::vector<LayerClass> classify(const model::ModelDesc& desc, const PlanOptions& options,
-                                 const std::vector<LayerSpec>& specs) {
+                                 const std::vector<LayerSpec>& specs, bool merge_sizes) {
   const attn::ModelTraits traits = attn::model_traits(desc);
   std::vector<LayerClass> classes;
   for (std::size_t i = 0; i < specs.size(); ++i) {
@@ -131,78 +206,106 @@ std::vector<LayerClass> classify(const model::ModelDesc& desc, const PlanOptions
     attn::KernelPageRule rule;
     if (s.behaviour != Behaviour::kRecurrent)
       rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
+    std::optional<attn::KernelPageRule> joined;
     auto same = [&](const LayerClass& c) {
       const LayerSpec& f = *c.layers[0];
-      return c.behaviour == s.behaviour && c.bytes_per_token == s.bytes_per_token &&
-             c.state_bytes == s.state_bytes && f.window == s.window && f.chunk == s.chunk &&
-             c.rule == rule;
+      if (c.behaviour != s.behaviour || c.state_bytes != s.state_bytes || f.window != s.window ||
+          f.chunk != s.chunk) {
+        return false;
+      }
+      if (!c.attention()) return true;
+      if (!merge_sizes) return f.bytes_per_token == s.bytes_per_token && c.rule == rule;
+      joined = common_rule(c.rule, rule);
+      return joined.has_value();
     };
     auto it = std::find_if(classes.begin(), classes.end(), same);
     if (it == classes.end()) {
-      classes.push_back(LayerClass{s.behaviour, s.bytes_per_token, s.state_bytes, rule, {}});
+      classes.push_back(LayerClass{s.behaviour, s.state_bytes, rule, {}, {}});
       it = std::prev(classes.end());
+    } else if (joined) {
+      it->rule = *joined;
     }
     it->layers.push_back(&s);
+  }
+  for (auto& c : classes) {
+    if (c.attention()) add_splits(c);
   }
   return classes;
 }
 
 // Block sizes worth trying: B made of whole recurrent states, then nudged so that some attention
 // group's block is an exact multiple of its kernel grain; for attention-only models, B made of
-// whole grain-sized attention blocks.
-std::set<std::int64_t> candidate_units(const std::vector<LayerClass>& classes, const PlanOptions& o,
-                                       std::int64_t vllm_hint) {
-  std::set<std::int64_t> out;
+// whole grain-sized attention blocks. Only the fewest states (layers) per group for each number
+// of groups are tried: more of them per block give the same groups in a larger B.
+void add_candidate_units(const std::vector<LayerClass>& classes, const PlanOptions& o,
+                         std::set<std::int64_t>& out) {
   std::int64_t largest_state = 0;
   for (const auto& c : classes) largest_state = std::max(largest_state, c.state_bytes);
   auto add = [&](std::int64_t unit) {
     if (unit >= largest_state && unit > 0 && unit <= o.memory_bytes / 2) out.insert(unit);
   };
-  if (vllm_hint > 0) add(vllm_hint);
   auto grain = [&](const LayerClass& c) { return o.block_size.value_or(c.rule.grain()); };
   constexpr std::int64_t kAlign = 4096;
   constexpr std::int64_t kMaxGrainsPerBlock = 64;
   if (largest_state > 0) {
     for (const auto& r : classes) {
       if (r.attention()) continue;
-      for (std::int64_t states = 1; states <= static_cast<std::int64_t>(r.layers.size());
-           ++states) {
+      const auto n = static_cast<std::int64_t>(r.layers.size());
+      std::int64_t last = 0;
+      for (std::int64_t groups = n; groups >= 1; --groups) {
+        const std::int64_t states = ceil_div(n, groups);
+        if (states == last) continue;
+        last = states;
         const std::int64_t base = states * r.state_bytes;
         add(base);
         add(ceil_div(base, kAlign) * kAlign);
         for (const auto& a : classes) {
           if (!a.attention()) continue;
-          for (std::int64_t k = 1; k <= static_cast<std::int64_t>(a.layers.size()); ++k) {
-            const std::int64_t quantum = k * a.bytes_per_token * grain(a);
+          for (const auto& s : a.splits) {
+            const std::int64_t quantum =
+                checked_mul(s.bytes_per_token, grain(a), "bytes of one attention block");
             add(ceil_div(base, quantum) * quantum);
           }
         }
       }
     }
-    return out;
+    return;
   }
   for (const auto& a : classes) {
-    for (std::int64_t k = 1; k <= static_cast<std::int64_t>(a.layers.size()); ++k) {
+    for (const auto& s : a.splits) {
       for (std::int64_t grains = 1; grains <= kMaxGrainsPerBlock; ++grains) {
-        add(k * a.bytes_per_token * grain(a) * grains);
+        add(checked_product({s.bytes_per_token, grain(a), grains}, "bytes of one attention block"));
       }
     }
   }
-  return out;
 }
 
 }  // namespace
 
 Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
                     const std::vector<LayerSpec>& specs, std::int64_t vllm_unit_hint) {
-  const std::vector<LayerClass> classes = classify(desc, options, specs);
+  std::vector<std::vector<LayerClass>> classifications;
+  classifications.push_back(classify(desc, options, specs, false));
+  {
+    std::vector<LayerClass> merged = classify(desc, options, specs, true);
+    if (merged.size() != classifications[0].size()) classifications.push_back(std::move(merged));
+  }
+  std::set<std::int64_t> units;
+  if (vllm_unit_hint > 0 && vllm_unit_hint <= options.memory_bytes / 2)
+    units.insert(vllm_unit_hint);
+  for (const auto& classes : classifications) add_candidate_units(classes, options, units);
+
   std::vector<Candidate> candidates;
   double hint_score = 0;
-  for (std::int64_t unit : candidate_units(classes, options, vllm_unit_hint)) {
-    auto cand = evaluate(classes, unit, options, desc.num_spec_tokens);
-    if (!cand) continue;
-    if (unit == vllm_unit_hint && cand->fits_max_len) hint_score = cand->score;
-    candidates.push_back(std::move(*cand));
+  for (std::size_t ci = 0; ci < classifications.size(); ++ci) {
+    for (std::int64_t unit : units) {
+      auto cand = evaluate(classifications[ci], unit, options, desc.num_spec_tokens);
+      if (!cand) continue;
+      cand->classification = ci;
+      if (unit == vllm_unit_hint && cand->fits_max_len)
+        hint_score = std::max(hint_score, cand->score);
+      candidates.push_back(std::move(*cand));
+    }
   }
   if (candidates.empty()) {
     throw_invalid(fmt::format(
@@ -221,8 +324,10 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
   const bool any_fits = std::any_of(candidates.begin(), candidates.end(),
                                     [](const Candidate& c) { return c.fits_max_len; });
   double best_score = 0;
+  std::int64_t longest_fit = 0;
   for (const auto& c : candidates) {
     if (c.fits_max_len == any_fits) best_score = std::max(best_score, c.score);
+    longest_fit = std::max(longest_fit, c.longest_fit);
   }
   const double threshold = std::max({best_score * (1 - kScoreTolerance), hint_score,
                                      std::min(best_score, kPhysicalFloor * physical_limit)});
@@ -236,6 +341,9 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
   Layout layout;
   layout.tensor_pages = {best->unit};
   layout.unit_bytes = best->unit;
+  // Any candidate that holds a longer request plans it when asked with that max_model_len.
+  layout.longest_fit = longest_fit;
+  const std::vector<LayerClass>& classes = classifications[best->classification];
   for (std::size_t ci = 0; ci < classes.size(); ++ci) {
     const LayerClass& c = classes[ci];
     const ClassChoice& choice = best->choices[ci];
@@ -246,15 +354,16 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
       g.kernel_block_size = choice.block.kernel;
       // Kernel pages of every layer interleave in r sub-rows of B / r bytes.
       const std::int64_t sub_rows = c.attention() ? choice.block.block / choice.block.kernel : 1;
-      std::int64_t j = 0;
-      for (std::size_t li = gi; li < c.layers.size();
-           li += choice.groups, ++j) {  // strided, as vLLM
+      std::int64_t offset = 0;
+      for (std::size_t li = static_cast<std::size_t>(gi); li < c.layers.size();
+           li += static_cast<std::size_t>(choice.groups)) {  // strided, as vLLM
         PlannedLayer p;
         p.spec = c.layers[li];
         p.real_page = p.padded_page =
-            c.attention() ? choice.block.block * c.bytes_per_token : c.state_bytes;
+            c.attention() ? choice.block.block * p.spec->bytes_per_token : c.state_bytes;
         p.tensor = 0;
-        p.offset = c.attention() ? j * choice.block.kernel * c.bytes_per_token : j * c.state_bytes;
+        p.offset = offset;
+        offset += c.attention() ? choice.block.kernel * p.spec->bytes_per_token : c.state_bytes;
         p.kernel_stride = best->unit / sub_rows;
         g.layers.push_back(p);
       }

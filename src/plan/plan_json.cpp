@@ -64,6 +64,7 @@ json to_json(const CachePlan& plan) {
           {"request_len", plan.request_len},
           {"max_model_len", plan.max_model_len},
           {"num_spec_tokens", plan.num_spec_tokens},
+          {"max_num_batched_tokens", plan.max_num_batched_tokens},
           {"block_unit_bytes", plan.block_unit_bytes},
           {"pools", std::move(pools)},
           {"kv_cache_groups", std::move(groups)},

@@ -71,5 +71,57 @@ TEST(PlanCommand, BadInputsExitTwoWithAClearMessage) {
   }
 }
 
+// The reproducers of issue 12 §5, in the words a user types: each a clear error, exit 2.
+TEST(PlanCommand, HostileOptionsExitTwoNamingTheOption) {
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> needles;
+  };
+  for (const auto& c : std::vector<Case>{
+           {{"qwen3-8b", "--memory", "1GiB", "--max-model-len", "4611686018427387904"},
+            {"--max-model-len", "4611686018427387904"}},
+           {{"qwen3-8b", "--memory", "1GiB", "--request-len", "9223372036854775807"},
+            {"--request-len"}},
+           {{"qwen3-8b", "--memory", "1GiB", "--block-size", "4611686018427387904"},
+            {"--block-size"}},
+           {{"qwen3-8b", "--memory", "40GiB", "--request-len", "2147483647"},
+            {"--request-len 2147483647", "above the max model length 40960"}},
+           {{"qwen3-8b", "--memory", "40GiB", "--max-model-len", "0"}, {"--max-model-len 0"}},
+           {{"qwen3-8b", "--memory", "40GiB", "--max-model-len", "1024", "--request-len", "2500"},
+            {"--request-len 2500", "--max-model-len"}},
+           {{"qwen3-8b", "--memory", "40GiB", "--policy", "vllm", "--max-num-batched-tokens", "0"},
+            {"--max-num-batched-tokens"}},
+           {{"qwen3-8b", "--memory", "9EiB"}, {"below 8 EiB"}}}) {
+    testing::CliResult r = run_plan(c.args);
+    EXPECT_EQ(r.status, 2) << c.args.back() << r.err;
+    EXPECT_TRUE(r.out.empty());
+    for (const auto& needle : c.needles) {
+      EXPECT_NE(r.err.find(needle), std::string::npos) << needle << " in " << r.err;
+    }
+    EXPECT_EQ(r.err.find("not understood"), std::string::npos) << r.err;
+  }
+}
+
+TEST(PlanCommand, ExbibytesAreUnderstood) {
+  testing::CliResult r = run_plan({"qwen3-8b", "--memory", "1EiB", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["memory_bytes"], std::int64_t{1} << 60);
+}
+
+TEST(PlanCommand, MaxNumBatchedTokensReachesTheVllmConcurrency) {
+  testing::CliResult a =
+      run_plan({"gemma-2-9b", "--memory", "40GiB", "--policy", "vllm", "--json"});
+  testing::CliResult b = run_plan({"gemma-2-9b", "--memory", "40GiB", "--policy", "vllm",
+                                   "--max-num-batched-tokens", "2048", "--json"});
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["max_num_batched_tokens"], 8192);
+  EXPECT_EQ(jb["max_num_batched_tokens"], 2048);
+  // 15,603 blocks over 512 + 513 and 512 + 385 blocks per 8,192-token request.
+  EXPECT_NEAR(ja["concurrency"]["at_max_model_len"].get<double>(), 15603.0 / 1025, 1e-9);
+  EXPECT_NEAR(jb["concurrency"]["at_max_model_len"].get<double>(), 15603.0 / 897, 1e-9);
+}
+
 }  // namespace
 }  // namespace mixkv::cli

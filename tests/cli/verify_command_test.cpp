@@ -9,6 +9,10 @@
 #include <sstream>
 
 #include "cli_test_support.hpp"
+#include "mixkv/attention_groups.hpp"
+#include "mixkv/error.hpp"
+#include "mixkv/verify.hpp"
+#include "test_support.hpp"
 
 namespace mixkv::cli {
 namespace {
@@ -83,6 +87,100 @@ TEST(VerifyCommand, BadInputExitsTwo) {
   EXPECT_EQ(run_verify({"qwen3-8b", "--memory-scale", "1KiB"}).status, 2);
   EXPECT_EQ(run_verify({"qwen3-8b", "--requests", "0"}).status, 2);
   EXPECT_EQ(run_verify({"no-such-model"}).status, 2);
+}
+
+// Plain `mixkv verify` picks a scale that holds its requests: the pairs issue 12 §3 found failing.
+TEST(VerifyCommand, PlainVerifyPassesWhereTheOldDefaultScaleFailed) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"qwen3.5-27b", "--draft", "mha-draft-qwen3.5-27b", "--tp", "4"},
+           {"qwen3-next-80b-a3b", "--num-spec-tokens", "2"},
+           {"qwen3-8b", "--draft", "dflash-qwen3-8b-b16"},
+           {"gemma-2-9b", "--backend", "flash-attn"}}) {
+    testing::CliResult r = run_verify(args);
+    EXPECT_EQ(r.status, 0) << args[0] << ": " << r.err << r.out;
+    EXPECT_NE(r.out.find("all verified groups pass"), std::string::npos) << r.out;
+  }
+}
+
+TEST(VerifyCommand, ScaleTooSmallNamesTheSmallestThatWorks) {
+  testing::CliResult r = run_verify({"qwen3-8b", "--memory-scale", "1KiB"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("the smallest scale that holds verify's requests is --memory-scale "),
+            std::string::npos)
+      << r.err;
+  // Options that no scale can fix say what is wrong, not "a larger scale".
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"qwen3-8b", "--request-len", "0"},
+           {"qwen3-8b", "--block-size", "7"},
+           {"qwen3-8b", "--memory-scale", "64MiB", "--block-size", "7"}}) {
+    testing::CliResult bad = run_verify(args);
+    EXPECT_EQ(bad.status, 2) << bad.err;
+    EXPECT_EQ(bad.err.find("scale"), std::string::npos) << bad.err;
+    EXPECT_NE(bad.err.find(args[args.size() - 2]), std::string::npos) << bad.err;
+  }
+}
+
+TEST(VerifyCommand, NoFreeBlockMentionsTheMemoryScale) {
+  // vLLM's block unit for Qwen3 8B is 36 x 16 x 4,096 B = 2,359,296 B: 3 MiB is one block, which
+  // plans a 16-token request but leaves nothing beside the null block for verify's requests.
+  testing::CliResult r = run_verify(
+      {"qwen3-8b", "--policy", "vllm", "--memory-scale", "3MiB", "--max-model-len", "16"});
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.err.find("no free block"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the smallest scale that holds them is --memory-scale "), std::string::npos)
+      << r.err;
+}
+
+TEST(VerifyCommand, FaultGroupThePlanDoesNotHaveIsAnError) {
+  testing::CliResult r = run_verify({"qwen3-8b", "--plant-fault", "stride", "--fault-group", "99"});
+  EXPECT_EQ(r.status, 2) << r.out;
+  EXPECT_NE(r.err.find("--fault-group 99"), std::string::npos) << r.err;
+  testing::CliResult alone = run_verify({"qwen3-8b", "--fault-group", "0"});
+  EXPECT_EQ(alone.status, 2) << alone.out;
+  EXPECT_NE(alone.err.find("--plant-fault"), std::string::npos) << alone.err;
+  testing::CliResult len = run_verify({"qwen3-8b", "--max-model-len", "0"});
+  EXPECT_EQ(len.status, 2) << len.out;
+  EXPECT_NE(len.err.find("--max-model-len 0"), std::string::npos) << len.err;
+}
+
+// Plain verify (no --memory-scale, no TP or length options) on every built-in target, alone and
+// with each of its drafters, on every backend that serves the pair: verify finds a scale for
+// itself and every verified group passes. Kept fast for CI with short requests and one layer per
+// group (the scale is still the one verify picks for them); PlainVerifyPassesWhere... runs the
+// whole default batch. Named *VerifySweep* so `make test-sanitize` leaves it to `make test`.
+TEST(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
+  int runs = 0;
+  for (const auto& pair : mixkv::testing::builtin_pairs()) {
+    const model::ModelDesc desc = mixkv::testing::describe_pair(pair);
+    for (attn::Backend backend : attn::all_backends()) {
+      const std::string label = pair.label() + " on " + std::string(attn::to_string(backend));
+      // A backend accepts the pair when it plans it and builds its attention groups.
+      plan::PlanOptions p;
+      p.backend = backend;
+      p.memory_bytes = std::int64_t{64} << 30;
+      p.max_model_len = 2048;
+      try {
+        attn::build_attention_groups(desc, plan::make_plan(desc, p));
+      } catch (const Error&) {
+        continue;
+      }
+      kernels::VerifyOptions o;
+      o.plan.backend = backend;
+      o.longest_request = 64;
+      o.max_layers_per_group = 1;
+      try {
+        const kernels::VerifyReport r = kernels::verify(desc, o);
+        ++runs;
+        for (const kernels::GroupResult& g : r.groups) {
+          EXPECT_NE(g.status, kernels::GroupStatus::kMismatch)
+              << label << ": group " << g.attention_group << " " << g.reason;
+        }
+      } catch (const Error& e) {
+        ADD_FAILURE() << label << ": " << e.what();
+      }
+    }
+  }
+  EXPECT_GT(runs, 60);
 }
 
 }  // namespace

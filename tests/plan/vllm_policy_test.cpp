@@ -155,5 +155,65 @@ TEST(VllmPolicy, PagesThatDoNotDivideNameBothLayers) {
                                {"layer a", "layer b", "does not divide"});
 }
 
+// vLLM's "maximum concurrency for N tokens per request" (vllm-reference.md §1.3, §1.5, §1.6, §2.8)
+// charges a sliding layer cdiv(min(window - 1 + max_num_batched_tokens, L), bs) + 1 blocks and a
+// chunked layer cdiv(min(chunk + max_num_batched_tokens, L), bs), whatever the request's own
+// span. Figures below are computed by hand from those formulas.
+TEST(VllmPolicy, ConcurrencyAtMaxModelLenChargesSlidingLayersAsVllmDoes) {
+  // Gemma 2 9B: 21 sliding (4,096) + 21 full layers, 8 KV heads x 256 x 2 (K, V) x 2 B = 8,192
+  // B per token; 16-token blocks: page 131,072 B, groups of 21, block unit 21 x 131,072 =
+  // 2,752,512 B; 40 GiB / 2,752,512 = 15,603 blocks. At L = 8,192: full cdiv(8192, 16) = 512;
+  // sliding min(4095 + 8192, 8192) = 8192 -> 512 + 1 = 513.
+  const auto desc = testing::describe_builtin("gemma-2-9b");
+  PlanOptions o = vllm_options();
+  const CachePlan plan = make_plan(desc, o);
+  ASSERT_EQ(plan.pools[0].num_blocks, 15'603);
+  EXPECT_EQ(plan.max_model_len, 8192);
+  EXPECT_NEAR(plan.concurrency.at_max_model_len, 15603.0 / (512 + 513), 1e-9);
+  // --max-num-batched-tokens 2048: sliding min(4095 + 2048, 8192) = 6143 -> 384 + 1 = 385.
+  o.max_num_batched_tokens = 2048;
+  const CachePlan small_batch = make_plan(desc, o);
+  EXPECT_EQ(small_batch.max_num_batched_tokens, 2048);
+  EXPECT_NEAR(small_batch.concurrency.at_max_model_len, 15603.0 / (512 + 385), 1e-9);
+  // mixkv keeps its exact figure: a window of 4,096 tokens needs 257 blocks of 16, not 385.
+  o.policy = Policy::kMixkv;
+  const CachePlan mixkv = make_plan(desc, o);
+  EXPECT_GT(mixkv.concurrency.at_max_model_len, small_batch.concurrency.at_max_model_len);
+}
+
+TEST(VllmPolicy, ConcurrencyAtMaxModelLenChargesChunkedLayersAsVllmDoes) {
+  // Three chunked (8,192) layers and one full layer, 2 KV heads x 64 x 2 x 2 B = 512 B per token:
+  // 16-token pages of 8,192 B; buckets of 3 and 1 are not within 1.5x, so groups of one layer
+  // and a block unit of 8,192 B: 1 GiB / 8,192 = 131,072 blocks. At L = 32,768: full
+  // cdiv(32768, 16) = 2,048; each chunked cdiv(min(8192 + 8192, 32768), 16) = 1,024.
+  const char* text = R"({"model": "chunky", "facts": {"max_position_embeddings": 32768}, "layers": [
+      {"name": "c0", "owner": "target", "index": 0, "kind": "chunked", "chunk": 8192, "num_q_heads": 8, "num_kv_heads": 2, "head_size": 64},
+      {"name": "c1", "owner": "target", "index": 1, "kind": "chunked", "chunk": 8192, "num_q_heads": 8, "num_kv_heads": 2, "head_size": 64},
+      {"name": "c2", "owner": "target", "index": 2, "kind": "chunked", "chunk": 8192, "num_q_heads": 8, "num_kv_heads": 2, "head_size": 64},
+      {"name": "f3", "owner": "target", "index": 3, "kind": "full", "num_q_heads": 8, "num_kv_heads": 2, "head_size": 64}]})";
+  const auto desc =
+      model::describe(model::parse_model_source("chunky", "chunky.json", text), std::nullopt, {});
+  PlanOptions o = vllm_options(kGiB);
+  const CachePlan plan = make_plan(desc, o);
+  ASSERT_EQ(plan.pools[0].num_blocks, 131'072);
+  ASSERT_EQ(plan.groups.size(), 4u);
+  EXPECT_NEAR(plan.concurrency.at_max_model_len, 131072.0 / (2048 + 3 * 1024), 1e-9);
+  // --max-num-batched-tokens 4096: cdiv(min(8192 + 4096, 32768), 16) = 768 per chunked layer.
+  o.max_num_batched_tokens = 4096;
+  EXPECT_NEAR(make_plan(desc, o).concurrency.at_max_model_len, 131072.0 / (2048 + 3 * 768), 1e-9);
+}
+
+TEST(VllmPolicy, LongestRequestThatFitsIsVllmsEstimate) {
+  // The same Gemma 2 plan in 1 GiB: 390 blocks of 2,752,512 B. vLLM's estimate is the largest L
+  // with cdiv(L, 16) + cdiv(min(4095 + 8192, L), 16) + 1 <= 390: L = 3,104 (194 + 194 + 1 = 389;
+  // 3,105 needs 195 + 195 + 1 = 391).
+  const auto desc = testing::describe_builtin("gemma-2-9b");
+  PlanOptions o = vllm_options(kGiB);
+  mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput,
+                               {"longest request that fits is 3104 tokens"});
+  o.max_model_len = 3104;
+  EXPECT_EQ(make_plan(desc, o).max_model_len_that_fits, 3104);
+}
+
 }  // namespace
 }  // namespace mixkv::plan
