@@ -80,7 +80,8 @@ enum class PlantedFault {
 
 struct VerifyOptions {
   // memory_bytes is the scaled-down budget; 0 (the default) takes the smallest scale, to 1 MiB
-  // and at most 2 GiB, whose plan holds `requests` requests of `longest_request` tokens.
+  // and at most 512 MiB, whose plan holds `requests` requests of `longest_request` tokens
+  // (shorter ones where 512 MiB does not hold those).
   // max_model_len 0 is min(2048, the model's own).
   plan::PlanOptions plan;
   int requests = 4;

@@ -61,7 +61,7 @@ Action add_verify_command(CLI::App& app) {
   cmd->add_option("--policy", args->policy, "Planning policy: mixkv|vllm")->capture_default_str();
   cmd->add_option("--memory-scale", args->memory_scale,
                   "KV memory of the scaled-down plan (default: the smallest, to 1 MiB, that holds "
-                  "the requests, at most 2 GiB)");
+                  "the requests, at most 512 MiB)");
   cmd->add_option("--requests", args->requests, "Requests in the batch (1-64)")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();

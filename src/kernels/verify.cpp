@@ -143,19 +143,22 @@ constexpr std::int64_t kDefaultMaxModelLen = 2048;
 // more are checked on their first and last layer and an even sample between.
 constexpr double kReferenceBudget = 4e8;
 
-// Memory scales verify picks by itself: from 1 MiB up, at most 2 GiB (the cache is allocated and
-// poisoned for real; more would make verify slow, and no built-in pair needs it).
+// Memory scales verify picks by itself: from 1 MiB up, at most 512 MiB (the cache is allocated and
+// poisoned for real, twice with recurrent groups; more would make verify slow). Where requests
+// of the full length would need more, verify's requests are planned shorter instead.
 constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 constexpr std::int64_t kMinAutoScale = kMiB;
-constexpr std::int64_t kMaxAutoScale = std::int64_t{2} << 30;
+constexpr std::int64_t kMaxAutoScale = std::int64_t{512} << 20;
 
 std::string scale_text(std::int64_t bytes) {
   return bytes % kMiB == 0 ? fmt::format("{}MiB", bytes / kMiB) : fmt::format("{}B", bytes);
 }
 
-// Whether the plan's pools hold `requests` requests of `len` tokens beside the null block: their
-// attention blocks (no block freed by a window), and then, in the pools afresh, a live state and
-// its checkpoints per request in every recurrent group.
+// Whether the plan's pools hold `requests` requests of `len` tokens beside the null block in
+// their attention blocks (no block freed by a window), and then, in the pools afresh, one
+// request's live state and checkpoints in every recurrent group: the recurrent check deals
+// requests round-robin over its groups and checks those that got states, and a large hybrid's
+// states for every request would take more memory than verify takes by itself.
 bool holds_requests(const plan::CachePlan& plan, int requests, std::int64_t len, int spec_tokens) {
   std::map<int, std::int64_t> attention, recurrent;
   for (const plan::KvCacheGroup& g : plan.groups) {
@@ -166,7 +169,7 @@ bool holds_requests(const plan::CachePlan& plan, int requests, std::int64_t len,
     }
   }
   for (const plan::Pool& p : plan.pools) {
-    const std::int64_t need = std::max(attention[p.id], recurrent[p.id]) * requests;
+    const std::int64_t need = std::max(attention[p.id] * requests, recurrent[p.id]);
     if (need > p.num_blocks - 1) return false;
   }
   return true;
@@ -214,6 +217,28 @@ std::optional<plan::CachePlan> smallest_scale(const model::ModelDesc& desc,
   return found;
 }
 
+// The scale plain verify takes: the smallest (see smallest_scale) that holds `requests` requests
+// of min(len, longest_request) tokens at max_model_len `len`; where none up to kMaxAutoScale
+// does, requests half as long (verify then shortens its requests to fit, down to 16 tokens), and
+// then, unless the user fixed it, half the max_model_len.
+struct ScaledPlan {
+  plan::CachePlan plan;
+  std::int64_t longest_request = 0;  // tokens of verify's longest request in it
+};
+
+std::optional<ScaledPlan> auto_scale(const model::ModelDesc& desc, const plan::PlanOptions& options,
+                                     std::int64_t len, bool fixed_len, int requests,
+                                     std::int64_t longest_request) {
+  for (;; len /= 2) {
+    for (std::int64_t tokens = std::min(len, longest_request);; tokens /= 2) {
+      if (auto plan = smallest_scale(desc, options, len, requests, tokens))
+        return ScaledPlan{std::move(*plan), tokens};
+      if (tokens <= 16) break;
+    }
+    if (fixed_len || len <= 16) return std::nullopt;
+  }
+}
+
 // Why no scale works: the options themselves (the plan fails even with the most memory verify
 // would take: that error, as is), or the memory (verify's requests need more than that bound).
 [[noreturn]] void no_scale_works(const model::ModelDesc& desc, plan::PlanOptions options,
@@ -235,8 +260,8 @@ std::optional<plan::CachePlan> smallest_scale(const model::ModelDesc& desc,
 // takes the smallest scale that holds its requests. With one, a max_model_len the user did not fix
 // is halved until the plan fits (down to 16 tokens); when nothing fits, the error names the
 // smallest scale that works, unless the options themselves are at fault.
-plan::CachePlan scaled_plan(const model::ModelDesc& desc, plan::PlanOptions options, int requests,
-                            std::int64_t longest_request) {
+ScaledPlan scaled_plan(const model::ModelDesc& desc, plan::PlanOptions options, int requests,
+                       std::int64_t longest_request) {
   if (options.memory_bytes < 0) {
     throw_invalid(fmt::format("--memory-scale {} B is not positive", options.memory_bytes));
   }
@@ -246,27 +271,27 @@ plan::CachePlan scaled_plan(const model::ModelDesc& desc, plan::PlanOptions opti
                 : std::min(kDefaultMaxModelLen,
                            desc.facts.max_position_embeddings.value_or(kDefaultMaxModelLen));
   if (options.memory_bytes == 0) {
-    if (auto plan = smallest_scale(desc, options, default_len, requests, longest_request))
-      return *plan;
+    if (auto plan = auto_scale(desc, options, default_len, fixed_len, requests, longest_request))
+      return std::move(*plan);
     no_scale_works(desc, options, default_len);
   }
   std::int64_t len = default_len;
   for (;;) {
     options.max_model_len = len;
     try {
-      return plan::make_plan(desc, options);
+      return ScaledPlan{plan::make_plan(desc, options), longest_request};
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kInvalidInput) throw;
       if (!fixed_len && len > 16) {
         len /= 2;
         continue;
       }
-      auto smallest = smallest_scale(desc, options, default_len, requests, longest_request);
+      auto smallest = auto_scale(desc, options, default_len, fixed_len, requests, longest_request);
       if (!smallest) no_scale_works(desc, options, default_len);
       throw_invalid(fmt::format(
-          "{} (verify plans with --memory-scale {}: too small; the smallest scale that holds "
-          "verify's requests is --memory-scale {})",
-          e.what(), scale_text(options.memory_bytes), scale_text(smallest->memory_bytes)));
+          "{} (verify plans with --memory-scale {}: too small; the smallest scale that works is "
+          "--memory-scale {}, what verify takes without the option)",
+          e.what(), scale_text(options.memory_bytes), scale_text(smallest->plan.memory_bytes)));
     }
   }
 }
@@ -361,7 +386,8 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     throw_invalid(fmt::format("longest request {} is not positive", options.longest_request));
   }
   VerifyReport report;
-  report.plan = scaled_plan(desc, options.plan, options.requests, options.longest_request);
+  ScaledPlan scaled = scaled_plan(desc, options.plan, options.requests, options.longest_request);
+  report.plan = std::move(scaled.plan);
   const plan::CachePlan& plan = report.plan;
   const std::vector<attn::AttentionGroup> groups = attn::build_attention_groups(desc, plan);
   const layout::Geometry geometry = layout::make_geometry(desc, plan, groups);
@@ -445,7 +471,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     throw_invalid(fmt::format("max layers per group {} is negative; use 0 for the default",
                               options.max_layers_per_group));
   }
-  const std::int64_t longest = std::min(plan.max_model_len, options.longest_request);
+  const std::int64_t longest = std::min(plan.max_model_len, scaled.longest_request);
   const std::int64_t draft_block = std::max(1, desc.num_spec_tokens + 1);
   std::uniform_int_distribution<std::int64_t> len_dist(std::max<std::int64_t>(1, longest / 8),
                                                        longest);
@@ -517,13 +543,13 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       for (auto [pool, n] : need) fits = fits && n <= static_cast<std::int64_t>(free[pool].size());
       if (fits) break;
       if (q.kv_len <= 1) {
-        auto smallest = smallest_scale(desc, options.plan, plan.max_model_len, options.requests,
-                                       options.longest_request);
+        auto smallest = auto_scale(desc, options.plan, plan.max_model_len, true, options.requests,
+                                   options.longest_request);
         throw_invalid(fmt::format(
             "the scaled plan (--memory-scale {}) has no free block for verify's requests; {}",
             scale_text(plan.memory_bytes),
-            smallest ? fmt::format("the smallest scale that holds them is --memory-scale {}",
-                                   scale_text(smallest->memory_bytes))
+            smallest ? fmt::format("the smallest scale that works is --memory-scale {}",
+                                   scale_text(smallest->plan.memory_bytes))
                      : std::string("give a larger --memory-scale or fewer --requests")));
       }
       q.kv_len = std::max<std::int64_t>(1, q.kv_len / 2);

@@ -105,8 +105,7 @@ TEST(VerifyCommand, PlainVerifyPassesWhereTheOldDefaultScaleFailed) {
 TEST(VerifyCommand, ScaleTooSmallNamesTheSmallestThatWorks) {
   testing::CliResult r = run_verify({"qwen3-8b", "--memory-scale", "1KiB"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_NE(r.err.find("the smallest scale that holds verify's requests is --memory-scale "),
-            std::string::npos)
+  EXPECT_NE(r.err.find("the smallest scale that works is --memory-scale "), std::string::npos)
       << r.err;
   // Options that no scale can fix say what is wrong, not "a larger scale".
   for (const auto& args : std::vector<std::vector<std::string>>{
@@ -127,7 +126,7 @@ TEST(VerifyCommand, NoFreeBlockMentionsTheMemoryScale) {
       {"qwen3-8b", "--policy", "vllm", "--memory-scale", "3MiB", "--max-model-len", "16"});
   EXPECT_EQ(r.status, 2) << r.out;
   EXPECT_NE(r.err.find("no free block"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("the smallest scale that holds them is --memory-scale "), std::string::npos)
+  EXPECT_NE(r.err.find("the smallest scale that works is --memory-scale "), std::string::npos)
       << r.err;
 }
 
