@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 
 #include "layout.hpp"
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::plan {
 namespace {
@@ -23,7 +23,7 @@ namespace {
 struct LayerClass {
   Behaviour behaviour = Behaviour::kAllTokens;
   std::int64_t state_bytes = 0;  // recurrent classes
-  attn::KernelPageRule rule;     // attention classes: accepted by every layer's own rule
+  backend::KernelPageRule rule;     // attention classes: accepted by every layer's own rule
   std::vector<const LayerSpec*> layers;
   // Attention: the ways to split the class into strided groups worth trying. For each number of
   // groups g the class splits into, only the fewest layers per group matter (more layers per
@@ -54,12 +54,12 @@ struct ClassChoice {
 // can split into uniformly strided kernel pages: kernel page k of a layer sits at k * (B / r)
 // with r kernel pages per block, so B must be a multiple of r.
 std::optional<BlockChoice> best_block(std::int64_t unit, std::int64_t bytes_per_block_token,
-                                      const attn::KernelPageRule& rule,
+                                      const backend::KernelPageRule& rule,
                                       std::optional<std::int64_t> user_block) {
   const std::int64_t max_tokens = unit / bytes_per_block_token;
   if (user_block) {
     if (*user_block > max_tokens) return std::nullopt;
-    auto kernel = attn::select_kernel_page(rule, *user_block);
+    auto kernel = backend::select_kernel_page(rule, *user_block);
     if (!kernel || unit % (*user_block / *kernel) != 0) return std::nullopt;
     return BlockChoice{*user_block, *kernel};
   }
@@ -161,15 +161,15 @@ std::optional<Candidate> evaluate(const std::vector<LayerClass>& classes, std::i
 }
 
 // A kernel page rule both rules accept pages of, or nullopt when they share none.
-std::optional<attn::KernelPageRule> common_rule(const attn::KernelPageRule& a,
-                                                const attn::KernelPageRule& b) {
+std::optional<backend::KernelPageRule> common_rule(const backend::KernelPageRule& a,
+                                                const backend::KernelPageRule& b) {
   if (a == b) return a;
   if (a.multiple_of > 0 && b.multiple_of > 0) {
-    return attn::KernelPageRule{{}, std::lcm(a.multiple_of, b.multiple_of), a.serving_kernel};
+    return backend::KernelPageRule{{}, std::lcm(a.multiple_of, b.multiple_of), a.serving_kernel};
   }
-  const attn::KernelPageRule& listed = a.multiple_of > 0 ? b : a;
-  const attn::KernelPageRule& other = a.multiple_of > 0 ? a : b;
-  attn::KernelPageRule out{{}, 0, listed.serving_kernel};
+  const backend::KernelPageRule& listed = a.multiple_of > 0 ? b : a;
+  const backend::KernelPageRule& other = a.multiple_of > 0 ? a : b;
+  backend::KernelPageRule out{{}, 0, listed.serving_kernel};
   for (std::int64_t size : listed.sizes) {
     if (other.accepts(size)) out.sizes.push_back(size);
   }
@@ -199,14 +199,14 @@ void add_splits(LayerClass& c) {
 // (vLLM's uniform-type group, so vLLM's layout is one of mixkv's candidates).
 std::vector<LayerClass> classify(const model::ModelDesc& desc, const PlanOptions& options,
                                  const std::vector<LayerSpec>& specs, bool merge_sizes) {
-  const attn::ModelTraits traits = attn::model_traits(desc);
+  const backend::ModelTraits traits = backend::model_traits(desc);
   std::vector<LayerClass> classes;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const LayerSpec& s = specs[i];
-    attn::KernelPageRule rule;
+    backend::KernelPageRule rule;
     if (s.behaviour != Behaviour::kRecurrent)
-      rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
-    std::optional<attn::KernelPageRule> joined;
+      rule = backend::kernel_page_rule(options.backend, desc.layers[i], traits);
+    std::optional<backend::KernelPageRule> joined;
     auto same = [&](const LayerClass& c) {
       const LayerSpec& f = *c.layers[0];
       if (c.behaviour != s.behaviour || c.state_bytes != s.state_bytes || f.window != s.window ||
@@ -311,7 +311,7 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
     throw_invalid(fmt::format(
         "--policy mixkv: no block size fits {} B of memory for this model with the {} backend; "
         "give more memory (every group needs at least one block per request)",
-        options.memory_bytes, attn::to_string(options.backend)));
+        options.memory_bytes, backend::to_string(options.backend)));
   }
   // Plans that hold a max_model_len request first; then the most requests. Within kScoreTolerance
   // of the best, prefer fewer blocks per request: the block tables the manager and kernels walk

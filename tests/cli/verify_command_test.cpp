@@ -9,9 +9,9 @@
 #include <sstream>
 
 #include "cli_test_support.hpp"
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/verify.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/verify.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::cli {
@@ -151,8 +151,8 @@ TEST(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
   int runs = 0;
   for (const auto& pair : mixkv::testing::builtin_pairs()) {
     const model::ModelDesc desc = mixkv::testing::describe_pair(pair);
-    for (attn::Backend backend : attn::all_backends()) {
-      const std::string label = pair.label() + " on " + std::string(attn::to_string(backend));
+    for (backend::Backend backend : backend::all_backends()) {
+      const std::string label = pair.label() + " on " + std::string(backend::to_string(backend));
       // A backend accepts the pair when it plans it and builds its attention groups.
       plan::PlanOptions p;
       p.backend = backend;

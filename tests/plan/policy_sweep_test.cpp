@@ -61,10 +61,10 @@ std::vector<testing::Pair> fixture_pairs(int* drafters) {
   return out;
 }
 
-class PolicySweep : public ::testing::TestWithParam<attn::Backend> {};
+class PolicySweep : public ::testing::TestWithParam<backend::Backend> {};
 
 TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
-  const attn::Backend backend = GetParam();
+  const backend::Backend backend = GetParam();
   std::vector<testing::Pair> pairs = testing::builtin_pairs();
   int drafters = 0;
   for (auto& p : fixture_pairs(&drafters)) pairs.push_back(std::move(p));
@@ -76,7 +76,7 @@ TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
         std::min(desc.facts.max_position_embeddings.value_or(kMaxSweptLen), kMaxSweptLen);
     for (std::int64_t len : {std::int64_t{256}, std::int64_t{2500}, std::int64_t{32768}, max_len}) {
       const std::string label =
-          fmt::format("{} on {} at {} tokens", pair.label(), attn::to_string(backend), len);
+          fmt::format("{} on {} at {} tokens", pair.label(), backend::to_string(backend), len);
       PlanOptions o;
       o.backend = backend;
       o.memory_bytes = kMemory;
@@ -119,10 +119,10 @@ TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PolicySweep,
-                         ::testing::Values(attn::Backend::kFlashinfer, attn::Backend::kFlashAttn,
-                                           attn::Backend::kCpu),
+                         ::testing::Values(backend::Backend::kFlashinfer,
+                                           backend::Backend::kFlashAttn, backend::Backend::kCpu),
                          [](const auto& info) {
-                           std::string name(attn::to_string(info.param));
+                           std::string name(backend::to_string(info.param));
                            std::erase(name, '-');
                            return name;
                          });
