@@ -11,6 +11,7 @@
 
 #include "mixkv/dense_reference.hpp"
 #include "mixkv/error.hpp"
+#include "mixkv/memory_budget.hpp"
 #include "mixkv/kernels_convert.hpp"
 #include "mixkv/recurrent_kernel.hpp"
 #include "mixkv/recurrent_reference.hpp"
@@ -259,6 +260,9 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   VerifyReport report;
   report.plan = scaled_plan(desc, options.plan);
   const plan::CachePlan& plan = report.plan;
+  std::int64_t cache_bytes = 0;
+  for (const plan::Tensor& t : plan.tensors) cache_bytes += t.bytes;  // the plan bounds the sum
+  plan::check_host_cache_bytes(cache_bytes, "verify's scaled plan", "--memory-scale");
   const std::vector<attn::AttentionGroup> groups = attn::build_attention_groups(desc, plan);
   const layout::Geometry geometry = layout::make_geometry(desc, plan, groups);
   std::mt19937_64 rng(options.seed);
