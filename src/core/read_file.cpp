@@ -45,7 +45,8 @@ std::string read_regular_file(const std::string& path, std::int64_t max_bytes,
                               shown, std::strerror(errno)));
   }
   if (!S_ISREG(st.st_mode)) {
-    throw_invalid(fmt::format("{} {} is {}; give a regular file", what, shown, kind_of(st.st_mode)));
+    throw_invalid(
+        fmt::format("{} {} is {}; give a regular file", what, shown, kind_of(st.st_mode)));
   }
   const auto too_large = [&](std::string_view size) {
     throw_invalid(fmt::format("{} {} is {} bytes, above mixkv's limit of {} ({} bytes) for it",

@@ -11,8 +11,8 @@
 
 #include "mixkv/dense_reference.hpp"
 #include "mixkv/error.hpp"
-#include "mixkv/memory_budget.hpp"
 #include "mixkv/kernels_convert.hpp"
+#include "mixkv/memory_budget.hpp"
 #include "mixkv/recurrent_kernel.hpp"
 #include "mixkv/recurrent_reference.hpp"
 
