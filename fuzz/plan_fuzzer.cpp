@@ -9,12 +9,12 @@
 #include <optional>
 #include <string_view>
 
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/geometry.hpp"
-#include "mixkv/model.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/layout/geometry.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model.hpp"
+#include "mixkv/plan/plan.hpp"
 
 namespace {
 
@@ -37,8 +37,8 @@ mixkv::plan::PlanOptions options_from(std::string_view tail_bytes) {
   mixkv::plan::PlanOptions o;
   const std::uint64_t flags = t.next(1);
   o.policy = (flags & 1) != 0 ? mixkv::plan::Policy::kVllm : mixkv::plan::Policy::kMixkv;
-  const auto backends = mixkv::attn::backend_names();
-  o.backend = *mixkv::attn::parse_backend(backends[(flags >> 1) % backends.size()]);
+  const auto backends = mixkv::backend::backend_names();
+  o.backend = *mixkv::backend::parse_backend(backends[(flags >> 1) % backends.size()]);
   // Memory: 1 GiB by default, else any size the bytes give (up to 2^40, the CLI's TiB range).
   const std::uint64_t memory = t.next(5);
   o.memory_bytes = memory == 0 ? std::int64_t{1} << 30 : static_cast<std::int64_t>(memory);

@@ -9,10 +9,10 @@
 #include <optional>
 #include <string_view>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/plan.hpp"
-#include "mixkv/simulate.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/simulate.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/plan/plan.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include <limits>
 #include <ostream>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::cli {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <memory>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv {
 namespace {

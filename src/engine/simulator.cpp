@@ -8,9 +8,9 @@
 #include <random>
 #include <span>
 
+#include "mixkv/core/error.hpp"
 #include "mixkv/core/read_file.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/simulate.hpp"
+#include "mixkv/engine/simulate.hpp"
 
 namespace mixkv::sim {
 namespace {

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.hpp"
-#include "mixkv/describe.hpp"
+#include "mixkv/model/describe.hpp"
 
 namespace mixkv::cli {
 namespace {

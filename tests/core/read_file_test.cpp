@@ -6,8 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "mixkv/core/error.hpp"
 #include "mixkv/core/read_file.hpp"
-#include "mixkv/error.hpp"
 #include "test_support.hpp"
 
 namespace mixkv {

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "mixkv/error.hpp"
-#include "mixkv/plan.hpp"
-#include "mixkv/simulate.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/simulate.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "mutation_fuzz.hpp"
 #include "test_support.hpp"
 

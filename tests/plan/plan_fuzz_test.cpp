@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/geometry.hpp"
-#include "mixkv/model_json.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/layout/geometry.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model_json.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "mutation_fuzz.hpp"
 
 namespace mixkv::plan {
@@ -66,7 +66,7 @@ struct Input {
     return fmt::format(
         "policy {} backend {} memory {} block_size {} max_model_len {} "
         "request_len {}\nmodel file: {}",
-        to_string(options.policy), attn::to_string(options.backend), options.memory_bytes,
+        to_string(options.policy), backend::to_string(options.backend), options.memory_bytes,
         options.block_size.value_or(0), options.max_model_len, options.request_len, doc.dump());
   }
 };
@@ -127,8 +127,8 @@ Input make_input(std::uint64_t iteration) {
   if (fuzz_chance(rng, 85)) mutate(in.doc, rng);
   PlanOptions& o = in.options;
   o.policy = fuzz_chance(rng, 50) ? Policy::kVllm : Policy::kMixkv;
-  const auto backends = attn::backend_names();
-  o.backend = *attn::parse_backend(backends[rng() % backends.size()]);
+  const auto backends = backend::backend_names();
+  o.backend = *backend::parse_backend(backends[rng() % backends.size()]);
   // Lengths and memory within the command line's ranges: the planner names what does not fit.
   static const std::vector<std::int64_t> memories = {
       0, 1, 4096, 1 << 20, std::int64_t{1} << 30, std::int64_t{40} << 30, std::int64_t{1} << 40};
