@@ -3,6 +3,8 @@
 // every per-step figure the managers will report.
 #include <benchmark/benchmark.h>
 
+#include "bench_counters.hpp"
+
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -35,8 +37,7 @@ void BM_BlockPoolAllocateFree(benchmark::State& state) {
     benchmark::DoNotOptimize(table.data());
   }
   const double blocks = static_cast<double>(state.iterations()) * per_request;
-  state.counters["ns_per_block"] =
-      benchmark::Counter(blocks, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_block"] = mixkv::bench::ns_per_item(blocks);
   state.counters["metadata_bytes_per_block"] = pool.metadata_bytes_per_block();
   state.counters["evictions"] = static_cast<double>(pool.counters().evictions);
 }
@@ -55,8 +56,7 @@ void BM_BlockPoolAllocateFreeUncached(benchmark::State& state) {
     benchmark::DoNotOptimize(table.data());
   }
   const double blocks = static_cast<double>(state.iterations()) * per_request;
-  state.counters["ns_per_block"] =
-      benchmark::Counter(blocks, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_block"] = mixkv::bench::ns_per_item(blocks);
 }
 BENCHMARK(BM_BlockPoolAllocateFreeUncached)->Arg(1)->Arg(64);
 
@@ -77,8 +77,7 @@ void BM_HashBlocks(benchmark::State& state) {
   }
   const std::size_t full_blocks = num_tokens / 16;
   const double blocks = static_cast<double>(state.iterations()) * static_cast<double>(full_blocks);
-  state.counters["ns_per_block"] =
-      benchmark::Counter(blocks, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_block"] = mixkv::bench::ns_per_item(blocks);
   state.counters["time_per_prompt"] =
       benchmark::Counter(static_cast<double>(state.iterations()),
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
@@ -112,8 +111,7 @@ void BM_PrefixLookup(benchmark::State& state) {
   }
   benchmark::DoNotOptimize(found);
   const double lookups = static_cast<double>(state.iterations()) * prefix_blocks;
-  state.counters["ns_per_lookup"] =
-      benchmark::Counter(lookups, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_lookup"] = mixkv::bench::ns_per_item(lookups);
   state.counters["hit_rate"] =
       static_cast<double>(pool.counters().hits) /
       static_cast<double>(std::max<std::int64_t>(1, pool.counters().queries));

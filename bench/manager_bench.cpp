@@ -3,6 +3,8 @@
 // of requests sharing a 1,024-token prefix, hashing included.
 #include <benchmark/benchmark.h>
 
+#include "bench_counters.hpp"
+
 #include <chrono>
 #include <numeric>
 #include <vector>
@@ -61,10 +63,8 @@ void decode_steps(benchmark::State& state, std::string_view target) {
       break;
     }
   }
-  // Seconds per request-step (printed with its SI prefix: 40n = 40 ns).
-  state.counters["ns_per_request_step"] = benchmark::Counter(
-      static_cast<double>(requests),
-      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["ns_per_request_step"] = mixkv::bench::ns_per_item(
+      static_cast<double>(requests) * static_cast<double>(state.iterations()));
 }
 
 void BM_DecodeStep(benchmark::State& state) { decode_steps(state, "llama-3.1-8b"); }

@@ -26,6 +26,13 @@ BlockPool::BlockPool(std::int64_t num_blocks) {
         fmt::format("a block pool needs between 1 and {} blocks (the null block included), got {}",
                     std::numeric_limits<std::int32_t>::max() - 1, num_blocks));
   }
+  if (const std::int64_t bytes = metadata_bytes(num_blocks); bytes > kMaxPoolMetadataBytes) {
+    throw_invalid(fmt::format(
+        "a block pool of {} blocks needs {} bytes of host metadata, above the limit of {} bytes "
+        "(1 GiB, about {} blocks); plan it with less KV memory",
+        num_blocks, bytes, kMaxPoolMetadataBytes,
+        kMaxPoolMetadataBytes / static_cast<std::int64_t>(kRecordBytes + sizeof(std::int32_t))));
+  }
   num_blocks_ = static_cast<std::int32_t>(num_blocks);
   sentinel_ = num_blocks_;
   records_.resize(static_cast<std::size_t>(num_blocks_) + 1);
@@ -40,6 +47,14 @@ BlockPool::BlockPool(std::int64_t num_blocks) {
   const auto buckets = std::bit_ceil(static_cast<std::size_t>(num_blocks_ + 1) / 2);
   buckets_.assign(buckets, kEnd);
   bucket_mask_ = buckets - 1;
+}
+
+std::int64_t BlockPool::metadata_bytes(std::int64_t num_blocks) {
+  // The records (the sentinel's included) and the buckets of the constructor below; num_blocks is
+  // below 2^31, so nothing overflows.
+  const auto buckets = std::bit_ceil(static_cast<std::uint64_t>(num_blocks + 1) / 2);
+  return (num_blocks + 1) * static_cast<std::int64_t>(kRecordBytes) +
+         static_cast<std::int64_t>(buckets) * static_cast<std::int64_t>(sizeof(std::int32_t));
 }
 
 double BlockPool::usage() const {

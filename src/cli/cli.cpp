@@ -1,12 +1,35 @@
 #include "cli.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <limits>
 #include <ostream>
 
 #include "mixkv/core/error.hpp"
 
 namespace mixkv::cli {
+
+void add_seed_option(CLI::App& cmd, const std::string& name, std::uint64_t& seed,
+                     const std::string& description) {
+  cmd.add_option_function<std::string>(
+         name,
+         [&seed, name](const std::string& text) {
+           std::uint64_t value = 0;
+           const char* end = text.data() + text.size();
+           const auto [at, ec] = std::from_chars(text.data(), end, value);
+           if (text.empty() || ec != std::errc{} || at != end) {
+             throw CLI::ValidationError(
+                 name, fmt::format("'{}' is not a seed; give an integer from 0 to {}", text,
+                                   std::numeric_limits<std::uint64_t>::max()));
+           }
+           seed = value;
+         },
+         description)
+      ->default_str(std::to_string(seed));
+}
 
 int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CLI::App app{
@@ -40,6 +63,16 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
     out << app.version() << '\n';
     return 0;
   } catch (const CLI::ParseError& e) {
+    // With no command chosen, CLI11 reports a first word it does not know as a missing command;
+    // name the word instead.
+    if (!args.empty() && !args.front().starts_with("-") && app.get_subcommands().empty()) {
+      std::vector<std::string> names;
+      for (const auto& [sub, action] : commands) names.push_back(sub->get_name());
+      err << fmt::format("mixkv: unknown command '{}'; the commands are {}\n", args.front(),
+                         fmt::join(names, ", "))
+          << "Run 'mixkv --help' for usage.\n";
+      return 2;
+    }
     err << "mixkv: " << e.what() << "\nRun 'mixkv --help' for usage.\n";
     return 2;
   }

@@ -3,6 +3,7 @@
 // 3 `verify` found a mismatch, or `generate`'s speculative tokens differ from plain ones).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <string>
@@ -24,6 +25,12 @@ Action add_plan_command(CLI::App& app);
 Action add_verify_command(CLI::App& app);
 Action add_simulate_command(CLI::App& app);
 Action add_generate_command(CLI::App& app);
+
+// Adds `--seed`-style option `name` that reads a decimal integer from 0 to 2^64 - 1 into `seed`;
+// anything else (a sign, a larger number, trailing text) is a usage error (exit 2), not the
+// saturated or wrapped value a plain unsigned option would keep.
+void add_seed_option(CLI::App& cmd, const std::string& name, std::uint64_t& seed,
+                     const std::string& description);
 
 // Thrown by an action whose output is complete but whose exit status is not 0 (`verify`: 3 on a
 // mismatch).

@@ -116,19 +116,32 @@ Action add_generate_command(CLI::App& app) {
       "mtp (the target's MTP layers: tiny-hybrid), tiny-eagle (with tiny-swa), tiny-dflash "
       "(block drafter, with tiny-swa or tiny-hybrid), or a drafter checkpoint directory "
       "(config.json and model.safetensors)");
-  cmd->add_option("--num-spec-tokens", args->num_spec_tokens, "Tokens drafted per step")
-      ->capture_default_str();
-  auto* text = cmd->add_option("--prompt", args->prompt, "Prompt text (bytes)");
+  CLI::Option* spec_tokens = cmd->add_option("--num-spec-tokens", args->num_spec_tokens,
+                                             "Tokens drafted per step (with --draft)")
+                                 ->capture_default_str();
+  auto* text = cmd->add_option("--prompt", args->prompt,
+                               "Prompt text (bytes; default \"Once upon a time\")");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids")->excludes(text);
   cmd->add_option("--max-tokens", args->max_tokens, "Tokens generated per request")
       ->capture_default_str();
   cmd->add_option("--batch", args->batch, "Requests generated together")->capture_default_str();
-  cmd->add_option("--seed", args->seed, "Seed of the random drafter")->capture_default_str();
+  add_seed_option(*cmd, "--seed", args->seed, "Seed of the random drafter");
   cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 64MiB)")->capture_default_str();
   cmd->add_flag("--json", args->json,
                 "One JSON object per request: {\"tokens\", \"text\", \"stats\"}");
 
-  return [args](std::ostream& out) {
+  return [args, spec_tokens, text](std::ostream& out) {
+    if (text->count() > 0 && args->prompt.empty()) {
+      throw_invalid(
+          "--prompt is empty; give some text, or leave --prompt out to use the built-in one "
+          "(\"Once upon a time\")");
+    }
+    if (spec_tokens->count() > 0 && args->draft.empty()) {
+      throw_invalid(fmt::format(
+          "--num-spec-tokens {} needs a drafter: add --draft (oracle, ngram, random, mtp, a tiny "
+          "drafter or a checkpoint directory), or drop --num-spec-tokens",
+          args->num_spec_tokens));
+    }
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
@@ -177,7 +190,7 @@ Action add_generate_command(CLI::App& app) {
 
     std::vector<engine::TokenId> prompt = args->prompt_ids;
     if (prompt.empty())
-      prompt = engine::encode_bytes(args->prompt.empty() ? "Once upon a time" : args->prompt);
+      prompt = engine::encode_bytes(text->count() > 0 ? args->prompt : "Once upon a time");
     const auto prompts = batch_prompts(prompt, args->batch);
     engine::GenerateOptions go;
     go.max_tokens = args->max_tokens;

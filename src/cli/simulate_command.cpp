@@ -81,8 +81,7 @@ Action add_simulate_command(CLI::App& app) {
   cmd->add_option("--acceptance", args->acceptance,
                   "Probability each draft token is accepted (0 to 1)")
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "Seed of the synthetic trace and of acceptance")
-      ->capture_default_str();
+  add_seed_option(*cmd, "--seed", args->seed, "Seed of the synthetic trace and of acceptance");
   cmd->add_option("--max-batch", args->max_batch, "Running requests at most")
       ->capture_default_str();
   CLI::Option* json = cmd->add_flag("--json", args->json, "Print the full report as JSON");

@@ -64,7 +64,7 @@ Action add_verify_command(CLI::App& app) {
                   "the requests, at most 512 MiB)");
   cmd->add_option("--requests", args->requests, "Requests in the batch (1-64)")
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();
+  add_seed_option(*cmd, "--seed", args->seed, "Random seed");
   cmd->add_flag("--json", args->json, "Print the results as JSON");
   // Testing aids (hidden): plant a fault in what the kernels are given, to see verify catch it.
   cmd->add_option("--plant-fault", args->fault, "stride|window|target-page|state-slot")->group("");

@@ -14,6 +14,22 @@ std::string_view to_string(ErrorCode code) {
   return "unknown error";
 }
 
+std::string printable(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      out += "\\x";
+      out += kHex[byte >> 4];
+      out += kHex[byte & 0xf];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 void throw_invalid(const std::string& message) { throw Error(ErrorCode::kInvalidInput, message); }
 void throw_unsupported(const std::string& message) {
   throw Error(ErrorCode::kUnsupported, message);

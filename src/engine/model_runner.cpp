@@ -10,6 +10,7 @@
 #include <random>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 #include "model/config_reader.hpp"
 
 namespace mixkv::engine {
@@ -120,6 +121,44 @@ std::string embed_name(const TransformerConfig& c) {
 }
 std::string final_norm_name(const TransformerConfig& c) {
   return is_nemotron(c) ? "backbone.norm_f.weight" : "model.norm.weight";
+}
+
+// The planner's advice names `plan`'s options; the runner's memory is generate's --memory and
+// its max_model_len the config's own, so a cache too small for one request is told in those
+// terms, with the least memory that plans. Bisection finds it: planning is cheap next to the
+// run, and the cache is bounded by kMaxHostCacheBytes anyway.
+plan::CachePlan plan_runner_cache(const model::ModelDesc& desc, const plan::PlanOptions& options,
+                                  const std::string& origin) {
+  try {
+    return plan::make_plan(desc, options);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kInvalidInput || options.memory_bytes >= plan::kMaxHostCacheBytes)
+      throw;
+    plan::PlanOptions probe = options;
+    probe.memory_bytes = plan::kMaxHostCacheBytes;
+    plan::CachePlan roomy;
+    try {
+      roomy = plan::make_plan(desc, probe);
+    } catch (const Error&) {
+      throw e;  // not a question of memory
+    }
+    std::int64_t fails = options.memory_bytes, plans = plan::kMaxHostCacheBytes;
+    while (plans - fails > 1) {
+      probe.memory_bytes = fails + (plans - fails) / 2;
+      try {
+        plan::make_plan(desc, probe);
+        plans = probe.memory_bytes;
+      } catch (const Error&) {
+        fails = probe.memory_bytes;
+      }
+    }
+    throw_invalid(fmt::format(
+        "{}: a KV cache of {} bytes does not hold one request of {} tokens (the model's "
+        "max_model_len) in the reference engine; it needs at least {} bytes ({:.2f} MiB): give "
+        "--memory {} or more",
+        origin, options.memory_bytes, roomy.max_model_len, plans,
+        static_cast<double>(plans) / static_cast<double>(1 << 20), plans));
+  }
 }
 
 }  // namespace
@@ -418,9 +457,12 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const weights::Tensor
   popt.request_len = std::min<std::int64_t>(
       512, options.max_model_len > 0 ? options.max_model_len
                                      : desc_.facts.max_position_embeddings.value_or(512));
-  plan_ = plan::make_plan(desc_, popt);
+  plan_ = plan_runner_cache(desc_, popt, config.origin);
   groups_ = attn::build_attention_groups(desc_, plan_);
   geometry_ = layout::make_geometry(desc_, plan_, groups_);
+  std::int64_t cache_bytes = 0;
+  for (const plan::Tensor& t : plan_.tensors) cache_bytes += t.bytes;  // the plan bounds the sum
+  plan::check_host_cache_bytes(cache_bytes, "the reference engine's KV cache", "--memory");
   for (const plan::Tensor& t : plan_.tensors) {
     tensors_.emplace_back(static_cast<std::size_t>(t.bytes), std::byte{0});
   }

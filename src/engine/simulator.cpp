@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
-#include <fstream>
 #include <istream>
 #include <limits>
 #include <random>
 #include <span>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/core/read_file.hpp"
 #include "mixkv/engine/simulate.hpp"
 
 namespace mixkv::sim {
@@ -48,21 +48,38 @@ std::vector<TokenId> prompt_tokens(const TraceRequest& r, std::size_t index) {
   return t;
 }
 
-std::int64_t int_field(const nlohmann::json& j, const char* key, const std::string& where,
-                       std::int64_t minimum) {
+std::int64_t int_field(const nlohmann::json& j, const char* key, const std::string& where) {
   const auto it = j.find(key);
   if (it == j.end()) throw_invalid(fmt::format("{}: missing \"{}\"", where, key));
+  // nlohmann reads 2^63 to 2^64 - 1 as unsigned (and larger ones as floats): no int64 holds it.
+  if (it->is_number_unsigned() &&
+      it->get<std::uint64_t>() >
+          static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+    throw_invalid(fmt::format("{}: \"{}\" is {}, far above the limits of a trace (docs/cache.md)",
+                              where, key, it->dump()));
+  }
   if (!it->is_number_integer()) {
     throw_invalid(fmt::format("{}: \"{}\" must be an integer, got {}", where, key, it->dump()));
   }
-  const auto v = it->get<std::int64_t>();
-  if (v < minimum) {
-    throw_invalid(fmt::format("{}: \"{}\" is {}, expected >= {}", where, key, v, minimum));
-  }
-  return v;
+  return it->get<std::int64_t>();
 }
 
-TraceRequest parse_line(const std::string& text, const std::string& where) {
+void check_field(const std::string& where, std::string_view key, std::int64_t value,
+                 std::int64_t minimum, std::int64_t maximum, std::string_view unit) {
+  if (value < minimum) {
+    throw_invalid(fmt::format("{}: \"{}\" is {}, expected >= {}", where, key, value, minimum));
+  }
+  if (value > maximum) {
+    throw_invalid(fmt::format("{}: \"{}\" is {}, above the limit of {} {} (docs/cache.md)", where,
+                              key, value, maximum, unit));
+  }
+}
+
+TraceRequest parse_line(std::string_view text, const std::string& where) {
+  if (text.size() > static_cast<std::size_t>(kMaxTraceLineBytes)) {
+    throw_invalid(fmt::format("{}: the line is {} bytes, above the limit of {} bytes per request",
+                              where, text.size(), kMaxTraceLineBytes));
+  }
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -72,14 +89,14 @@ TraceRequest parse_line(const std::string& text, const std::string& where) {
   if (!j.is_object()) throw_invalid(fmt::format("{}: expected a JSON object per line", where));
   TraceRequest r;
   r.source = where;
-  r.arrival_step = int_field(j, "arrival_step", where, 0);
-  r.output_len = int_field(j, "output_len", where, 1);
+  r.arrival_step = int_field(j, "arrival_step", where);
+  r.output_len = int_field(j, "output_len", where);
   const bool has_len = j.contains("prompt_len"), has_prompt = j.contains("prompt");
   if (has_len == has_prompt) {
     throw_invalid(fmt::format("{}: give exactly one of \"prompt_len\" and \"prompt\"", where));
   }
   if (has_len) {
-    r.prompt_len = int_field(j, "prompt_len", where, 1);
+    r.prompt_len = int_field(j, "prompt_len", where);
   } else {
     const auto& p = j["prompt"];
     if (!p.is_array() || p.empty()) {
@@ -102,13 +119,14 @@ TraceRequest parse_line(const std::string& text, const std::string& where) {
     r.prefix_id = it->get<std::int64_t>();
   }
   if (j.contains("prefix_len")) {
-    r.prefix_len = int_field(j, "prefix_len", where, 0);
+    r.prefix_len = int_field(j, "prefix_len", where);
     if (!r.prefix_id) throw_invalid(fmt::format("{}: \"prefix_len\" needs a \"prefix_id\"", where));
   }
   if (has_prompt && r.prefix_id) {
     throw_invalid(
         fmt::format("{}: \"prefix_id\" applies to \"prompt_len\", not \"prompt\"", where));
   }
+  check_request(r);
   return r;
 }
 
@@ -116,11 +134,36 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
-std::vector<TraceRequest> parse_trace(std::istream& in, std::string_view name) {
+void check_request(const TraceRequest& r) {
+  const std::string& where = r.source;
+  check_field(where, "arrival_step", r.arrival_step, 0, kMaxTraceArrivalStep, "steps");
+  check_field(where, "output_len", r.output_len, 1, kMaxTraceRequestTokens, "tokens");
+  if (r.tokens.empty()) {
+    check_field(where, "prompt_len", r.prompt_len, 1, kMaxTraceRequestTokens, "tokens");
+  } else {
+    check_field(where, "prompt", static_cast<std::int64_t>(r.tokens.size()), 1,
+                kMaxTraceRequestTokens, "tokens");
+  }
+  if (r.prefix_len) {
+    check_field(where, "prefix_len", *r.prefix_len, 0, kMaxTraceRequestTokens, "tokens");
+  }
+}
+
+std::vector<TraceRequest> parse_trace(std::string_view text, std::string_view name) {
   std::vector<TraceRequest> out;
-  std::string line;
-  for (std::int64_t n = 1; std::getline(in, line); ++n) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+  std::size_t at = 0;
+  for (std::int64_t n = 1; at < text.size(); ++n) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    const std::string_view line = text.substr(at, end - at);
+    at = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    if (static_cast<std::int64_t>(out.size()) == kMaxTraceRequests) {
+      throw_invalid(
+          fmt::format("{}:{}: the trace holds more than {} requests, the limit of a trace "
+                      "(docs/cache.md); split it",
+                      name, n, kMaxTraceRequests));
+    }
     out.push_back(parse_line(line, fmt::format("{}:{}", name, n)));
   }
   if (out.empty()) throw_invalid(fmt::format("{}: the trace holds no requests", name));
@@ -130,15 +173,28 @@ std::vector<TraceRequest> parse_trace(std::istream& in, std::string_view name) {
   return out;
 }
 
+std::vector<TraceRequest> parse_trace(std::istream& in, std::string_view name) {
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (static_cast<std::int64_t>(text.size()) > kMaxTraceFileBytes) {
+      throw_invalid(fmt::format("{}: the trace is more than {} bytes, the limit of a trace", name,
+                                kMaxTraceFileBytes));
+    }
+  }
+  return parse_trace(std::string_view(text), name);
+}
+
 std::vector<TraceRequest> read_trace(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw_invalid(fmt::format("{}: cannot open the trace file", path));
-  return parse_trace(in, path);
+  return parse_trace(std::string_view(read_regular_file(path, kMaxTraceFileBytes, "trace file")),
+                     path);
 }
 
 std::vector<TraceRequest> synthetic_trace(const SyntheticOptions& options) {
-  if (options.requests < 1) {
-    throw_invalid(fmt::format("--requests is {}, expected >= 1", options.requests));
+  if (options.requests < 1 || options.requests > kMaxTraceRequests) {
+    throw_invalid(
+        fmt::format("--requests is {}, expected 1 to {}", options.requests, kMaxTraceRequests));
   }
   std::mt19937_64 rng(options.seed);
   auto pick = [&](std::int64_t lo, std::int64_t hi) {
@@ -187,13 +243,33 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
       throw_invalid(fmt::format("{}: arrivals must not decrease", trace[i].source));
     }
   }
+  if (k < 0 || k > model::kMaxSpecTokens) {
+    throw_invalid(fmt::format("num_spec_tokens is {}, expected 0 to {}", k, model::kMaxSpecTokens));
+  }
+  if (static_cast<std::int64_t>(trace.size()) > kMaxTraceRequests) {
+    throw_invalid(fmt::format("the trace holds {} requests, above the limit of {}", trace.size(),
+                              kMaxTraceRequests));
+  }
+  // Within check_request's limits no sum below can overflow: 10^6 requests of < 2^32 tokens each.
+  std::int64_t tokens = 0;
   for (const auto& t : trace) {
+    check_request(t);
     const std::int64_t need = t.length() + t.output_len + k + 1;
     if (max_len > 0 && need > max_len) {
       throw_invalid(
           fmt::format("{}: prompt {} + output {} + {} look-ahead tokens exceed max_model_len {}",
                       t.source, t.length(), t.output_len, k + 1, max_len));
     }
+    tokens += need;
+  }
+  // Every request's tokens are held for the whole run (a preempted one is recomputed from them).
+  const std::int64_t token_bytes = tokens * static_cast<std::int64_t>(sizeof(TokenId));
+  if (token_bytes > kMaxSimulationTokenBytes) {
+    throw_invalid(fmt::format(
+        "the trace's {} requests hold {} tokens (prompts, outputs and look-ahead), which need {} "
+        "bytes of token ids, above the simulator's limit of {} bytes (1 GiB); use fewer or "
+        "shorter requests",
+        trace.size(), tokens, token_bytes, kMaxSimulationTokenBytes));
   }
 
   struct Req {

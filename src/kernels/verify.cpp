@@ -16,6 +16,7 @@
 #include "mixkv/kernels/dense_reference.hpp"
 #include "mixkv/kernels/recurrent_kernel.hpp"
 #include "mixkv/kernels/recurrent_reference.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 
 namespace mixkv::kernels {
 
@@ -389,6 +390,9 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   ScaledPlan scaled = scaled_plan(desc, options.plan, options.requests, options.longest_request);
   report.plan = std::move(scaled.plan);
   const plan::CachePlan& plan = report.plan;
+  std::int64_t cache_bytes = 0;
+  for (const plan::Tensor& t : plan.tensors) cache_bytes += t.bytes;  // the plan bounds the sum
+  plan::check_host_cache_bytes(cache_bytes, "verify's scaled plan", "--memory-scale");
   const std::vector<attn::AttentionGroup> groups = attn::build_attention_groups(desc, plan);
   const layout::Geometry geometry = layout::make_geometry(desc, plan, groups);
   if (options.fault_group >= 0 || options.fault_group < -1) {

@@ -17,15 +17,13 @@
 #include "layer_template.hpp"
 #include "mixkv/builtin/builtin_models.hpp"
 #include "mixkv/core/error.hpp"
+#include "mixkv/core/read_file.hpp"
 #include "mixkv/model/model_json.hpp"
 #include "weight_estimate.hpp"
 
 namespace mixkv::model {
 namespace {
 
-// Generous upper bounds that still catch typos and keep every later product in range.
-constexpr int kMaxTp = 1024;
-constexpr int kMaxSpecTokens = 1024;
 // Speculative tokens per step when a chain drafter (EAGLE, draft model) gives no number itself.
 constexpr int kDefaultChainSpecTokens = 3;
 
@@ -264,12 +262,7 @@ ModelDesc adjust_native(ModelDesc desc, const DescribeOptions& options, std::str
 }
 
 std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw_invalid(fmt::format("cannot read {}: check the path and its permissions", path.string()));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  return read_regular_file(path.string(), kMaxConfigFileBytes, "model file");
 }
 
 }  // namespace

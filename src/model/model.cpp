@@ -141,11 +141,30 @@ std::int64_t state_bytes(const LayerDesc& layer) {
 }
 
 void validate(const ModelDesc& desc) {
-  if (desc.tp < 1)
-    throw_invalid(fmt::format("model {}: tp is {}, expected >= 1", desc.model, desc.tp));
-  if (desc.num_spec_tokens < 0) {
-    throw_invalid(fmt::format("model {}: num_spec_tokens is {}, expected >= 0", desc.model,
-                              desc.num_spec_tokens));
+  // Names first: every later message quotes them.
+  const auto check_name = [&](std::string_view what, const std::string& name) {
+    if (printable(name) != name) {
+      throw_invalid(
+          fmt::format("model {}: {} \"{}\" holds control characters; names must be "
+                      "printable text",
+                      printable(desc.model), what, printable(name)));
+    }
+  };
+  check_name("model name", desc.model);
+  if (desc.draft) check_name("draft name", *desc.draft);
+  for (const auto& layer : desc.layers) {
+    check_name("layer name", layer.name);
+    for (const auto& t : layer.state)
+      check_name(fmt::format("layer {} state name", layer.name), t.name);
+  }
+  if (desc.tp < 1 || desc.tp > kMaxTp) {
+    throw_invalid(fmt::format("model {}: tp is {}, expected 1 to {}", desc.model, desc.tp, kMaxTp));
+  }
+  if (desc.num_spec_tokens < 0 || desc.num_spec_tokens > kMaxSpecTokens) {
+    throw_invalid(
+        fmt::format("model {}: num_spec_tokens is {}, expected 0 to {} (the bound of "
+                    "--num-spec-tokens)",
+                    desc.model, desc.num_spec_tokens, kMaxSpecTokens));
   }
   if (desc.layers.empty()) throw_invalid(fmt::format("model {}: it has no layers", desc.model));
   std::set<std::string> names;

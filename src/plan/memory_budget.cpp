@@ -131,4 +131,14 @@ MemoryBudget budget_for_gpu(const Gpu& gpu, double utilization, const model::Mod
   return budget;
 }
 
+void check_host_cache_bytes(std::int64_t bytes, std::string_view who, std::string_view option) {
+  if (bytes > kMaxHostCacheBytes) {
+    throw_invalid(fmt::format(
+        "{} would allocate {} bytes ({:.1f} GiB) of cache tensors in host memory, above the limit "
+        "of {} bytes (16 GiB); give a smaller {}",
+        who, bytes, static_cast<double>(bytes) / static_cast<double>(std::int64_t{1} << 30),
+        kMaxHostCacheBytes, option));
+  }
+}
+
 }  // namespace mixkv::plan

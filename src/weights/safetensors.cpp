@@ -9,6 +9,7 @@
 
 #include "mixkv/core/checked_math.hpp"
 #include "mixkv/core/error.hpp"
+#include "mixkv/core/read_file.hpp"
 #include "mixkv/kernels/convert.hpp"
 
 namespace mixkv::weights {
@@ -144,9 +145,7 @@ TensorMap parse_safetensors(std::span<const std::byte> file, const std::string& 
 }
 
 TensorMap read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw_invalid(fmt::format("cannot open safetensors file {}", path));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = read_regular_file(path, kMaxCheckpointFileBytes, "safetensors file");
   return parse_safetensors(std::as_bytes(std::span<const char>(bytes)), path);
 }
 

@@ -210,5 +210,63 @@ TEST(GenerateCommand, BadInputIsAnErrorWithStatusTwo) {
   EXPECT_EQ(run_cli("generate", {"tiny-swa", "--prompt", "a", "--prompt-ids", "1"}).status, 2);
 }
 
+// Reproducers of issue 12, each with its stable message.
+TEST(GenerateCommand, OddInputIsAnErrorNamingTheOption) {
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> needles;
+  };
+  for (const auto& c : std::vector<Case>{
+           {{"tiny-swa", "--prompt", ""}, {"--prompt is empty"}},
+           {{"tiny-swa", "--num-spec-tokens", "2"}, {"--num-spec-tokens 2 needs a drafter"}},
+           {{"tiny-swa", "--draft", "random", "--seed", "18446744073709551616"},
+            {"--seed", "is not a seed", "18446744073709551615"}},
+           {{"tiny-swa", "--draft", "random", "--seed", "-1"}, {"--seed", "is not a seed"}},
+           // The cache lives in host memory: refused before a byte is allocated.
+           {{"tiny-swa", "--memory", "100GiB"},
+            {"107374182400 bytes", "above the limit of 17179869184 bytes", "--memory"}},
+           // One request of the model's 2,048 tokens does not fit: the message names generate's
+           // own option and the bytes that would.
+           {{"tiny-swa", "--memory", "1MiB"},
+            {"1048576 bytes does not hold one request of 2048 tokens", "give --memory"}},
+       }) {
+    const auto r = run_cli("generate", c.args);
+    EXPECT_EQ(r.status, 2) << c.args[1] << ": " << r.err;
+    for (const auto& needle : c.needles) {
+      EXPECT_NE(r.err.find(needle), std::string::npos) << "lacks '" << needle << "': " << r.err;
+    }
+    EXPECT_EQ(r.err.find("--max-model-len"), std::string::npos) << r.err;
+  }
+  // The largest seed is a seed.
+  EXPECT_EQ(run_cli("generate", {"tiny-swa", "--draft", "random", "--seed", "18446744073709551615",
+                                 "--max-tokens", "4"})
+                .status,
+            0);
+}
+
+TEST(GenerateCommand, TheLeastMemoryItNamesIsEnough) {
+  const auto r = run_cli("generate", {"tiny-swa", "--memory", "1MiB"});
+  ASSERT_EQ(r.status, 2);
+  const auto at = r.err.find("give --memory ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::int64_t least = std::stoll(r.err.substr(at + 14));
+  EXPECT_EQ(
+      run_cli("generate", {"tiny-swa", "--memory", std::to_string(least), "--max-tokens", "4"})
+          .status,
+      0);
+  const auto less = run_cli("generate", {"tiny-swa", "--memory", std::to_string(least - 1)});
+  EXPECT_EQ(less.status, 2) << less.err;
+}
+
+TEST(GenerateCommand, AModelSafetensorsThatIsADirectoryIsBadInput) {
+  const auto dir = fresh_directory("mixkv_gen_dir_");
+  std::ofstream(dir / "config.json") << engine::find_tiny_model("tiny-swa")->config_json;
+  std::filesystem::create_directories(dir / "model.safetensors");
+  const auto r = run_cli("generate", {dir.string()});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("model.safetensors is a directory"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace mixkv

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -183,6 +184,68 @@ TEST(Simulator, BadTraceLinesNameTheFileAndLine) {
                         {"/nonexistent/trace.jsonl"});
 }
 
+// Reproducers of issue 12: numbers that used to overflow (UBSan), allocate 2^62 tokens or run
+// for seconds and print negative steps. Each is refused while reading, naming the line and field.
+TEST(Simulator, TraceNumbersBeyondTheLimitsAreRefusedNamingLineAndField) {
+  struct Case {
+    std::string line;
+    std::string field;
+  };
+  for (const auto& c : std::vector<Case>{
+           {"{\"arrival_step\": 0, \"prompt_len\": 4611686018427387904, \"output_len\": 1}",
+            "\"prompt_len\" is 4611686018427387904, above the limit"},
+           {"{\"arrival_step\": 0, \"prompt_len\": 10, \"output_len\": 9223372036854775807}",
+            "\"output_len\" is 9223372036854775807, above the limit"},
+           {"{\"arrival_step\": 9223372036854775807, \"prompt_len\": 10, \"output_len\": 1}",
+            "\"arrival_step\" is 9223372036854775807, above the limit"},
+           {"{\"arrival_step\": 18446744073709551615, \"prompt_len\": 10, \"output_len\": 1}",
+            "\"arrival_step\" is 18446744073709551615"},
+           {"{\"arrival_step\": 0, \"prompt_len\": 10, \"output_len\": 1e30}",
+            "\"output_len\" must be an integer"},
+           {"{\"arrival_step\": 0, \"prompt_len\": 10, \"prefix_id\": 1, \"prefix_len\": "
+            "9223372036854775807, \"output_len\": 1}",
+            "\"prefix_len\" is 9223372036854775807, above the limit"}}) {
+    std::istringstream in("{\"arrival_step\": 0, \"prompt_len\": 10, \"output_len\": 1}\n" +
+                          c.line + "\n");
+    testing::expect_error([&] { parse_trace(in, "big.jsonl"); }, ErrorCode::kInvalidInput,
+                          {"big.jsonl:2", c.field});
+  }
+  const std::string line(static_cast<std::size_t>(kMaxTraceLineBytes) + 1, ' ');
+  testing::expect_error(
+      [&] {
+        parse_trace(std::string_view("{\"arrival_step\": 0, \"prompt_len\": 10, "
+                                     "\"output_len\": 1}\n" +
+                                     line + "x"),
+                    "wide.jsonl");
+      },
+      ErrorCode::kInvalidInput, {"wide.jsonl:2", "bytes per request"});
+}
+
+TEST(Simulator, ATraceWhoseTokensNeedTooMuchMemoryIsRefusedBeforeRunning) {
+  const auto desc = testing::describe_builtin("llama-3.1-8b");
+  const auto plan = small_plan(desc, 20000);  // max_model_len 4096
+  // 70,000 requests of 4,000 tokens: 280 M tokens, 1.1 GB of token ids.
+  std::vector<TraceRequest> trace(70'000);
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    trace[i].prompt_len = 3900;
+    trace[i].output_len = 100;
+    trace[i].source = "api";
+  }
+  testing::expect_error([&] { simulate(plan, 3, trace); }, ErrorCode::kInvalidInput,
+                        {"70000 requests", "bytes of token ids", "1073741824"});
+  // Requests built through the API get the parser's limits too.
+  std::vector<TraceRequest> wild(1);
+  wild[0].source = "api #0";
+  wild[0].prompt_len = 10;
+  wild[0].arrival_step = std::numeric_limits<std::int64_t>::max();
+  testing::expect_error([&] { simulate(plan, 0, wild); }, ErrorCode::kInvalidInput,
+                        {"api #0", "\"arrival_step\"", "above the limit"});
+  SyntheticOptions so;
+  so.requests = kMaxTraceRequests + 1;
+  testing::expect_error([&] { synthetic_trace(so); }, ErrorCode::kInvalidInput,
+                        {"--requests", "1000000"});
+}
+
 TEST(Simulator, RequestsThatCannotFitAreErrors) {
   const auto desc = testing::describe_builtin("llama-3.1-8b");
   const auto plan = small_plan(desc, 600);
@@ -289,6 +352,12 @@ TEST(SimulateCommand, HumanSummaryAndExitCodes) {
            {{"llama-3.1-8b", "--requests", "0"}, "--requests"},
            {{"llama-3.1-8b", "--max-batch", "0"}, "--max-batch"},
            {{"llama-3.1-8b", "--trace", "/nonexistent/t.jsonl"}, "/nonexistent/t.jsonl"},
+           {{"llama-3.1-8b", "--trace", "/dev/zero"}, "trace file /dev/zero is a character device"},
+           {{"llama-3.1-8b", "--trace", "/"}, "is a directory"},
+           {{"llama-3.1-8b", "--seed", "18446744073709551616"}, "--seed"},
+           {{"llama-3.1-8b", "--seed", "-1"}, "--seed"},
+           {{"qwen3-8b", "--memory", "4000TiB", "--requests", "10"}, "bytes of host metadata"},
+           {{"qwen3-8b", "--requests", "1000000"}, "bytes of token ids"},
            {{"llama-3.1-8b", "--policy", "sglang"}, "--policy"},
            {{"llama-3.1-8b", "--gpu", "a100"}, "unknown GPU"}}) {
     const testing::CliResult r = run_simulate(c.args);

@@ -58,11 +58,19 @@ struct BlockPoolCounters {
   bool operator==(const BlockPoolCounters&) const = default;
 };
 
+// Host memory a pool's metadata (one record per block and the prefix map) may take: 1 GiB, about
+// 33 million blocks, far more than any accelerator's KV cache holds in blocks of 16 tokens; a
+// larger pool means a memory size typed wrong (docs/cache.md).
+inline constexpr std::int64_t kMaxPoolMetadataBytes = std::int64_t{1} << 30;
+
 class BlockPool {
  public:
   // `num_blocks` counts the null block, so num_blocks - 1 blocks can be handed out.
-  // Throws kInvalidInput unless 1 <= num_blocks < 2^31 - 1.
+  // Throws kInvalidInput unless 1 <= num_blocks < 2^31 - 1 and its metadata_bytes() are at most
+  // kMaxPoolMetadataBytes, before allocating anything.
   explicit BlockPool(std::int64_t num_blocks);
+  // Host bytes the metadata of a pool of `num_blocks` takes.
+  static std::int64_t metadata_bytes(std::int64_t num_blocks);
 
   std::int32_t num_blocks() const { return num_blocks_; }
   // Blocks that can be handed out, cached or not. num_free() + num_used() == num_blocks() - 1.

@@ -31,6 +31,10 @@ class Error : public std::runtime_error {
   ErrorCode code_;
 };
 
+// `text` with every control character (bytes 0-31 and 127) written as \xNN, so a name read from
+// a file can be quoted in a message without reaching the terminal as a control sequence.
+std::string printable(std::string_view text);
+
 [[noreturn]] void throw_invalid(const std::string& message);
 [[noreturn]] void throw_unsupported(const std::string& message);
 [[noreturn]] void throw_internal(const std::string& message);

@@ -34,11 +34,26 @@ struct TraceRequest {
   }
 };
 
+// Limits of a trace (docs/cache.md), checked before anything is sized from it: they keep every
+// sum and step count far from overflow and the simulation's memory bounded.
+inline constexpr std::int64_t kMaxTraceFileBytes = std::int64_t{256} << 20;  // 256 MiB
+inline constexpr std::int64_t kMaxTraceLineBytes = std::int64_t{16} << 20;   // 16 MiB per request
+inline constexpr std::int64_t kMaxTraceRequests = 1'000'000;
+inline constexpr std::int64_t kMaxTraceRequestTokens = std::int64_t{1} << 30;  // per length field
+inline constexpr std::int64_t kMaxTraceArrivalStep = std::int64_t{1} << 40;
+// Token ids the simulation keeps (every request's prompt, outputs and look-ahead), in bytes.
+inline constexpr std::int64_t kMaxSimulationTokenBytes = std::int64_t{1} << 30;  // 1 GiB
+
+// Throws Error naming r.source and the field when a length or step is out of the limits above.
+void check_request(const TraceRequest& r);
+
 // JSONL, one request per line: {"arrival_step": int, "prompt_len": int | "prompt": [ids],
 // "prefix_id": int|null, "prefix_len": int (optional), "output_len": int}. Blank lines are
 // skipped. A bad line throws Error naming `name` and the line number. The result is sorted by
 // arrival step (stable).
+std::vector<TraceRequest> parse_trace(std::string_view text, std::string_view name);
 std::vector<TraceRequest> parse_trace(std::istream& in, std::string_view name);
+// Reads a regular file of at most kMaxTraceFileBytes.
 std::vector<TraceRequest> read_trace(const std::string& path);
 
 struct SyntheticOptions {
@@ -106,8 +121,9 @@ struct SimReport {
 };
 
 // Runs `trace` on `manager` (built from `plan` with `num_spec_tokens`). Every request is freed
-// at the end. Throws Error when a request cannot fit the pool even alone, or is longer than the
-// plan's max_model_len.
+// at the end. Throws Error when a request is out of check_request's limits, cannot fit the pool
+// even alone, or is longer than the plan's max_model_len, and, before anything is allocated, when
+// the trace's tokens need more than kMaxSimulationTokenBytes.
 SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, int num_spec_tokens,
                    const std::vector<TraceRequest>& trace, const SimOptions& options = {});
 SimReport simulate(const plan::CachePlan& plan, int num_spec_tokens,

@@ -3,6 +3,7 @@
 // parallel sharding, speculative-token state growth and cache dtype choices.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,8 +27,13 @@ struct ModelSource {
 // Parses `text` as a model document. Throws Error naming `origin` on invalid JSON.
 ModelSource parse_model_source(std::string name, std::string origin, std::string_view text);
 
+// The largest config.json or native model file mixkv reads (docs/model.md): real configs are a
+// few KiB, and a native file of 4,096 layers a few MiB.
+inline constexpr std::int64_t kMaxConfigFileBytes = std::int64_t{16} << 20;  // 16 MiB
+
 // Resolves a model reference: a path to a JSON file, a directory holding config.json, or a
-// built-in name. Throws Error when it is none of these.
+// built-in name. Throws Error when it is none of these, or when the file is not a regular file of
+// at most kMaxConfigFileBytes.
 ModelSource load_model_source(std::string_view ref);
 
 // Uses the target's own multi-token-prediction layers as the drafter.

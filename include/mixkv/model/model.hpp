@@ -100,6 +100,11 @@ struct ModelFacts {
   bool operator==(const ModelFacts&) const = default;
 };
 
+// Bounds of a ModelDesc, the same whether it comes from CLI options or a native model file:
+// generous, yet they catch typos and keep every later product in range.
+inline constexpr int kMaxTp = 1024;
+inline constexpr int kMaxSpecTokens = 1024;
+
 struct ModelDesc {
   std::string model;                 // target name (built-in name or file)
   std::optional<std::string> draft;  // drafter name, if any
@@ -117,7 +122,8 @@ std::int64_t kv_bytes_per_token(const LayerDesc& layer);
 // Bytes of one sequence's recurrent state (all its tensors); 0 for attention layers.
 std::int64_t state_bytes(const LayerDesc& layer);
 
-// Checks every field of every layer; throws Error naming the layer and field at fault.
+// Checks every field of every layer; throws Error naming the layer and field at fault. Names
+// (model, drafter, layers, state tensors) must hold no control characters: they are printed.
 void validate(const ModelDesc& desc);
 
 }  // namespace mixkv::model

@@ -14,6 +14,14 @@ namespace mixkv::plan {
 // "42949672960", "40GiB", "40 GiB", "512MiB", "80GB" (decimal), "1.5TiB". Throws Error otherwise.
 std::int64_t parse_memory_size(std::string_view text);
 
+// Host memory the CPU kernels may allocate for a plan's cache tensors (`verify`'s scaled plan,
+// the reference engine's cache): a cache larger than this on the host is a size typed wrong
+// (docs/planning.md). Checked before anything is allocated.
+inline constexpr std::int64_t kMaxHostCacheBytes = std::int64_t{16} << 30;  // 16 GiB
+// Throws Error(kInvalidInput) when `bytes`, the tensors `who` would allocate, exceed
+// kMaxHostCacheBytes; the message names `option`, which sets them.
+void check_host_cache_bytes(std::int64_t bytes, std::string_view who, std::string_view option);
+
 struct Gpu {
   std::string_view name;
   std::int64_t bytes;  // total memory as nvidia-smi reports it

@@ -29,6 +29,10 @@ using TensorMap = std::map<std::string, Tensor, std::less<>>;
 // header field at fault: a truncated header, invalid JSON, an unknown dtype, a shape whose bytes
 // do not match its data_offsets, ranges outside the data or overlapping each other.
 TensorMap parse_safetensors(std::span<const std::byte> file, const std::string& origin);
+// The largest checkpoint file the reference engine reads (docs/engine.md): it holds every weight
+// in memory, as float, so a file this large already needs 8 GiB or more.
+inline constexpr std::int64_t kMaxCheckpointFileBytes = std::int64_t{4} << 30;  // 4 GiB
+// Reads a regular file of at most kMaxCheckpointFileBytes (a directory or device is refused).
 TensorMap read_safetensors(const std::string& path);
 
 // Serialises `tensors`, each in its own dtype (float32, float16 or bfloat16; values rounded to
