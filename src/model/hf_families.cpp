@@ -902,7 +902,9 @@ FamilyLayers describe_family(const ConfigReader& root, std::optional<std::string
   constexpr double kMaxLayers = 1 << 12;  // 30 times the deepest real model
   for (std::string_view key :
        {"num_hidden_layers", "num_nextn_predict_layers", "mtp_num_hidden_layers"}) {
-    if (lm.has(key) && lm.raw(key).is_number() && lm.raw(key).get<double>() > kMaxLayers) {
+    // Infinity and NaN fall through to the typed reader, which names them.
+    if (lm.has(key) && lm.raw(key).is_number() && std::isfinite(lm.raw(key).get<double>()) &&
+        lm.raw(key).get<double>() > kMaxLayers) {
       lm.fail(key, fmt::format("is {}, more layers than mixkv accepts ({}); fix the value",
                                lm.raw(key).dump(), kMaxLayers));
     }

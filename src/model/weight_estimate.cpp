@@ -69,8 +69,15 @@ class MlpLayout {
       }
     }
     if (experts_ == 0) return;
-    expert_width_ = lm.has("moe_intermediate_size") ? lm.positive_int("moe_intermediate_size")
-                                                    : lm.positive_int("intermediate_size");
+    // HunYuan gives moe_intermediate_size (and moe_topk) per layer, as a list.
+    if (lm.has("moe_intermediate_size") && lm.raw("moe_intermediate_size").is_array()) {
+      expert_widths_ = lm.int_list("moe_intermediate_size");
+      if (expert_widths_.empty()) lm.fail("moe_intermediate_size", "is an empty list");
+      expert_width_ = expert_widths_.front();
+    } else {
+      expert_width_ = lm.has("moe_intermediate_size") ? lm.positive_int("moe_intermediate_size")
+                                                      : lm.positive_int("intermediate_size");
+    }
     // Shared experts are spelled four ways; the Qwen form is one expert of its own width with
     // a scalar gate.
     if (lm.has("shared_expert_intermediate_size")) {
@@ -117,16 +124,20 @@ class MlpLayout {
     return {0, mul({matrices_, hidden_, lm_.positive_int("intermediate_size")}), 0};
   }
 
-  Params moe() const {
+  Params moe(std::int64_t layer = 0) const {
+    const std::int64_t width =
+        layer >= 0 && layer < static_cast<std::int64_t>(expert_widths_.size())
+            ? expert_widths_[static_cast<std::size_t>(layer)]
+            : expert_width_;
     Params p;
-    p.expert = mul({experts_, matrices_, hidden_, expert_width_});
+    p.expert = mul({experts_, matrices_, hidden_, width});
     // The router, the shared experts and (Qwen) their gate.
     p.dense = add(mul({hidden_, experts_}), mul({matrices_, hidden_, shared_width_}));
     if (shared_gate_) p.dense = add(p.dense, hidden_);
     return p;
   }
 
-  Params for_layer(std::int64_t i) const { return is_moe(i) ? moe() : dense(); }
+  Params for_layer(std::int64_t i) const { return is_moe(i) ? moe(i) : dense(); }
 
  private:
   const ConfigReader& lm_;
@@ -134,6 +145,7 @@ class MlpLayout {
   std::int64_t matrices_ = 3;
   std::int64_t experts_ = 0;
   std::int64_t expert_width_ = 0;
+  std::vector<std::int64_t> expert_widths_;  // per layer, when the config lists them
   std::int64_t shared_width_ = 0;
   bool shared_gate_ = false;
   std::set<std::int64_t> mlp_only_;
@@ -271,7 +283,7 @@ Params model_params(const ConfigReader& root, const FamilyLayers& family) {
       if (mixers.contains(i)) {
         p.dense = add(p.dense, mixers_at(i));
       } else if (pattern[i] == 'E') {
-        p.add_all(mlp.moe());
+        p.add_all(mlp.moe(i));
       } else {
         p.add_all(mlp.dense());
       }
