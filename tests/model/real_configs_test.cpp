@@ -7,6 +7,7 @@
 #include <string>
 
 #include "mixkv/describe.hpp"
+#include "mixkv/model_json.hpp"
 #include "model/config_reader.hpp"
 #include "test_support.hpp"
 
@@ -423,6 +424,18 @@ TEST(RealConfigs, Eagle3HeadBorrowingPhi3IsReadByItsLlamaArchitecture) {
   expect_attention(*draft[0], 24, 8, 128);
   EXPECT_FALSE(draft[0]->window.has_value());
   EXPECT_TRUE(layers_of(d, LayerKind::kSliding, Owner::kDraft).empty());
+}
+
+TEST(RealConfigs, IndexerAndLightningLayersRoundTripThroughTheModelFile) {
+  for (std::string_view name : {"deepseek-v3.2.json", "minimax-m1-80k.json"}) {
+    const ModelDesc d = describe_fixture(name);
+    const ModelDesc back = model_desc_from_json(to_json(d), "round trip");
+    EXPECT_EQ(back.layers, d.layers) << name;
+  }
+  nlohmann::json bad = to_json(describe_fixture("minimax-m1-80k.json"));
+  bad["layers"][0]["indexer"] = true;  // layer 0 is a lightning layer
+  testing::expect_error([&] { model_desc_from_json(bad, "bad.json"); }, ErrorCode::kInvalidInput,
+                        {"bad.json", "layers.0", "indexer"});
 }
 
 TEST(ConfigJson, AcceptsPythonsInfinityAndNanWhereNumbersGo) {
