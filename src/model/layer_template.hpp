@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mixkv/dtype.hpp"
-#include "mixkv/model.hpp"
+#include "mixkv/core/dtype.hpp"
+#include "mixkv/model/model.hpp"
 
 namespace mixkv::model {
 

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <string>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "model/config_reader.hpp"
 #include "test_support.hpp"
 
