@@ -130,9 +130,9 @@ TEST(Verify, GdnGroupsRunDecodeCheckpointsAndPrefillWithinTolerance) {
 TEST(Verify, Mamba2GroupsMatchTheReference) {
   // Float32 SSM state (the config does not say otherwise) makes one request's pages larger than
   // 64 MiB holds at vLLM's hybrid block size.
-  const VerifyReport r = run_verify("nemotron-h-8b", std::nullopt, plan::Policy::kVllm,
-                                    backend::Backend::kFlashinfer, 2, PlantedFault::kNone, -1,
-                                    256 * kMiB);
+  const VerifyReport r =
+      run_verify("nemotron-h-8b", std::nullopt, plan::Policy::kVllm, backend::Backend::kFlashinfer,
+                 2, PlantedFault::kNone, -1, 256 * kMiB);
   const auto groups = recurrent_groups(r);
   ASSERT_FALSE(groups.empty());
   for (const GroupResult* g : groups) {
