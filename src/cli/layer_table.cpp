@@ -1,6 +1,7 @@
 #include "layer_table.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -47,14 +48,19 @@ std::string bytes_text(const model::LayerDesc& l) {
 
 }  // namespace
 
-std::string compact_indices(const std::vector<int>& v) {
-  if (v.empty()) return "-";
-  if (v.size() >= 3 && v[1] - v[0] > 1) {
-    const int step = v[1] - v[0];
-    bool progression = true;
-    for (std::size_t i = 1; i < v.size(); ++i) progression = progression && v[i] - v[i - 1] == step;
-    if (progression) return fmt::format("{}..{} step {}", v.front(), v.back(), step);
+namespace {
+
+// "a..b step s" when `v` (sorted, at least three long) is an arithmetic progression with a gap.
+std::optional<std::string> progression(const std::vector<int>& v) {
+  if (v.size() < 3 || v[1] - v[0] < 2) return std::nullopt;
+  const int step = v[1] - v[0];
+  for (std::size_t i = 1; i < v.size(); ++i) {
+    if (v[i] - v[i - 1] != step) return std::nullopt;
   }
+  return fmt::format("{}..{} step {}", v.front(), v.back(), step);
+}
+
+std::vector<std::string> runs_of(const std::vector<int>& v) {
   std::vector<std::string> runs;
   for (std::size_t i = 0; i < v.size();) {
     std::size_t j = i;
@@ -62,13 +68,33 @@ std::string compact_indices(const std::vector<int>& v) {
     runs.push_back(i == j ? fmt::format("{}", v[i]) : fmt::format("{}-{}", v[i], v[j]));
     i = j + 1;
   }
-  // Keep the column readable: first runs, an ellipsis, the last run.
+  return runs;
+}
+
+}  // namespace
+
+// Every form printed here is exact: a progression, a list of runs, a range minus a progression
+// (Gemma 3's local layers: "0-61 except 5..59 step 6"), or, when nothing short is true, the first
+// runs and the last with the number of runs left out spelled out, never an ellipsis that reads
+// as "and so on".
+std::string compact_indices(const std::vector<int>& v) {
+  if (v.empty()) return "-";
+  if (auto p = progression(v)) return *p;
+  const std::vector<std::string> runs = runs_of(v);
   constexpr std::size_t kMaxRuns = 4;
-  if (runs.size() > kMaxRuns) {
-    return fmt::format("{},...,{}", fmt::join(runs.begin(), runs.begin() + kMaxRuns - 1, ","),
-                       runs.back());
+  if (runs.size() <= kMaxRuns) return fmt::format("{}", fmt::join(runs, ","));
+  std::vector<int> missing;
+  for (std::size_t i = 1; i < v.size(); ++i) {
+    for (int k = v[i - 1] + 1; k < v[i]; ++k) missing.push_back(k);
   }
-  return fmt::format("{}", fmt::join(runs, ","));
+  const std::string range = fmt::format("{}-{}", v.front(), v.back());
+  if (auto p = progression(missing)) return fmt::format("{} except {}", range, *p);
+  const std::string all = fmt::format("{}", fmt::join(runs, ","));
+  constexpr std::size_t kMaxChars = 40;
+  if (all.size() <= kMaxChars) return all;
+  constexpr std::size_t kShown = 3;
+  return fmt::format("{},(+{} more),{}", fmt::join(runs.begin(), runs.begin() + kShown, ","),
+                     runs.size() - kShown - 1, runs.back());
 }
 
 std::string format_layer_table(const model::ModelDesc& desc) {
@@ -102,18 +128,19 @@ std::string format_layer_table(const model::ModelDesc& desc) {
   }
   const auto line = [](auto&&... cols) {
     return fmt::format(
-        "{:<7} {:<22} {:>3}  {:<7} {:>7} {:>7} {:>7} {:>5} {:>8} {:<5} {:<6} {:<9} {:>12}  {}\n",
+        "{:<7} {:<26} {:>3}  {:<9} {:>7} {:>7} {:>7} {:>5} {:>8} {:<5} {:<6} {:<9} {:>12}  {}\n",
         cols...);
   };
   out += line("owner", "layers", "n", "kind", "q/kv", "head", "extent", "cap", "scale", "sinks",
               "causal", "dtype", "cache", "state");
   for (const auto& r : rows) {
     const auto& l = r.key;
-    out += line(to_string(l.owner), compact_indices(r.indices), r.indices.size(), to_string(l.kind),
-                heads(l), head_sizes(l), extent(l),
-                l.soft_cap ? fmt::format("{:g}", *l.soft_cap) : "-", fmt::format("{:.5g}", l.scale),
-                l.sinks ? "yes" : "no", l.causal ? "yes" : "no", to_string(l.kv_dtype),
-                bytes_text(l), state_text(l));
+    // A DSA indexer's key cache is planned as an MLA layer; the table says what it is.
+    const std::string_view kind = l.indexer ? "indexer" : to_string(l.kind);
+    out += line(to_string(l.owner), compact_indices(r.indices), r.indices.size(), kind, heads(l),
+                head_sizes(l), extent(l), l.soft_cap ? fmt::format("{:g}", *l.soft_cap) : "-",
+                fmt::format("{:.5g}", l.scale), l.sinks ? "yes" : "no", l.causal ? "yes" : "no",
+                to_string(l.kv_dtype), bytes_text(l), state_text(l));
   }
   return out;
 }

@@ -44,8 +44,8 @@ void add_model_options(CLI::App& cmd, ModelArgs& args) {
       "--layer-kv-dtype", args.layer_kv_dtypes,
       "Per-layer override NAME=DTYPE, NAME may be a glob (e.g. 'draft.*=fp8'); repeatable");
   cmd.add_option("--ssm-dtype", args.ssm_dtype,
-                 "Recurrent temporal/SSM state dtype: auto (the config's own, else the model "
-                 "dtype) or a dtype")
+                 "Recurrent temporal/SSM state dtype: auto (the config's own, else float32 for "
+                 "Mamba2 and the model dtype for the others) or a dtype")
       ->capture_default_str();
 }
 

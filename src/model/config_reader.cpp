@@ -1,6 +1,7 @@
 #include "config_reader.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -19,7 +20,93 @@ std::string_view type_name(const nlohmann::json& value) {
   return "an object";
 }
 
+// A JSON string cannot hold a raw NUL, so a config's own text never decodes to these unless it
+// spells the escape out on purpose.
+constexpr std::string_view kConstantMark = "\\u0000mixkv-python-constant:";
+
+bool word_char(char ch) {
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+         ch == '_' || ch == '.';
+}
+
+// Turns placeholder strings back into the numbers they stand for.
+void restore_constants(nlohmann::json& value, const std::string& mark) {
+  if (value.is_string()) {
+    const auto& text = value.get_ref<const std::string&>();
+    if (!text.starts_with(mark)) return;
+    const std::string_view name = std::string_view(text).substr(mark.size());
+    const double inf = std::numeric_limits<double>::infinity();
+    value = name == "NaN"         ? std::numeric_limits<double>::quiet_NaN()
+            : name == "-Infinity" ? -inf
+                                  : inf;
+  } else if (value.is_structured()) {
+    for (auto& child : value) restore_constants(child, mark);
+  }
+}
+
+// How a value reads in a message: Infinity and NaN as Python writes them (dump() prints null).
+std::string shown(const nlohmann::json& value) {
+  if (value.is_number_float()) {
+    const double d = value.get<double>();
+    if (std::isnan(d)) return "NaN";
+    if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
+  }
+  return value.dump();
+}
+
 }  // namespace
+
+nlohmann::json parse_config_json(std::string_view text) {
+  static constexpr std::string_view kConstants[] = {"-Infinity", "Infinity", "NaN"};
+  std::string strict;
+  strict.reserve(text.size());
+  bool in_string = false, escape = false, replaced = false;
+  for (std::size_t i = 0; i < text.size();) {
+    const char ch = text[i];
+    if (in_string) {
+      strict += ch;
+      if (escape) {
+        escape = false;
+      } else if (ch == '\\') {
+        escape = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      ++i;
+      continue;
+    }
+    if (ch == '"') {
+      in_string = true;
+      strict += ch;
+      ++i;
+      continue;
+    }
+    bool matched = false;
+    for (std::string_view constant : kConstants) {
+      const std::size_t end = i + constant.size();
+      if (text.substr(i).starts_with(constant) && (i == 0 || !word_char(text[i - 1])) &&
+          (end == text.size() || !word_char(text[end]))) {
+        strict += '"';
+        strict += kConstantMark;
+        strict += constant;
+        strict += '"';
+        i = end;
+        matched = replaced = true;
+        break;
+      }
+    }
+    if (!matched) {
+      strict += ch;
+      ++i;
+    }
+  }
+  nlohmann::json doc = nlohmann::json::parse(strict);
+  if (replaced) {
+    const std::string mark = std::string(1, '\0') + std::string(kConstantMark.substr(6));
+    restore_constants(doc, mark);
+  }
+  return doc;
+}
 
 ConfigReader::ConfigReader(const nlohmann::json& object, std::string origin, std::string path)
     : object_(&object), origin_(std::move(origin)), path_(std::move(path)) {
@@ -62,7 +149,7 @@ std::int64_t read_bounded_int(const nlohmann::json& value, std::string_view wher
     // Some exporters write integers as 4096.0; accept those, reject real fractions.
     double d = value.get<double>();
     if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > double(kMaxConfigInt)) {
-      throw_invalid(fmt::format("{} is {}, expected an integer", where, value.dump()));
+      throw_invalid(fmt::format("{} is {}, expected an integer", where, shown(value)));
     }
     out = static_cast<std::int64_t>(d);
   } else {
@@ -98,7 +185,7 @@ double ConfigReader::positive_number(std::string_view key) const {
   }
   double d = value.get<double>();
   if (!std::isfinite(d) || d <= 0) {
-    fail(key, fmt::format("is {}, expected a positive finite number", value.dump()));
+    fail(key, fmt::format("is {}, expected a positive finite number", shown(value)));
   }
   return d;
 }

@@ -51,6 +51,12 @@ class ConfigReader {
   std::string path_;
 };
 
+// Parses a config document as Python's json module writes it: strict JSON plus the bare constants
+// Infinity, -Infinity and NaN (HF configs hold them, e.g. Mamba's time_step_limit), which become
+// those doubles; the same words inside strings are left alone. Throws what nlohmann::json::parse
+// throws for anything else.
+nlohmann::json parse_config_json(std::string_view text);
+
 // Reads `value` (at `where`) as an integer in [min, kMaxConfigInt]; throws a clear Error otherwise.
 std::int64_t read_bounded_int(const nlohmann::json& value, std::string_view where,
                               std::int64_t min);

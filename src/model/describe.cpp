@@ -41,6 +41,9 @@ bool mentions(const ConfigReader& root, std::string_view key, std::string_view n
 DraftKind detect_draft_kind(const ConfigReader& root) {
   if (mentions(root, "architectures", "eagle3")) return DraftKind::kEagle3;
   if (mentions(root, "architectures", "eagle")) return DraftKind::kEagle;
+  // The EAGLE authors' own EAGLE-3 training configs say LlamaForCausalLM; the reduced draft
+  // vocabulary (and its d2t/t2d maps) is what only an EAGLE-3 head has.
+  if (root.has("draft_vocab_size")) return DraftKind::kEagle3;
   if (mentions(root, "architectures", "dflash") || mentions(root, "auto_map", "dflash") ||
       root.has("dflash_config")) {
     return DraftKind::kDflash;
@@ -55,10 +58,42 @@ struct Drafter {
   DraftInfo info;
 };
 
+// The family an EAGLE head's architecture names ("LlamaForCausalLMEagle3" -> llama,
+// "GptOssForCausalLMEagle3" -> gpt_oss), if mixkv knows it. EAGLE heads are built by their
+// architecture class whatever model_type their config borrows (SpecForge writes phi3 or qwen3
+// model types beside LlamaForCausalLMEagle3), so the architecture decides how the head is read.
+std::optional<std::string> eagle_architecture_family(const ConfigReader& root) {
+  if (!root.has("architectures") || !root.raw("architectures").is_array()) return std::nullopt;
+  const auto squash = [](std::string_view s) {
+    std::string out;
+    for (char ch : lower(s)) {
+      if (ch != '_') out += ch;
+    }
+    return out;
+  };
+  for (const auto& entry : root.raw("architectures")) {
+    if (!entry.is_string()) continue;
+    std::string arch = squash(entry.get<std::string>());
+    for (std::string_view prefix : {"eagle3", "eagle"}) {
+      if (arch.starts_with(prefix)) arch = arch.substr(prefix.size());
+    }
+    const auto at = arch.find("forcausallm");
+    if (at == std::string::npos || at == 0) continue;
+    arch = arch.substr(0, at);
+    for (const std::string& family : supported_model_types()) {
+      if (squash(family) == arch) return family;
+    }
+  }
+  return std::nullopt;
+}
+
 Drafter describe_drafter(const ConfigReader& root) {
   Drafter d;
   d.info.kind = detect_draft_kind(root);
-  d.family = describe_family(root);
+  const bool eagle = d.info.kind == DraftKind::kEagle || d.info.kind == DraftKind::kEagle3;
+  const std::optional<std::string> by_architecture =
+      eagle ? eagle_architecture_family(root) : std::nullopt;
+  d.family = by_architecture ? describe_family(root, *by_architecture) : describe_family(root);
   const std::optional<ConfigReader> dflash = root.optional_child("dflash_config");
   std::optional<bool> causal;
   switch (d.info.kind) {
@@ -114,13 +149,13 @@ Drafter describe_drafter(const ConfigReader& root) {
   return d;
 }
 
-int default_spec_tokens(const std::optional<DraftInfo>& info, std::size_t num_mtp_layers) {
+int default_spec_tokens(const std::optional<DraftInfo>& info, std::int64_t mtp_steps) {
   if (!info) return 0;
   switch (info->kind) {
     case DraftKind::kDflash:
       return *info->block_size - 1;  // one forward drafts the block minus its anchor
     case DraftKind::kMtp:
-      return static_cast<int>(num_mtp_layers);
+      return static_cast<int>(mtp_steps);  // one token per prediction step
     default:
       return kDefaultChainSpecTokens;
   }
@@ -138,7 +173,9 @@ void apply_overrides(std::vector<LayerDesc>& layers,
   for (const auto& o : overrides) {
     bool matched = false;
     for (auto& layer : layers) {
-      if (is_attention(layer.kind) && fnmatch(o.pattern.c_str(), layer.name.c_str(), 0) == 0) {
+      // A DSA indexer's key cache keeps its own fp8 format (it is not a KV cache).
+      if (is_attention(layer.kind) && !layer.indexer &&
+          fnmatch(o.pattern.c_str(), layer.name.c_str(), 0) == 0) {
         layer.kv_dtype = o.dtype;
         matched = true;
       }
@@ -146,7 +183,8 @@ void apply_overrides(std::vector<LayerDesc>& layers,
     if (!matched) {
       std::vector<std::string> examples;
       for (const auto& layer : layers) {
-        if (is_attention(layer.kind) && examples.size() < 3) examples.push_back(layer.name);
+        if (is_attention(layer.kind) && !layer.indexer && examples.size() < 3)
+          examples.push_back(layer.name);
       }
       throw_invalid(
           fmt::format("--layer-kv-dtype '{}={}' matches no attention layer; attention layers "
@@ -165,7 +203,7 @@ ModelDesc finalize(const std::string& model, const std::optional<std::string>& d
   desc.tp = options.tp.value_or(1);
   check_range("--tp", desc.tp, 1, kMaxTp);
   desc.num_spec_tokens =
-      options.num_spec_tokens.value_or(default_spec_tokens(draft_info, draft_layers.size()));
+      options.num_spec_tokens.value_or(default_spec_tokens(draft_info, target.mtp_steps));
   check_range("--num-spec-tokens", desc.num_spec_tokens, 0, kMaxSpecTokens);
   desc.draft_info = std::move(draft_info);
 
@@ -244,6 +282,7 @@ ModelDesc adjust_native(ModelDesc desc, const DescribeOptions& options, std::str
                     origin, desc.num_spec_tokens, *options.num_spec_tokens));
   }
   for (auto& layer : desc.layers) {
+    if (layer.indexer) continue;  // its fp8 key format is fixed
     if (is_attention(layer.kind)) {
       auto chosen =
           layer.owner == Owner::kDraft
@@ -270,7 +309,7 @@ std::string read_file(const std::filesystem::path& path) {
 ModelSource parse_model_source(std::string name, std::string origin, std::string_view text) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(text);
+    doc = parse_config_json(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw_invalid(fmt::format("{}: invalid JSON at byte {}; fix the file (is it truncated?)",
                               origin, e.byte));
@@ -281,6 +320,7 @@ ModelSource parse_model_source(std::string name, std::string origin, std::string
   }
   if (!doc.is_object())
     throw_invalid(fmt::format("{}: expected a JSON object at the top level", origin));
+  if (!is_native_model_file(doc)) apply_family_defaults(doc);
   return ModelSource{std::move(name), std::move(origin),
                      std::make_shared<const nlohmann::json>(std::move(doc))};
 }

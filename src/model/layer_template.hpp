@@ -9,6 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "mixkv/core/dtype.hpp"
 #include "mixkv/model/model.hpp"
 
@@ -26,8 +28,11 @@ struct Mamba2Params {
 struct Mamba1Params {
   std::int64_t intermediate, state_size, conv_kernel;
 };
+struct LightningParams {
+  std::int64_t num_heads, head_dim;
+};
 using RecurrentParams =
-    std::variant<std::monostate, GdnParams, KdaParams, Mamba2Params, Mamba1Params>;
+    std::variant<std::monostate, GdnParams, KdaParams, Mamba2Params, Mamba1Params, LightningParams>;
 
 struct LayerTemplate {
   LayerDesc desc;  // unsharded (TP 1); kv_dtype holds the model's own dtype; state empty
@@ -38,10 +43,16 @@ struct LayerTemplate {
 struct FamilyLayers {
   std::vector<LayerTemplate> layers;      // the model's decoder layers that hold a cache
   std::vector<LayerTemplate> mtp_layers;  // MTP layers it declares (used only as a drafter)
+  // Prediction steps those MTP layers make, one speculative token each: a step may hold more than
+  // one cache layer (a Nemotron-H MTP step of pattern "*E" holds one, of "M*E" two).
+  std::int64_t mtp_steps = 0;
   DType model_dtype = DType::kBfloat16;
   std::optional<DType> ssm_dtype;  // the config's own recurrent-state dtype, if it sets one
   std::string model_type;
   std::int64_t num_hidden_layers = 0;  // decoder layers, cache-less ones (MLP blocks) included
+  // Nemotron-H: one character per decoder block (M Mamba2, * attention, - MLP, E MoE), however
+  // the config spelled it; empty for other families.
+  std::string block_pattern;
   // Raw numbers of the language model (text_config when nested), for ModelFacts and for checking
   // that a drafter fits its target; nullopt when the config does not give them.
   std::optional<std::int64_t> hidden_size;
@@ -51,9 +62,17 @@ struct FamilyLayers {
 
 class ConfigReader;
 
-// Dispatches on model_type (reading text_config when the LM is nested); throws Error for
-// unknown types, listing the supported ones.
-FamilyLayers describe_family(const ConfigReader& root);
+// Fills in, where a HuggingFace config omits them, the keys whose HF configuration-class defaults
+// decide the cache (a real config leaves out every key equal to its default: google/gemma-3-4b-it
+// gives neither heads nor head_dim). Applied to the language model's object (text_config when
+// nested) before any family reads it, so every reader sees the same complete config.
+void apply_family_defaults(nlohmann::json& doc);
+
+// Dispatches on model_type (reading text_config when the LM is nested), or on `family` when given
+// (an EAGLE head read by its architecture); throws Error for unknown types, listing the supported
+// ones.
+FamilyLayers describe_family(const ConfigReader& root,
+                             std::optional<std::string_view> family = std::nullopt);
 
 struct FinalizeOptions {
   int tp = 1;

@@ -23,6 +23,7 @@ constexpr std::array kLayerKinds = {
     Named<LayerKind>{"kda", LayerKind::kKda},
     Named<LayerKind>{"mamba2", LayerKind::kMamba2},
     Named<LayerKind>{"mamba1", LayerKind::kMamba1},
+    Named<LayerKind>{"lightning", LayerKind::kLightning},
 };
 constexpr std::array kOwners = {Named<Owner>{"target", Owner::kTarget},
                                 Named<Owner>{"draft", Owner::kDraft}};
@@ -73,12 +74,17 @@ void validate_layer(const LayerDesc& l) {
           "must be 1 for an MLA layer (it caches one latent vector per token)");
     check(l.kind != LayerKind::kMla || l.head_size_v <= l.head_size, l, "head_size_v",
           "must not exceed head_size for an MLA layer (the value is part of the latent)");
+    check(
+        !l.indexer || l.kind == LayerKind::kMla, l, "indexer",
+        "is set on a layer that is not 'mla'; a DSA indexer key cache is planned as an MLA-shaped "
+        "layer");
     check(l.state.empty(), l, "state",
           "is given for an attention layer; only recurrent layers have state");
     kv_bytes_per_token(l);  // throws on overflow
   } else {
     check(l.num_q_heads >= 0 && l.num_kv_heads >= 0 && l.head_size >= 0 && l.head_size_v >= 0, l,
           "head counts", "must not be negative");
+    check(!l.indexer, l, "indexer", "is set on a recurrent layer; only an 'mla' layer can be one");
     check(!l.state.empty(), l, "state", "is empty; a recurrent layer needs its state tensors");
     for (const auto& t : l.state) {
       check(!t.name.empty(), l, "state name", "is empty");
@@ -113,7 +119,7 @@ std::optional<DraftKind> parse_draft_kind(std::string_view text) {
 
 bool is_recurrent(LayerKind kind) {
   return kind == LayerKind::kGdn || kind == LayerKind::kKda || kind == LayerKind::kMamba2 ||
-         kind == LayerKind::kMamba1;
+         kind == LayerKind::kMamba1 || kind == LayerKind::kLightning;
 }
 bool is_attention(LayerKind kind) { return !is_recurrent(kind); }
 

@@ -37,6 +37,7 @@ json layer_to_json(const LayerDesc& l) {
           {"scale", l.scale},
           {"sinks", l.sinks},
           {"causal", l.causal},
+          {"indexer", l.indexer},
           {"kv_dtype", to_string(l.kv_dtype)},
           {"state", std::move(state)},
           // Derived, for readers; ignored when the document is read back.
@@ -100,7 +101,7 @@ LayerDesc layer_from_json(const ConfigReader& c) {
   l.owner = read_enum<Owner>(c, "owner", parse_owner, "target, draft");
   l.index = read_int(c, "index", 0);
   l.kind = read_enum<LayerKind>(c, "kind", parse_layer_kind,
-                                "full, sliding, chunked, mla, gdn, kda, mamba2, mamba1");
+                                "full, sliding, chunked, mla, gdn, kda, mamba2, mamba1, lightning");
   l.num_q_heads = read_int(c, "num_q_heads", 0);
   l.num_kv_heads = read_int(c, "num_kv_heads", 0);
   l.head_size = read_int(c, "head_size", 0);
@@ -112,6 +113,7 @@ LayerDesc layer_from_json(const ConfigReader& c) {
                            : (l.head_size > 0 ? 1.0 / std::sqrt(double(l.head_size)) : 1.0);
   l.sinks = c.optional_bool("sinks").value_or(false);
   l.causal = c.optional_bool("causal").value_or(true);
+  l.indexer = c.optional_bool("indexer").value_or(false);
   l.kv_dtype = c.has("kv_dtype") ? read_dtype(c, "kv_dtype") : DType::kBfloat16;
   if (c.has("state")) {
     const json& states = c.raw("state");

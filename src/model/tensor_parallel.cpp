@@ -46,6 +46,11 @@ int narrow(std::int64_t v) { return static_cast<int>(v); }  // callers bound v b
 LayerDesc finalize_layer(const LayerTemplate& t, const FinalizeOptions& o) {
   LayerDesc d = t.desc;
   const int tp = o.tp;
+  if (d.indexer) {
+    // vLLM replicates the DSA indexer (its query projection is a ReplicatedLinear), so every rank
+    // scores with all index heads over one full key cache, in the indexer's own fp8 format.
+    return d;
+  }
   if (is_attention(d.kind)) {
     d.kv_dtype = o.kv_dtype;
     d.num_q_heads = narrow(split(d, "num_q_heads", d.num_q_heads, tp));
@@ -107,6 +112,13 @@ LayerDesc finalize_layer(const LayerTemplate& t, const FinalizeOptions& o) {
     d.head_size = d.head_size_v = 0;
     d.state = {{"conv", {conv_rows(m1->conv_kernel, rows_extra), inner}, o.conv_dtype},
                {"ssm", {inner, m1->state_size}, o.ssm_dtype}};
+  } else if (const auto* li = std::get_if<LightningParams>(&t.recurrent)) {
+    // One running key-value outer-product sum per head (vLLM's MiniMax linear attention state);
+    // it has no conv, so speculation adds no rows.
+    const std::int64_t heads = split(d, "num_attention_heads", li->num_heads, tp);
+    d.num_q_heads = d.num_kv_heads = narrow(heads);
+    d.head_size = d.head_size_v = narrow(li->head_dim);
+    d.state = {{"kv", {heads, li->head_dim, li->head_dim}, o.ssm_dtype}};
   } else {
     throw_internal(fmt::format("layer {}: recurrent kind without recurrent parameters", d.name));
   }

@@ -69,8 +69,15 @@ class MlpLayout {
       }
     }
     if (experts_ == 0) return;
-    expert_width_ = lm.has("moe_intermediate_size") ? lm.positive_int("moe_intermediate_size")
-                                                    : lm.positive_int("intermediate_size");
+    // HunYuan gives moe_intermediate_size (and moe_topk) per layer, as a list.
+    if (lm.has("moe_intermediate_size") && lm.raw("moe_intermediate_size").is_array()) {
+      expert_widths_ = lm.int_list("moe_intermediate_size");
+      if (expert_widths_.empty()) lm.fail("moe_intermediate_size", "is an empty list");
+      expert_width_ = expert_widths_.front();
+    } else {
+      expert_width_ = lm.has("moe_intermediate_size") ? lm.positive_int("moe_intermediate_size")
+                                                      : lm.positive_int("intermediate_size");
+    }
     // Shared experts are spelled four ways; the Qwen form is one expert of its own width with
     // a scalar gate.
     if (lm.has("shared_expert_intermediate_size")) {
@@ -117,16 +124,20 @@ class MlpLayout {
     return {0, mul({matrices_, hidden_, lm_.positive_int("intermediate_size")}), 0};
   }
 
-  Params moe() const {
+  Params moe(std::int64_t layer = 0) const {
+    const std::int64_t width =
+        layer >= 0 && layer < static_cast<std::int64_t>(expert_widths_.size())
+            ? expert_widths_[static_cast<std::size_t>(layer)]
+            : expert_width_;
     Params p;
-    p.expert = mul({experts_, matrices_, hidden_, expert_width_});
+    p.expert = mul({experts_, matrices_, hidden_, width});
     // The router, the shared experts and (Qwen) their gate.
     p.dense = add(mul({hidden_, experts_}), mul({matrices_, hidden_, shared_width_}));
     if (shared_gate_) p.dense = add(p.dense, hidden_);
     return p;
   }
 
-  Params for_layer(std::int64_t i) const { return is_moe(i) ? moe() : dense(); }
+  Params for_layer(std::int64_t i) const { return is_moe(i) ? moe(i) : dense(); }
 
  private:
   const ConfigReader& lm_;
@@ -134,6 +145,7 @@ class MlpLayout {
   std::int64_t matrices_ = 3;
   std::int64_t experts_ = 0;
   std::int64_t expert_width_ = 0;
+  std::vector<std::int64_t> expert_widths_;  // per layer, when the config lists them
   std::int64_t shared_width_ = 0;
   bool shared_gate_ = false;
   std::set<std::int64_t> mlp_only_;
@@ -160,6 +172,13 @@ std::int64_t mixer_params(const ConfigReader& lm, const LayerTemplate& t, std::i
       return add(mul({input, add(q, kv)}), mul({d.num_q_heads, d.head_size_v, hidden}));
     }
     case LayerKind::kMla: {
+      if (d.indexer) {
+        // DSA indexer: wq_b from the query latent (or the hidden state), wk, weights_proj.
+        const std::int64_t dim = lm.positive_int("index_head_dim");
+        const std::int64_t q_in = lm.optional_positive_int("q_lora_rank").value_or(hidden);
+        return add(add(mul({q_in, d.num_q_heads, dim}), mul({hidden, dim})),
+                   mul({hidden, d.num_q_heads}));
+      }
       // q_a/q_b (or one q_proj without q_lora_rank), kv_a (latent + shared rope key), kv_b, o.
       const std::int64_t heads = d.num_q_heads;
       const std::int64_t nope = lm.positive_int("qk_nope_head_dim");
@@ -214,6 +233,11 @@ std::int64_t mixer_params(const ConfigReader& lm, const LayerTemplate& t, std::i
       p = add(p, mul({m.intermediate, m.state_size}));
       return add(p, mul({m.intermediate, hidden}));
     }
+    case LayerKind::kLightning: {
+      // MiniMax linear attention: fused q/k/v, the output gate and out_proj.
+      const auto& li = std::get<LightningParams>(t.recurrent);
+      return mul({5, hidden, li.num_heads, li.head_dim});
+    }
   }
   throw_internal("weight estimate: unknown layer kind");
 }
@@ -239,18 +263,27 @@ Params model_params(const ConfigReader& root, const FamilyLayers& family) {
   const std::int64_t hidden = hidden_of(family, lm);
   const bool gated_q = gated_attention(lm, family.model_type);
   const MlpLayout mlp(lm, hidden);
-  std::map<std::int64_t, const LayerTemplate*> mixers;
-  for (const auto& t : family.layers) mixers[t.desc.index] = &t;
+  // A layer index may hold more than one mixer (Falcon-H1's attention beside Mamba2,
+  // DeepSeek-V3.2's indexer beside MLA).
+  std::multimap<std::int64_t, const LayerTemplate*> mixers;
+  for (const auto& t : family.layers) mixers.emplace(t.desc.index, &t);
+  const auto mixers_at = [&](std::int64_t i) {
+    std::int64_t sum = 0;
+    for (auto [it, end] = mixers.equal_range(i); it != end; ++it) {
+      sum = add(sum, mixer_params(lm, *it->second, hidden, hidden, gated_q));
+    }
+    return sum;
+  };
 
   Params p = embedding_params(lm, root, family);
-  if (family.model_type == "nemotron_h") {
-    // Each block is one of mixer, MLP or MoE (hybrid_override_pattern), not a mixer + MLP pair.
-    const std::string pattern = lm.string("hybrid_override_pattern");
+  if (!family.block_pattern.empty()) {
+    // Nemotron-H: each block is one of mixer, MLP or MoE, not a mixer + MLP pair.
+    const std::string& pattern = family.block_pattern;
     for (std::int64_t i = 0; i < static_cast<std::int64_t>(pattern.size()); ++i) {
-      if (auto it = mixers.find(i); it != mixers.end()) {
-        p.dense = add(p.dense, mixer_params(lm, *it->second, hidden, hidden, gated_q));
+      if (mixers.contains(i)) {
+        p.dense = add(p.dense, mixers_at(i));
       } else if (pattern[i] == 'E') {
-        p.add_all(mlp.moe());
+        p.add_all(mlp.moe(i));
       } else {
         p.add_all(mlp.dense());
       }
@@ -258,9 +291,7 @@ Params model_params(const ConfigReader& root, const FamilyLayers& family) {
     return p;
   }
   for (std::int64_t i = 0; i < family.num_hidden_layers; ++i) {
-    if (auto it = mixers.find(i); it != mixers.end()) {
-      p.dense = add(p.dense, mixer_params(lm, *it->second, hidden, hidden, gated_q));
-    }
+    p.dense = add(p.dense, mixers_at(i));
     p.add_all(mlp.for_layer(i));
   }
   return p;
@@ -275,10 +306,12 @@ Params mtp_params(const ConfigReader& root, const FamilyLayers& family) {
   const bool gated_q = gated_attention(lm, family.model_type);
   const MlpLayout mlp(lm, hidden);
   Params p;
-  for (std::size_t j = 0; j < family.mtp_layers.size(); ++j) {
+  std::int64_t step = 0;
+  for (const LayerTemplate& t : family.mtp_layers) {
+    p.dense = add(p.dense, mixer_params(lm, t, hidden, hidden, gated_q));
+    if (t.desc.indexer) continue;  // part of the MTP layer before it
     p.dense = add(p.dense, mul({2, hidden, hidden}));
-    p.dense = add(p.dense, mixer_params(lm, family.mtp_layers[j], hidden, hidden, gated_q));
-    p.add_all(mlp.for_layer(add(family.num_hidden_layers, static_cast<std::int64_t>(j))));
+    p.add_all(mlp.for_layer(add(family.num_hidden_layers, step++)));
   }
   return p;
 }

@@ -18,7 +18,25 @@ TEST(CompactIndices, RunsAndProgressions) {
   EXPECT_EQ(compact_indices({3, 7, 11, 15}), "3..15 step 4");
   EXPECT_EQ(compact_indices({0, 1, 2, 4, 5, 6}), "0-2,4-6");
   EXPECT_EQ(compact_indices({5}), "5");
-  EXPECT_EQ(compact_indices({0, 1, 2, 4, 6, 8, 10, 20, 21}), "0-2,4,6,...,20-21");
+  // Six runs, short enough to print whole.
+  EXPECT_EQ(compact_indices({0, 1, 2, 4, 6, 8, 10, 20, 21}), "0-2,4,6,8,10,20-21");
+}
+
+// Issue 12 §6: an irregular set must not print as "0,2,4,...,50", which reads as a step-2 run.
+TEST(CompactIndices, IrregularSetsPrintWhatIsTrue) {
+  // Nemotron-H 8B's Mamba2 blocks: 24 irregularly spaced indices from 0 to 50.
+  const std::vector<int> mamba = {0,  2,  4,  6,  9,  11, 13, 15, 17, 20, 22, 24,
+                                  26, 28, 31, 33, 35, 37, 39, 42, 44, 46, 48, 50};
+  EXPECT_EQ(compact_indices(mamba), "0,2,4,(+20 more),50");
+  // Gemma 3 27B's local layers: all of 0..61 but every sixth.
+  std::vector<int> local;
+  for (int i = 0; i < 62; ++i) {
+    if ((i + 1) % 6 != 0) local.push_back(i);
+  }
+  EXPECT_EQ(compact_indices(local), "0-61 except 5..59 step 6");
+  // Irregular holes, but short enough to list every run.
+  EXPECT_EQ(compact_indices({0, 1, 3, 4, 5, 7, 8, 9, 10, 12, 13, 14, 15, 16, 18, 19}),
+            "0-1,3-5,7-10,12-16,18-19");
 }
 
 TEST(DescribeCommand, TableFoldsIdenticalLayersIntoOneRow) {

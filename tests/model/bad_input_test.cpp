@@ -124,7 +124,8 @@ TEST(BadConfig, MissingNestedFieldNamesItsPath) {
   c["model_type"] = "gemma3";
   c["text_config"] = llama();
   c["text_config"]["model_type"] = "gemma3_text";
-  c["text_config"].erase("num_attention_heads");
+  // An absent key takes Gemma3TextConfig's default; an explicit null is the config's own word.
+  c["text_config"]["num_attention_heads"] = nullptr;
   expect_error([&] { describe_json(c); }, kInvalid,
                {"test.json", "'text_config.num_attention_heads'", "is missing"});
 }
@@ -138,7 +139,7 @@ TEST(BadConfig, MissingGatedDeltaNetFieldNamesTheField) {
 
 TEST(BadConfig, MissingMambaFieldNamesTheField) {
   json c = nemotron();
-  c.erase("ssm_state_size");
+  c["ssm_state_size"] = nullptr;  // absent, it would take NemotronHConfig's default
   expect_error([&] { describe_json(c); }, kInvalid,
                {"test.json", "'ssm_state_size'", "is missing"});
 }

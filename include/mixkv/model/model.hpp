@@ -14,14 +14,15 @@
 namespace mixkv::model {
 
 enum class LayerKind {
-  kFull,     // full causal attention: one K and V per token
-  kSliding,  // sliding-window attention: only the last `window` tokens are read
-  kChunked,  // chunked-local attention: tokens attend within aligned chunks of `chunk` tokens
-  kMla,      // multi-head latent attention: one latent vector (head_size wide) per token
-  kGdn,      // Gated DeltaNet linear attention: fixed-size recurrent state
-  kKda,      // Kimi Delta Attention: fixed-size recurrent state
-  kMamba2,   // Mamba2 selective state space: fixed-size state
-  kMamba1,   // Mamba (v1) selective state space: fixed-size state
+  kFull,       // full causal attention: one K and V per token
+  kSliding,    // sliding-window attention: only the last `window` tokens are read
+  kChunked,    // chunked-local attention: tokens attend within aligned chunks of `chunk` tokens
+  kMla,        // multi-head latent attention: one latent vector (head_size wide) per token
+  kGdn,        // Gated DeltaNet linear attention: fixed-size recurrent state
+  kKda,        // Kimi Delta Attention: fixed-size recurrent state
+  kMamba2,     // Mamba2 selective state space: fixed-size state
+  kMamba1,     // Mamba (v1) selective state space: fixed-size state
+  kLightning,  // MiniMax lightning (linear) attention: one fixed-size key-value state per head
 };
 
 enum class Owner { kTarget, kDraft };
@@ -73,6 +74,11 @@ struct LayerDesc {
   double scale = 1.0;                  // softmax scale applied to q.k
   bool sinks = false;                  // learned per-head sink logits
   bool causal = true;
+  // kMla only: the key cache of a DeepSeek sparse-attention (DSA) lightning indexer. It is planned
+  // like an MLA latent (one "KV head" of head_size elements per token, always fp8: the key plus
+  // its fp32 scale, as vLLM stores it), but it is read by the indexer's top-k scoring, not by
+  // softmax attention, and its dtype does not follow --kv-dtype.
+  bool indexer = false;
   // Cache element type. Recurrent layers: the type of their conv state (see `state` for all).
   DType kv_dtype = DType::kBfloat16;
   std::vector<StateTensor> state;  // recurrent kinds only; empty for attention
