@@ -148,8 +148,8 @@ struct KdaInputs {
 void kda_step(const KdaSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
               std::span<const StateSequence> batch, const KdaInputs& inputs, std::span<float> out);
 // The same recurrence in chunks of `chunk` tokens (UT transform within a chunk, one state update
-// per chunk; decays within a chunk are taken relative to 16-token sub-blocks so no factor
-// exceeds 1, whatever the gates). Only the final state is stored: one out slot per request.
+// per chunk; each key is carried through the chunk decayed token by token, so no factor exceeds
+// 1 whatever the gates). Only the final state is stored: one out slot per request.
 void kda_chunked_prefill(const KdaSpec& spec, const layout::LayerGeometry& layer,
                          std::span<std::byte> cache, std::span<const StateSequence> batch,
                          const KdaInputs& inputs, std::int64_t chunk, std::span<float> out);

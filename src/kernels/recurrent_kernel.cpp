@@ -541,13 +541,13 @@ void gdn_chunked_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
 
 // KDA's chunk: the same solve with a decay per key channel, so every gated product is a sum over
 // channels, A_ts = beta_t sum_i k_t[i] k_s[i] e^{G_t[i] - G_s[i]} (likewise q_t . k_s), and
-// Gamma_t is the vector e^{G_t}. e^{-G_s} alone overflows once a channel's decay over the chunk
-// passes e^-88, so a pair's factor is split at the last token r before t's 16-token sub-block:
-// e^{G_t - G_r} e^{G_r - G_s}, both <= 1 (the key and query of t scaled by the first, the key of
-// s by the second); pairs inside one sub-block take e^{G_t - G_s} per channel. (flash-linear-
-// attention's chunk_kda splits its chunks into sub-chunks for the same reason.)
-constexpr std::int64_t kKdaSubBlock = 16;
-
+// Gamma_t is the vector e^{G_t}. GDN's factored form e^{G_t} e^{-G_s} overflows once a channel
+// has decayed by more than e^-88 within the chunk (Kimi Linear's gate reaches -35 per token), so
+// the keys are carried instead: W[:, s] = k_s decayed to the current token, multiplied by
+// e^{g_t} as each token t comes (every factor <= 1; an underflow to 0 is the true value's
+// rounding). Row t of A and of Q.K are then plain products with W, and after the chunk's last
+// token W holds the keys decayed to its end, which the state update takes. One exp per channel
+// and token, as in the step.
 MIXKV_KERNEL_CLONES
 void kda_chunked_loops(const KdaSpec& spec, const layout::LayerGeometry& layer,
                        std::span<std::byte> cache, std::span<const StateSequence> batch,
@@ -556,96 +556,46 @@ void kda_chunked_loops(const KdaSpec& spec, const layout::LayerGeometry& layer,
   const std::int64_t per_k = hv / hk;
   const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
   std::vector<float> state(sz(spec.place.elements));
-  std::vector<float> cum(sz(chunk * dk)), decay_rows(sz(dk)), e(sz(dk));
+  std::vector<float> decay(sz(dk)), gamma(sz(dk));
   std::vector<float> a(sz(chunk * chunk)), qk(sz(chunk * chunk));
   std::vector<float> u(sz(chunk * dv)), sq(sz(chunk * dv));
-  std::vector<float> k_g(sz(dk * chunk)), q_g(sz(dk * chunk)), k_r(sz(dk * chunk));
-  std::vector<float> kt_r(sz(dk)), qt_r(sz(dk));
+  std::vector<float> w(sz(dk * chunk)), k_g(sz(dk * chunk)), q_g(sz(dk * chunk));
   std::int64_t row0 = 0;
   for (const StateSequence& s : batch) {
     load(spec.place, layer, cache, s.in_slot, state.data());
     for (std::int64_t h = 0; h < hv; ++h) {
       float* st = state.data() + h * dk * dv;
       const std::int64_t kh = h / per_k;
-      auto q_of = [&](std::int64_t r) { return in.q.data() + (r * hk + kh) * dk; };
-      auto k_of = [&](std::int64_t r) { return in.k.data() + (r * hk + kh) * dk; };
       for (std::int64_t c0 = 0; c0 < s.num_tokens; c0 += chunk) {
         const std::int64_t len = std::min(chunk, s.num_tokens - c0);
         const std::int64_t r0 = row0 + c0;
-        // G_t per channel, and the keys and (scaled) queries gated from the chunk's start.
+        std::fill(gamma.begin(), gamma.end(), 1.0f);
         for (std::int64_t t = 0; t < len; ++t) {
           const float* g = in.g.data() + ((r0 + t) * hv + h) * dk;
-          float* ct = cum.data() + t * dk;
-          const float* prev = t > 0 ? ct - dk : nullptr;
-          for (std::int64_t i = 0; i < dk; ++i) ct[i] = prev ? prev[i] + g[i] : g[i];
-          const float* kt = k_of(r0 + t);
-          const float* qt = q_of(r0 + t);
-          for (std::int64_t i = 0; i < dk; ++i) {
-            const float gamma = std::exp(ct[i]);
-            k_g[i * chunk + t] = gamma * kt[i];
-            q_g[i * chunk + t] = gamma * spec.scale * qt[i];
-          }
-        }
-        std::fill_n(a.begin(), len * chunk, 0.0f);
-        std::fill_n(qk.begin(), len * chunk, 0.0f);
-        for (std::int64_t b0 = 0; b0 < len; b0 += kKdaSubBlock) {
-          const std::int64_t b1 = std::min(len, b0 + kKdaSubBlock);
-          if (b0 > 0) {
-            // Earlier tokens s < b0 against this sub-block, through r = b0 - 1.
-            const float* gr = cum.data() + (b0 - 1) * dk;
-            for (std::int64_t s2 = 0; s2 < b0; ++s2) {
-              const float* ks = k_of(r0 + s2);
-              const float* gs = cum.data() + s2 * dk;
-              for (std::int64_t i = 0; i < dk; ++i) {
-                k_r[i * chunk + s2] = std::exp(gr[i] - gs[i]) * ks[i];
-              }
-            }
-            for (std::int64_t t = b0; t < b1; ++t) {
-              const float* kt = k_of(r0 + t);
-              const float* qt = q_of(r0 + t);
-              const float* gt = cum.data() + t * dk;
-              for (std::int64_t i = 0; i < dk; ++i) {
-                const float w = std::exp(gt[i] - gr[i]);
-                kt_r[i] = w * kt[i];
-                qt_r[i] = w * qt[i];
-              }
-              float* at = a.data() + t * chunk;
-              float* qkt = qk.data() + t * chunk;
-              for (std::int64_t i = 0; i < dk; ++i) {
-                const float* col = k_r.data() + i * chunk;
-                const float ki = kt_r[i], qi = qt_r[i];
-                for (std::int64_t s2 = 0; s2 < b0; ++s2) {
-                  at[s2] += ki * col[s2];
-                  qkt[s2] += qi * col[s2];
-                }
-              }
-            }
-          }
-          // Pairs inside the sub-block (s <= t), a factor per channel.
-          for (std::int64_t t = b0; t < b1; ++t) {
-            const float* kt = k_of(r0 + t);
-            const float* qt = q_of(r0 + t);
-            const float* gt = cum.data() + t * dk;
-            for (std::int64_t s2 = b0; s2 <= t; ++s2) {
-              const float* ks = k_of(r0 + s2);
-              const float* gs = cum.data() + s2 * dk;
-              for (std::int64_t i = 0; i < dk; ++i) e[i] = std::exp(gt[i] - gs[i]) * ks[i];
-              float kk = 0, qq = 0;
-              for (std::int64_t i = 0; i < dk; ++i) {
-                kk += kt[i] * e[i];
-                qq += qt[i] * e[i];
-              }
-              a[t * chunk + s2] = kk;
-              qk[t * chunk + s2] = qq;
-            }
-          }
-        }
-        for (std::int64_t t = 0; t < len; ++t) {
-          const float beta = in.beta[(r0 + t) * hv + h];
+          const float* kt = in.k.data() + ((r0 + t) * hk + kh) * dk;
+          const float* qt = in.q.data() + ((r0 + t) * hk + kh) * dk;
+          for (std::int64_t i = 0; i < dk; ++i) decay[i] = std::exp(g[i]);
           float* at = a.data() + t * chunk;
           float* qkt = qk.data() + t * chunk;
+          std::fill_n(at, t + 1, 0.0f);
+          std::fill_n(qkt, t + 1, 0.0f);
+          for (std::int64_t i = 0; i < dk; ++i) {
+            float* wi = w.data() + i * chunk;
+            const float di = decay[i], ki = kt[i], qi = qt[i];
+            for (std::int64_t s2 = 0; s2 < t; ++s2) {
+              const float ws = wi[s2] * di;
+              wi[s2] = ws;
+              at[s2] += ki * ws;
+              qkt[s2] += qi * ws;
+            }
+            wi[t] = ki;
+            qkt[t] += qi * ki;
+            gamma[i] *= di;
+            k_g[i * chunk + t] = gamma[i] * ki;
+            q_g[i * chunk + t] = gamma[i] * spec.scale * qi;
+          }
+          const float beta = in.beta[(r0 + t) * hv + h];
           for (std::int64_t s2 = 0; s2 < t; ++s2) at[s2] *= beta;
-          at[t] = 0;  // the diagonal is the identity's, not A's
           for (std::int64_t s2 = 0; s2 <= t; ++s2) qkt[s2] *= spec.scale;
         }
         state_products(st, dk, dv, k_g.data(), q_g.data(), chunk, len, u.data(), sq.data());
@@ -661,16 +611,7 @@ void kda_chunked_loops(const KdaSpec& spec, const layout::LayerGeometry& layer,
           std::copy_n(sq.data() + t * dv, dv, o + t * hv * dv);
         }
         add_lower_products(qk.data(), chunk, len, u.data(), dv, o, hv * dv);
-        // The state at the chunk's end; k_r now holds the keys decayed to it.
-        const float* last = cum.data() + (len - 1) * dk;
-        for (std::int64_t i = 0; i < dk; ++i) decay_rows[i] = std::exp(last[i]);
-        for (std::int64_t t = 0; t < len; ++t) {
-          const float* kt = k_of(r0 + t);
-          const float* gt = cum.data() + t * dk;
-          for (std::int64_t i = 0; i < dk; ++i)
-            k_r[i * chunk + t] = std::exp(last[i] - gt[i]) * kt[i];
-        }
-        update_state(st, dk, dv, decay_rows.data(), k_r.data(), chunk, len, u.data());
+        update_state(st, dk, dv, gamma.data(), w.data(), chunk, len, u.data());
       }
     }
     store(spec.place, layer, cache, s.out_slots[0], state.data());
