@@ -542,11 +542,11 @@ void gdn_chunked_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
 // KDA's chunk: the same solve with a decay per key channel, so every gated product is a sum over
 // channels, A_ts = beta_t sum_i k_t[i] k_s[i] e^{G_t[i] - G_s[i]} (likewise q_t . k_s), and
 // Gamma_t is the vector e^{G_t}. GDN's factored form e^{G_t} e^{-G_s} overflows once a channel
-// has decayed by more than e^-88 within the chunk (Kimi Linear's gate reaches -35 per token), so
-// the keys are carried instead: W[:, s] = k_s decayed to the current token, multiplied by
-// e^{g_t} as each token t comes (every factor <= 1; an underflow to 0 is the true value's
-// rounding). Row t of A and of Q.K are then plain products with W, and after the chunk's last
-// token W holds the keys decayed to its end, which the state update takes. One exp per channel
+// has decayed by more than e^-88 within the chunk (Kimi Linear's gate, -exp(A_log) softplus(x), has
+// no lower bound), so the keys are carried instead: W[:, s] = k_s decayed to the current token,
+// multiplied by e^{g_t} as each token t comes (every factor <= 1; an underflow to 0 is the true
+// value's rounding). Row t of A and of Q.K are then plain products with W, and after the chunk's
+// last token W holds the keys decayed to its end, which the state update takes. One exp per channel
 // and token, as in the step.
 MIXKV_KERNEL_CLONES
 void kda_chunked_loops(const KdaSpec& spec, const layout::LayerGeometry& layer,

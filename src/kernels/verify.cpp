@@ -869,7 +869,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
 
         if (c.kind == model::LayerKind::kKda) {
           // Gates as Kimi Linear makes them (kda_gate): A = exp(A_log) in [1, 16], so a channel
-          // decays by e^-0.03 to e^-35 per token.
+          // decays by e^-0.007 to e^-34 per token.
           const KdaSpec& g = c.temporal;
           const std::int64_t qw = g.num_k_heads * g.k_dim, vw = g.num_v_heads * g.v_dim;
           const std::int64_t gw = g.num_v_heads * g.k_dim, hv = g.num_v_heads;
