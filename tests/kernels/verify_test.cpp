@@ -182,6 +182,20 @@ TEST(Verify, KdaGroupsRunDecodeCheckpointsAndPrefillWithinTolerance) {
   }
 }
 
+// Layers without a CPU kernel (Jamba's Mamba1) are reported, with the reason, not passed.
+TEST(Verify, Mamba1GroupsAreReportedNotVerifiedWithTheReason) {
+  const VerifyReport r =
+      run_verify("jamba-v0.1", std::nullopt, plan::Policy::kVllm, attn::Backend::kCpu, 1);
+  int mamba1 = 0;
+  for (const GroupResult* g : recurrent_groups(r)) {
+    EXPECT_EQ(g->status, GroupStatus::kNotVerified);
+    EXPECT_NE(g->reason.find("no CPU kernel for mamba1 layers"), std::string::npos) << g->reason;
+    ++mamba1;
+  }
+  EXPECT_GT(mamba1, 0);
+  EXPECT_FALSE(r.mismatch());
+}
+
 TEST(Verify, MemoryTooSmallIsBadInput) {
   VerifyOptions o;
   o.plan.memory_bytes = 1024;
