@@ -116,8 +116,9 @@ RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
   check("g", in.g.size(), num_tokens * spec.num_v_heads);
   std::vector<float> per_channel;
   per_channel.reserve(in.g.size() * static_cast<std::size_t>(spec.k_dim));
-  for (float g : in.g)
+  for (float g : in.g) {
     per_channel.insert(per_channel.end(), static_cast<std::size_t>(spec.k_dim), g);
+  }
   return reference_kda(spec, state, num_tokens, KdaInputs{in.q, in.k, in.v, per_channel, in.beta},
                        every_state);
 }
