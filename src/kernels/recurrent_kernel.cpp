@@ -217,15 +217,18 @@ float silu(float x) { return x / (1.0f + std::exp(-x)); }
 // log(1 + e^x); past 20 the correction is below float resolution (PyTorch's threshold).
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-void check_gdn(const GdnSpec& spec, const layout::LayerGeometry& layer) {
+// GDN's and KDA's spec (`kind` names which in the message).
+void check_delta_rule(const GdnSpec& spec, const layout::LayerGeometry& layer,
+                      std::string_view kind) {
   if (spec.num_k_heads < 1 || spec.num_v_heads < 1 || spec.k_dim < 1 || spec.v_dim < 1 ||
       spec.num_v_heads % spec.num_k_heads != 0) {
-    throw_invalid(
-        fmt::format("{}: GDN heads k{}/v{} of {}x{} do not make a state; value heads "
-                    "must be a multiple of key heads",
-                    where(layer), spec.num_k_heads, spec.num_v_heads, spec.k_dim, spec.v_dim));
+    throw_invalid(fmt::format(
+        "{}: {} heads k{}/v{} of {}x{} do not make a state; value heads must be a multiple of "
+        "key heads",
+        where(layer), kind, spec.num_k_heads, spec.num_v_heads, spec.k_dim, spec.v_dim));
   }
-  check_size(layer, "the GDN spec's temporal state", static_cast<std::size_t>(spec.place.elements),
+  check_size(layer, fmt::format("the {} spec's state", kind),
+             static_cast<std::size_t>(spec.place.elements),
              spec.num_v_heads * spec.k_dim * spec.v_dim);
 }
 
@@ -793,7 +796,7 @@ void conv_update(const ConvSpec& spec, const layout::LayerGeometry& layer,
 void gdn_step(const GdnSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
               std::span<const StateSequence> batch, const GdnInputs& in, std::span<float> out) {
   check_cache_dtype(spec.place.dtype, where(layer));
-  check_gdn(spec, layer);
+  check_delta_rule(spec, layer, "GDN");
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, false);
   check_gdn_inputs(spec, layer, in, tokens, out.size());
   gdn_step_loops(spec, layer, cache, batch, in, out);
@@ -803,7 +806,7 @@ void gdn_chunked_prefill(const GdnSpec& spec, const layout::LayerGeometry& layer
                          std::span<std::byte> cache, std::span<const StateSequence> batch,
                          const GdnInputs& in, std::int64_t chunk, std::span<float> out) {
   check_cache_dtype(spec.place.dtype, where(layer));
-  check_gdn(spec, layer);
+  check_delta_rule(spec, layer, "GDN");
   check_chunk(layer, chunk);
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, true);
   check_gdn_inputs(spec, layer, in, tokens, out.size());
@@ -813,7 +816,7 @@ void gdn_chunked_prefill(const GdnSpec& spec, const layout::LayerGeometry& layer
 void kda_step(const KdaSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
               std::span<const StateSequence> batch, const KdaInputs& in, std::span<float> out) {
   check_cache_dtype(spec.place.dtype, where(layer));
-  check_gdn(spec, layer);
+  check_delta_rule(spec, layer, "KDA");
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, false);
   check_kda_inputs(spec, layer, in, tokens, out.size());
   kda_step_loops(spec, layer, cache, batch, in, out);
@@ -823,7 +826,7 @@ void kda_chunked_prefill(const KdaSpec& spec, const layout::LayerGeometry& layer
                          std::span<std::byte> cache, std::span<const StateSequence> batch,
                          const KdaInputs& in, std::int64_t chunk, std::span<float> out) {
   check_cache_dtype(spec.place.dtype, where(layer));
-  check_gdn(spec, layer);
+  check_delta_rule(spec, layer, "KDA");
   check_chunk(layer, chunk);
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, true);
   check_kda_inputs(spec, layer, in, tokens, out.size());
