@@ -1,6 +1,8 @@
 // Recurrent-state kernels on built-in shapes per TP rank: the Gated DeltaNet decode step and
 // chunked prefill (Qwen3-Next at --tp 4: 4 key / 8 value heads of 128), the conv state update of
-// the same layer, and the Mamba2 step (Nemotron-H 8B, --tp 1). Counters: tokens/s and the state
+// the same layer, the Kimi Delta Attention decode step and chunked prefill (Kimi-Linear-48B at
+// --tp 4: 8 heads of 128, the same state size as that GDN layer's), and the Mamba2 step
+// (Nemotron-H 8B, --tp 1). Counters: tokens/s and the state
 // bytes read and written per second.
 #include <benchmark/benchmark.h>
 
@@ -33,6 +35,16 @@ const GdnLayerSpec& qwen_next_gdn() {
     o.tp = 4;
     const model::ModelDesc d = model::describe_refs("qwen3-next-80b-a3b", std::nullopt, o);
     return gdn_layer_spec(first_layer(d, model::LayerKind::kGdn), d.num_spec_tokens);
+  }();
+  return spec;
+}
+
+const KdaLayerSpec& kimi_linear_kda() {
+  static const KdaLayerSpec spec = [] {
+    model::DescribeOptions o;
+    o.tp = 4;
+    const model::ModelDesc d = model::describe_refs("kimi-linear-48b", std::nullopt, o);
+    return kda_layer_spec(first_layer(d, model::LayerKind::kKda), d.num_spec_tokens);
   }();
   return spec;
 }
@@ -108,6 +120,19 @@ struct GdnData {
   GdnInputs inputs() const { return {q, k, v, g, beta}; }
 };
 
+// KDA's gate is per key channel: g is [tokens, heads, k_dim].
+struct KdaData {
+  std::vector<float> q, k, v, g, beta, out;
+  KdaData(const KdaSpec& s, std::int64_t tokens)
+      : q(unit_rows(random(tokens * s.num_k_heads * s.k_dim, -1, 1, 1), s.k_dim)),
+        k(unit_rows(random(tokens * s.num_k_heads * s.k_dim, -1, 1, 2), s.k_dim)),
+        v(random(tokens * s.num_v_heads * s.v_dim, -1, 1, 3)),
+        g(random(tokens * s.num_v_heads * s.k_dim, -0.5f, 0, 4)),
+        beta(random(tokens * s.num_v_heads, 0, 1, 5)),
+        out(static_cast<std::size_t>(tokens * s.num_v_heads * s.v_dim)) {}
+  KdaInputs inputs() const { return {q, k, v, g, beta}; }
+};
+
 void set_counters(benchmark::State& state, std::int64_t tokens, std::int64_t state_bytes_moved) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(tokens) * state.iterations(),
                                                   benchmark::Counter::kIsRate);
@@ -166,6 +191,52 @@ void BM_GdnStepPrefill(benchmark::State& state) {
   set_counters(state, tokens, 2 * bytes_of(s.place));
 }
 BENCHMARK(BM_GdnStepPrefill)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+
+// KDA's decode step, as BM_GdnDecodeStep (Kimi-Linear's state is bfloat16 unless --ssm-dtype
+// says otherwise; range(1) = 1 keeps it in float32).
+void BM_KdaDecodeStep(benchmark::State& state) {
+  KdaSpec s = kimi_linear_kda().kda;
+  if (state.range(1) == 1) s.place.dtype = DType::kFloat32;
+  const std::int64_t requests = state.range(0);
+  States st(requests, 1, {s.place});
+  KdaData d(s, requests);
+  for (auto _ : state) {
+    kda_step(s, st.layer, st.cache, st.batch, d.inputs(), d.out);
+    benchmark::DoNotOptimize(d.out.data());
+  }
+  set_counters(state, requests, 2 * requests * bytes_of(s.place));
+  state.SetLabel(std::string(to_string(s.place.dtype)));
+}
+BENCHMARK(BM_KdaDecodeStep)
+    ->ArgsProduct({{1, 8, 32}, {0, 1}})
+    ->ArgNames({"requests", "fp32"})
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_KdaChunkedPrefill(benchmark::State& state) {
+  const KdaSpec& s = kimi_linear_kda().kda;
+  const std::int64_t tokens = state.range(0);
+  States st(1, tokens, {s.place});
+  KdaData d(s, tokens);
+  for (auto _ : state) {
+    kda_chunked_prefill(s, st.layer, st.cache, st.batch, d.inputs(), 64, d.out);
+    benchmark::DoNotOptimize(d.out.data());
+  }
+  set_counters(state, tokens, 2 * bytes_of(s.place));
+}
+BENCHMARK(BM_KdaChunkedPrefill)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
+
+void BM_KdaStepPrefill(benchmark::State& state) {
+  const KdaSpec& s = kimi_linear_kda().kda;
+  const std::int64_t tokens = state.range(0);
+  States st(1, tokens, {s.place});
+  KdaData d(s, tokens);
+  for (auto _ : state) {
+    kda_step(s, st.layer, st.cache, st.batch, d.inputs(), d.out);
+    benchmark::DoNotOptimize(d.out.data());
+  }
+  set_counters(state, tokens, 2 * bytes_of(s.place));
+}
+BENCHMARK(BM_KdaStepPrefill)->Arg(256)->Arg(1024)->Unit(benchmark::kMillisecond);
 
 // The GDN layer's conv state update for a decode batch.
 void BM_ConvDecodeStep(benchmark::State& state) {

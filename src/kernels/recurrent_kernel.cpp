@@ -60,9 +60,9 @@ const model::StateTensor& tensor_named(const model::LayerDesc& layer, std::strin
 }
 
 ConvSpec conv_spec(const model::LayerDesc& layer, int num_spec_tokens,
-                   const std::vector<StateTensorPlace>& placed) {
+                   const std::vector<StateTensorPlace>& placed, std::string_view name = "conv") {
   std::size_t i = 0;
-  const model::StateTensor& t = tensor_named(layer, "conv", 2, &i);
+  const model::StateTensor& t = tensor_named(layer, name, 2, &i);
   ConvSpec c;
   c.rows = t.shape[0];
   c.channels = t.shape[1];
@@ -70,9 +70,9 @@ ConvSpec conv_spec(const model::LayerDesc& layer, int num_spec_tokens,
   c.place = placed[i];
   if (num_spec_tokens < 0 || c.kernel < 1 || c.channels < 1) {
     throw_invalid(
-        fmt::format("layer {}: conv state [{}, {}] does not hold kernel - 1 + {} "
+        fmt::format("layer {}: {} state [{}, {}] does not hold kernel - 1 + {} "
                     "speculative rows for any kernel width",
-                    layer.name, c.rows, c.channels, num_spec_tokens));
+                    layer.name, name, c.rows, c.channels, num_spec_tokens));
   }
   return c;
 }
@@ -217,15 +217,18 @@ float silu(float x) { return x / (1.0f + std::exp(-x)); }
 // log(1 + e^x); past 20 the correction is below float resolution (PyTorch's threshold).
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
-void check_gdn(const GdnSpec& spec, const layout::LayerGeometry& layer) {
+// GDN's and KDA's spec (`kind` names which in the message).
+void check_delta_rule(const GdnSpec& spec, const layout::LayerGeometry& layer,
+                      std::string_view kind) {
   if (spec.num_k_heads < 1 || spec.num_v_heads < 1 || spec.k_dim < 1 || spec.v_dim < 1 ||
       spec.num_v_heads % spec.num_k_heads != 0) {
-    throw_invalid(
-        fmt::format("{}: GDN heads k{}/v{} of {}x{} do not make a state; value heads "
-                    "must be a multiple of key heads",
-                    where(layer), spec.num_k_heads, spec.num_v_heads, spec.k_dim, spec.v_dim));
+    throw_invalid(fmt::format(
+        "{}: {} heads k{}/v{} of {}x{} do not make a state; value heads must be a multiple of "
+        "key heads",
+        where(layer), kind, spec.num_k_heads, spec.num_v_heads, spec.k_dim, spec.v_dim));
   }
-  check_size(layer, "the GDN spec's temporal state", static_cast<std::size_t>(spec.place.elements),
+  check_size(layer, fmt::format("the {} spec's state", kind),
+             static_cast<std::size_t>(spec.place.elements),
              spec.num_v_heads * spec.k_dim * spec.v_dim);
 }
 
@@ -237,6 +240,24 @@ void check_gdn_inputs(const GdnSpec& spec, const layout::LayerGeometry& layer, c
   check_size(layer, "g", in.g.size(), tokens * spec.num_v_heads);
   check_size(layer, "beta", in.beta.size(), tokens * spec.num_v_heads);
   check_size(layer, "out", out, tokens * spec.num_v_heads * spec.v_dim);
+}
+
+void check_kda_inputs(const KdaSpec& spec, const layout::LayerGeometry& layer, const KdaInputs& in,
+                      std::int64_t tokens, std::size_t out) {
+  check_size(layer, "q", in.q.size(), tokens * spec.num_k_heads * spec.k_dim);
+  check_size(layer, "k", in.k.size(), tokens * spec.num_k_heads * spec.k_dim);
+  check_size(layer, "v", in.v.size(), tokens * spec.num_v_heads * spec.v_dim);
+  check_size(layer, "g (one log decay per key channel)", in.g.size(),
+             tokens * spec.num_v_heads * spec.k_dim);
+  check_size(layer, "beta", in.beta.size(), tokens * spec.num_v_heads);
+  check_size(layer, "out", out, tokens * spec.num_v_heads * spec.v_dim);
+}
+
+void check_chunk(const layout::LayerGeometry& layer, std::int64_t chunk) {
+  if (chunk < 1 || chunk > 1024) {
+    throw_invalid(fmt::format("{}: chunk size {} is out of range; use 1 to 1024 (64 is usual)",
+                              where(layer), chunk));
+  }
 }
 
 MIXKV_KERNEL_CLONES
@@ -276,14 +297,20 @@ void conv_loops(const ConvSpec& spec, const layout::LayerGeometry& layer,
   }
 }
 
-MIXKV_KERNEL_CLONES
-void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
-                    std::span<std::byte> cache, std::span<const StateSequence> batch,
-                    const GdnInputs& in, std::span<float> out) {
+// The gated delta rule per token and value head, for GDN (one decay per head: `g` holds one
+// log decay per token and head) and KDA (one per key channel: k_dim of them). Inlined into each
+// kernel's clones; GDN's arithmetic is the same whichever form it runs through.
+template <bool kPerChannel>
+[[gnu::always_inline]] inline void delta_rule_step(
+    const GdnSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
+    std::span<const StateSequence> batch, const float* q_in, const float* k_in, const float* v_in,
+    const float* g_in, const float* beta_in, std::span<float> out) {
   const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
   const std::int64_t per_k = hv / hk;
+  const std::int64_t gates = kPerChannel ? dk : 1;
   std::vector<float> state(static_cast<std::size_t>(spec.place.elements));
   std::vector<float> sk(static_cast<std::size_t>(dv)), qs(static_cast<std::size_t>(dk));
+  std::vector<float> decay(static_cast<std::size_t>(gates));
   std::int64_t row0 = 0;
   for (const StateSequence& s : batch) {
     load(spec.place, layer, cache, s.in_slot, state.data());
@@ -291,11 +318,12 @@ void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
       const std::int64_t row = row0 + t;
       for (std::int64_t h = 0; h < hv; ++h) {
         float* st = state.data() + h * dk * dv;
-        const float* q = in.q.data() + (row * hk + h / per_k) * dk;
-        const float* k = in.k.data() + (row * hk + h / per_k) * dk;
-        const float* v = in.v.data() + (row * hv + h) * dv;
-        const float decay = std::exp(in.g[row * hv + h]);
-        const float beta = in.beta[row * hv + h];
+        const float* q = q_in + (row * hk + h / per_k) * dk;
+        const float* k = k_in + (row * hk + h / per_k) * dk;
+        const float* v = v_in + (row * hv + h) * dv;
+        const float* g = g_in + (row * hv + h) * gates;
+        for (std::int64_t i = 0; i < gates; ++i) decay[i] = std::exp(g[i]);
+        const float beta = beta_in[row * hv + h];
         float* o = out.data() + (row * hv + h) * dv;
         // Pass 1: decay the state and read S^T k. Pass 2: rank-1 update and read S^T q. (Blocks
         // of columns kept in L1 across both passes measured slower: the inner loops get short.)
@@ -304,8 +332,9 @@ void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
         for (std::int64_t i = 0; i < dk; ++i) {
           float* si = st + i * dv;
           const float ki = k[i];
+          const float di = decay[kPerChannel ? i : 0];
           for (std::int64_t j = 0; j < dv; ++j) {
-            si[j] *= decay;
+            si[j] *= di;
             sk[j] += si[j] * ki;
           }
         }
@@ -326,6 +355,95 @@ void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
   }
 }
 
+MIXKV_KERNEL_CLONES
+void gdn_step_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
+                    std::span<std::byte> cache, std::span<const StateSequence> batch,
+                    const GdnInputs& in, std::span<float> out) {
+  delta_rule_step<false>(spec, layer, cache, batch, in.q.data(), in.k.data(), in.v.data(),
+                         in.g.data(), in.beta.data(), out);
+}
+
+MIXKV_KERNEL_CLONES
+void kda_step_loops(const KdaSpec& spec, const layout::LayerGeometry& layer,
+                    std::span<std::byte> cache, std::span<const StateSequence> batch,
+                    const KdaInputs& in, std::span<float> out) {
+  delta_rule_step<true>(spec, layer, cache, batch, in.q.data(), in.k.data(), in.v.data(),
+                        in.g.data(), in.beta.data(), out);
+}
+
+// Pieces of the chunked delta rule that GDN and KDA share. Every inner loop runs over contiguous
+// floats without a reduction, so it vectorises without reassociating sums; chunk-major buffers
+// ([k_dim][chunk]) hold a chunk's keys (and queries) transposed for that.
+
+// U = K S0 and SQ = Q S0 for the chunk's `len` rows, one state row at a time (it stays in L1).
+// kt, qt: [k_dim][chunk]; u, sq: [len][v_dim], overwritten.
+[[gnu::always_inline]] inline void state_products(const float* st, std::int64_t dk, std::int64_t dv,
+                                                  const float* kt, const float* qt,
+                                                  std::int64_t chunk, std::int64_t len, float* u,
+                                                  float* sq) {
+  std::fill_n(u, len * dv, 0.0f);
+  std::fill_n(sq, len * dv, 0.0f);
+  for (std::int64_t i = 0; i < dk; ++i) {
+    const float* si = st + i * dv;
+    for (std::int64_t t = 0; t < len; ++t) {
+      const float ki = kt[i * chunk + t], qi = qt[i * chunk + t];
+      float* ut = u + t * dv;
+      float* sqt = sq + t * dv;
+      for (std::int64_t j = 0; j < dv; ++j) {
+        ut[j] += ki * si[j];
+        sqt[j] += qi * si[j];
+      }
+    }
+  }
+}
+
+// U = (I + A)^{-1} U by forward substitution (the UT transform's solve); A strictly lower
+// triangular, rows of `chunk`.
+[[gnu::always_inline]] inline void forward_substitute(const float* a, std::int64_t chunk,
+                                                      std::int64_t len, float* u, std::int64_t dv) {
+  for (std::int64_t t = 1; t < len; ++t) {
+    float* ut = u + t * dv;
+    for (std::int64_t s2 = 0; s2 < t; ++s2) {
+      const float ats = a[t * chunk + s2];
+      const float* us = u + s2 * dv;
+      for (std::int64_t j = 0; j < dv; ++j) ut[j] -= ats * us[j];
+    }
+  }
+}
+
+// o_t += sum_{s <= t} w_ts u_s; output rows `o_stride` floats apart.
+[[gnu::always_inline]] inline void add_lower_products(const float* w, std::int64_t chunk,
+                                                      std::int64_t len, const float* u,
+                                                      std::int64_t dv, float* o,
+                                                      std::int64_t o_stride) {
+  for (std::int64_t t = 0; t < len; ++t) {
+    float* ot = o + t * o_stride;
+    for (std::int64_t s2 = 0; s2 <= t; ++s2) {
+      const float wts = w[t * chunk + s2];
+      const float* us = u + s2 * dv;
+      for (std::int64_t j = 0; j < dv; ++j) ot[j] += wts * us[j];
+    }
+  }
+}
+
+// The state at the chunk's end: S = diag(row_decay) S + sum_t kw[:, t] u_t^T, kw: [k_dim][chunk]
+// (the keys with their decay to the chunk's end folded in).
+[[gnu::always_inline]] inline void update_state(float* st, std::int64_t dk, std::int64_t dv,
+                                                const float* row_decay, const float* kw,
+                                                std::int64_t chunk, std::int64_t len,
+                                                const float* u) {
+  for (std::int64_t i = 0; i < dk; ++i) {
+    float* si = st + i * dv;
+    const float d = row_decay[i];
+    for (std::int64_t j = 0; j < dv; ++j) si[j] *= d;
+    for (std::int64_t t = 0; t < len; ++t) {
+      const float ki = kw[i * chunk + t];
+      const float* ut = u + t * dv;
+      for (std::int64_t j = 0; j < dv; ++j) si[j] += ki * ut[j];
+    }
+  }
+}
+
 // Within a chunk of L tokens from state S0, with G_t the running sum of g (Gamma_t = e^G_t):
 //   S_t = Gamma_t S0 + sum_{s<=t} (Gamma_t / Gamma_s) k_s u_s^T,
 //   u_t = beta_t (v_t - Gamma_t S0^T k_t - sum_{s<t} (Gamma_t / Gamma_s) (k_s . k_t) u_s),
@@ -342,9 +460,10 @@ void gdn_chunked_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
   const std::int64_t per_k = hv / hk;
   const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
   std::vector<float> state(sz(spec.place.elements));
-  std::vector<float> cum(sz(chunk)), decay_to_end(sz(chunk));
+  std::vector<float> cum(sz(chunk)), gamma_rows(sz(dk));
   std::vector<float> a(sz(chunk * chunk)), qk(sz(chunk * chunk));
-  std::vector<float> u(sz(chunk * dv)), sq(sz(chunk * dv)), k_t(sz(dk * chunk));
+  std::vector<float> u(sz(chunk * dv)), sq(sz(chunk * dv));
+  std::vector<float> k_t(sz(dk * chunk)), q_t(sz(dk * chunk)), kw(sz(dk * chunk));
   std::int64_t row0 = 0;
   for (const StateSequence& s : batch) {
     load(spec.place, layer, cache, s.in_slot, state.data());
@@ -358,11 +477,13 @@ void gdn_chunked_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
         const std::int64_t r0 = row0 + c0;
         float g = 0;
         for (std::int64_t t = 0; t < len; ++t) cum[t] = g += in.g[(r0 + t) * hv + h];
-        // The chunk's keys transposed ([k_dim][chunk]), so that every inner loop below runs over
-        // contiguous floats without a reduction (it vectorises without reassociating sums).
         for (std::int64_t t = 0; t < len; ++t) {
           const float* kt = k_of(r0 + t);
-          for (std::int64_t i = 0; i < dk; ++i) k_t[i * chunk + t] = kt[i];
+          const float* qt = q_of(r0 + t);
+          for (std::int64_t i = 0; i < dk; ++i) {
+            k_t[i * chunk + t] = kt[i];
+            q_t[i * chunk + t] = qt[i];
+          }
         }
         // Gram matrices within the chunk, lower triangle: k_t . k_s and q_t . k_s, then gated.
         std::fill_n(a.begin(), len * chunk, 0.0f);
@@ -387,59 +508,113 @@ void gdn_chunked_loops(const GdnSpec& spec, const layout::LayerGeometry& layer,
             qkt[s2] *= spec.scale * e;
           }
         }
-        // K S0 and Q S0 for the whole chunk, one state row at a time (it stays in L1).
-        std::fill_n(u.begin(), len * dv, 0.0f);
-        std::fill_n(sq.begin(), len * dv, 0.0f);
-        for (std::int64_t i = 0; i < dk; ++i) {
-          const float* si = st + i * dv;
-          for (std::int64_t t = 0; t < len; ++t) {
-            const float ki = k_t[i * chunk + t], qi = q_of(r0 + t)[i];
-            float* ut = u.data() + t * dv;
-            float* sqt = sq.data() + t * dv;
-            for (std::int64_t j = 0; j < dv; ++j) {
-              ut[j] += ki * si[j];
-              sqt[j] += qi * si[j];
-            }
-          }
-        }
-        // Right-hand side, then forward substitution: U = (I + A)^{-1} R.
+        state_products(st, dk, dv, k_t.data(), q_t.data(), chunk, len, u.data(), sq.data());
+        // Right-hand side, then U = (I + A)^{-1} R.
         for (std::int64_t t = 0; t < len; ++t) {
           const float* v = in.v.data() + ((r0 + t) * hv + h) * dv;
           const float gamma = std::exp(cum[t]);
           const float beta = in.beta[(r0 + t) * hv + h];
           float* ut = u.data() + t * dv;
           for (std::int64_t j = 0; j < dv; ++j) ut[j] = beta * (v[j] - gamma * ut[j]);
-          for (std::int64_t s2 = 0; s2 < t; ++s2) {
-            const float ats = a[t * chunk + s2];
-            const float* us = u.data() + s2 * dv;
-            for (std::int64_t j = 0; j < dv; ++j) ut[j] -= ats * us[j];
-          }
         }
+        forward_substitute(a.data(), chunk, len, u.data(), dv);
         // Outputs.
+        float* o = out.data() + (r0 * hv + h) * dv;
         for (std::int64_t t = 0; t < len; ++t) {
-          float* o = out.data() + ((r0 + t) * hv + h) * dv;
           const float gamma = std::exp(cum[t]) * spec.scale;
           const float* sqt = sq.data() + t * dv;
-          for (std::int64_t j = 0; j < dv; ++j) o[j] = gamma * sqt[j];
-          for (std::int64_t s2 = 0; s2 <= t; ++s2) {
-            const float w = qk[t * chunk + s2];
-            const float* us = u.data() + s2 * dv;
-            for (std::int64_t j = 0; j < dv; ++j) o[j] += w * us[j];
-          }
+          float* ot = o + t * hv * dv;
+          for (std::int64_t j = 0; j < dv; ++j) ot[j] = gamma * sqt[j];
         }
+        add_lower_products(qk.data(), chunk, len, u.data(), dv, o, hv * dv);
         // The state at the chunk's end.
         const float last = cum[len - 1];
-        const float gamma = std::exp(last);
-        for (std::int64_t t = 0; t < len; ++t) decay_to_end[t] = std::exp(last - cum[t]);
-        for (std::int64_t i = 0; i < dk; ++i) {
-          float* si = st + i * dv;
-          for (std::int64_t j = 0; j < dv; ++j) si[j] *= gamma;
-          for (std::int64_t t = 0; t < len; ++t) {
-            const float ki = decay_to_end[t] * k_t[i * chunk + t];
-            const float* ut = u.data() + t * dv;
-            for (std::int64_t j = 0; j < dv; ++j) si[j] += ki * ut[j];
-          }
+        std::fill(gamma_rows.begin(), gamma_rows.end(), std::exp(last));
+        for (std::int64_t t = 0; t < len; ++t) {
+          const float to_end = std::exp(last - cum[t]);
+          for (std::int64_t i = 0; i < dk; ++i) kw[i * chunk + t] = to_end * k_t[i * chunk + t];
         }
+        update_state(st, dk, dv, gamma_rows.data(), kw.data(), chunk, len, u.data());
+      }
+    }
+    store(spec.place, layer, cache, s.out_slots[0], state.data());
+    row0 += s.num_tokens;
+  }
+}
+
+// KDA's chunk: the same solve with a decay per key channel, so every gated product is a sum over
+// channels, A_ts = beta_t sum_i k_t[i] k_s[i] e^{G_t[i] - G_s[i]} (likewise q_t . k_s), and
+// Gamma_t is the vector e^{G_t}. GDN's factored form e^{G_t} e^{-G_s} overflows once a channel
+// has decayed by more than e^-88 within the chunk (Kimi Linear's gate, -exp(A_log) softplus(x), has
+// no lower bound), so the keys are carried instead: W[:, s] = k_s decayed to the current token,
+// multiplied by e^{g_t} as each token t comes (every factor <= 1; an underflow to 0 is the true
+// value's rounding). Row t of A and of Q.K are then plain products with W, and after the chunk's
+// last token W holds the keys decayed to its end, which the state update takes. One exp per channel
+// and token, as in the step.
+MIXKV_KERNEL_CLONES
+void kda_chunked_loops(const KdaSpec& spec, const layout::LayerGeometry& layer,
+                       std::span<std::byte> cache, std::span<const StateSequence> batch,
+                       const KdaInputs& in, std::int64_t chunk, std::span<float> out) {
+  const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
+  const std::int64_t per_k = hv / hk;
+  const auto sz = [](std::int64_t n) { return static_cast<std::size_t>(n); };
+  std::vector<float> state(sz(spec.place.elements));
+  std::vector<float> decay(sz(dk)), gamma(sz(dk));
+  std::vector<float> a(sz(chunk * chunk)), qk(sz(chunk * chunk));
+  std::vector<float> u(sz(chunk * dv)), sq(sz(chunk * dv));
+  std::vector<float> w(sz(dk * chunk)), k_g(sz(dk * chunk)), q_g(sz(dk * chunk));
+  std::int64_t row0 = 0;
+  for (const StateSequence& s : batch) {
+    load(spec.place, layer, cache, s.in_slot, state.data());
+    for (std::int64_t h = 0; h < hv; ++h) {
+      float* st = state.data() + h * dk * dv;
+      const std::int64_t kh = h / per_k;
+      for (std::int64_t c0 = 0; c0 < s.num_tokens; c0 += chunk) {
+        const std::int64_t len = std::min(chunk, s.num_tokens - c0);
+        const std::int64_t r0 = row0 + c0;
+        std::fill(gamma.begin(), gamma.end(), 1.0f);
+        for (std::int64_t t = 0; t < len; ++t) {
+          const float* g = in.g.data() + ((r0 + t) * hv + h) * dk;
+          const float* kt = in.k.data() + ((r0 + t) * hk + kh) * dk;
+          const float* qt = in.q.data() + ((r0 + t) * hk + kh) * dk;
+          for (std::int64_t i = 0; i < dk; ++i) decay[i] = std::exp(g[i]);
+          float* at = a.data() + t * chunk;
+          float* qkt = qk.data() + t * chunk;
+          std::fill_n(at, t + 1, 0.0f);
+          std::fill_n(qkt, t + 1, 0.0f);
+          for (std::int64_t i = 0; i < dk; ++i) {
+            float* wi = w.data() + i * chunk;
+            const float di = decay[i], ki = kt[i], qi = qt[i];
+            for (std::int64_t s2 = 0; s2 < t; ++s2) {
+              const float ws = wi[s2] * di;
+              wi[s2] = ws;
+              at[s2] += ki * ws;
+              qkt[s2] += qi * ws;
+            }
+            wi[t] = ki;
+            qkt[t] += qi * ki;
+            gamma[i] *= di;
+            k_g[i * chunk + t] = gamma[i] * ki;
+            q_g[i * chunk + t] = gamma[i] * spec.scale * qi;
+          }
+          const float beta = in.beta[(r0 + t) * hv + h];
+          for (std::int64_t s2 = 0; s2 < t; ++s2) at[s2] *= beta;
+          for (std::int64_t s2 = 0; s2 <= t; ++s2) qkt[s2] *= spec.scale;
+        }
+        state_products(st, dk, dv, k_g.data(), q_g.data(), chunk, len, u.data(), sq.data());
+        for (std::int64_t t = 0; t < len; ++t) {
+          const float* v = in.v.data() + ((r0 + t) * hv + h) * dv;
+          const float beta = in.beta[(r0 + t) * hv + h];
+          float* ut = u.data() + t * dv;
+          for (std::int64_t j = 0; j < dv; ++j) ut[j] = beta * (v[j] - ut[j]);
+        }
+        forward_substitute(a.data(), chunk, len, u.data(), dv);
+        float* o = out.data() + (r0 * hv + h) * dv;
+        for (std::int64_t t = 0; t < len; ++t) {
+          std::copy_n(sq.data() + t * dv, dv, o + t * hv * dv);
+        }
+        add_lower_products(qk.data(), chunk, len, u.data(), dv, o, hv * dv);
+        update_state(st, dk, dv, gamma.data(), w.data(), chunk, len, u.data());
       }
     }
     store(spec.place, layer, cache, s.out_slots[0], state.data());
@@ -526,6 +701,41 @@ GdnLayerSpec gdn_layer_spec(const model::LayerDesc& layer, int num_spec_tokens) 
   return s;
 }
 
+KdaLayerSpec kda_layer_spec(const model::LayerDesc& layer, int num_spec_tokens) {
+  require(layer.kind == model::LayerKind::kKda, layer, "is not a Kimi Delta Attention layer");
+  const std::vector<StateTensorPlace> placed = places(layer);
+  KdaLayerSpec s;
+  s.q_conv = conv_spec(layer, num_spec_tokens, placed, "q_conv");
+  s.k_conv = conv_spec(layer, num_spec_tokens, placed, "k_conv");
+  s.v_conv = conv_spec(layer, num_spec_tokens, placed, "v_conv");
+  std::size_t i = 0;
+  const model::StateTensor& t = tensor_named(layer, "recurrent", 3, &i);
+  s.kda.num_v_heads = t.shape[0];
+  s.kda.k_dim = t.shape[1];
+  s.kda.v_dim = t.shape[2];
+  s.kda.num_k_heads = layer.num_q_heads;
+  // Kimi Linear's layer passes no scale, so the kernel's default k_dim^-1/2 applies
+  // (flash-linear-attention's chunk_kda).
+  s.kda.scale = 1.0f / std::sqrt(static_cast<float>(s.kda.k_dim));
+  s.kda.place = placed[i];
+  require(layer.num_kv_heads == s.kda.num_v_heads && layer.num_q_heads > 0 &&
+              s.kda.num_v_heads % layer.num_q_heads == 0,
+          layer,
+          fmt::format("recurrent state has {} value heads, but the layer has {} key / {} value "
+                      "heads; value heads must match and be a multiple of key heads",
+                      s.kda.num_v_heads, layer.num_q_heads, layer.num_kv_heads));
+  const std::int64_t qk = s.kda.num_k_heads * s.kda.k_dim, v = s.kda.num_v_heads * s.kda.v_dim;
+  require(s.q_conv.channels == qk && s.k_conv.channels == qk && s.v_conv.channels == v &&
+              s.q_conv.kernel == s.k_conv.kernel && s.q_conv.kernel == s.v_conv.kernel,
+          layer,
+          fmt::format("conv states of {}/{}/{} channels (width {}/{}/{}) do not match {} x {} "
+                      "queries and keys and {} x {} values of one width",
+                      s.q_conv.channels, s.k_conv.channels, s.v_conv.channels, s.q_conv.kernel,
+                      s.k_conv.kernel, s.v_conv.kernel, s.kda.num_k_heads, s.kda.k_dim,
+                      s.kda.num_v_heads, s.kda.v_dim));
+  return s;
+}
+
 Mamba2LayerSpec mamba2_layer_spec(const model::LayerDesc& layer, int num_spec_tokens) {
   require(layer.kind == model::LayerKind::kMamba2, layer, "is not a Mamba2 layer");
   const std::vector<StateTensorPlace> placed = places(layer);
@@ -586,7 +796,7 @@ void conv_update(const ConvSpec& spec, const layout::LayerGeometry& layer,
 void gdn_step(const GdnSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
               std::span<const StateSequence> batch, const GdnInputs& in, std::span<float> out) {
   check_cache_dtype(spec.place.dtype, where(layer));
-  check_gdn(spec, layer);
+  check_delta_rule(spec, layer, "GDN");
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, false);
   check_gdn_inputs(spec, layer, in, tokens, out.size());
   gdn_step_loops(spec, layer, cache, batch, in, out);
@@ -596,14 +806,54 @@ void gdn_chunked_prefill(const GdnSpec& spec, const layout::LayerGeometry& layer
                          std::span<std::byte> cache, std::span<const StateSequence> batch,
                          const GdnInputs& in, std::int64_t chunk, std::span<float> out) {
   check_cache_dtype(spec.place.dtype, where(layer));
-  check_gdn(spec, layer);
-  if (chunk < 1 || chunk > 1024) {
-    throw_invalid(fmt::format("{}: chunk size {} is out of range; use 1 to 1024 (64 is usual)",
-                              where(layer), chunk));
-  }
+  check_delta_rule(spec, layer, "GDN");
+  check_chunk(layer, chunk);
   const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, true);
   check_gdn_inputs(spec, layer, in, tokens, out.size());
   gdn_chunked_loops(spec, layer, cache, batch, in, chunk, out);
+}
+
+void kda_step(const KdaSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
+              std::span<const StateSequence> batch, const KdaInputs& in, std::span<float> out) {
+  check_cache_dtype(spec.place.dtype, where(layer));
+  check_delta_rule(spec, layer, "KDA");
+  const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, false);
+  check_kda_inputs(spec, layer, in, tokens, out.size());
+  kda_step_loops(spec, layer, cache, batch, in, out);
+}
+
+void kda_chunked_prefill(const KdaSpec& spec, const layout::LayerGeometry& layer,
+                         std::span<std::byte> cache, std::span<const StateSequence> batch,
+                         const KdaInputs& in, std::int64_t chunk, std::span<float> out) {
+  check_cache_dtype(spec.place.dtype, where(layer));
+  check_delta_rule(spec, layer, "KDA");
+  check_chunk(layer, chunk);
+  const std::int64_t tokens = check_batch(spec.place, layer, cache.size(), batch, true);
+  check_kda_inputs(spec, layer, in, tokens, out.size());
+  kda_chunked_loops(spec, layer, cache, batch, in, chunk, out);
+}
+
+void kda_gate(std::int64_t heads, std::int64_t k_dim, std::span<const float> raw,
+              std::span<const float> a_log, std::span<const float> dt_bias, std::span<float> g) {
+  const std::int64_t width = heads * k_dim;
+  if (heads < 1 || k_dim < 1 || raw.size() % static_cast<std::size_t>(width) != 0 ||
+      g.size() != raw.size() || a_log.size() != static_cast<std::size_t>(heads) ||
+      (!dt_bias.empty() && dt_bias.size() != static_cast<std::size_t>(width))) {
+    throw_invalid(fmt::format(
+        "KDA gate: {} raw / {} out values, {} A_log and {} dt_bias values do not fit {} heads "
+        "x {} channels per token",
+        raw.size(), g.size(), a_log.size(), dt_bias.size(), heads, k_dim));
+  }
+  for (std::size_t r = 0; r < raw.size(); r += static_cast<std::size_t>(width)) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const float a = std::exp(a_log[static_cast<std::size_t>(h)]);
+      for (std::int64_t i = 0; i < k_dim; ++i) {
+        const std::size_t c = static_cast<std::size_t>(h * k_dim + i);
+        const float x = raw[r + c] + (dt_bias.empty() ? 0.0f : dt_bias[c]);
+        g[r + c] = -a * softplus(x);
+      }
+    }
+  }
 }
 
 void mamba2_step(const Mamba2Spec& spec, const layout::LayerGeometry& layer,

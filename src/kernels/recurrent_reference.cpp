@@ -59,14 +59,16 @@ RecurrentRun reference_conv(const ConvSpec& spec, std::span<const float> state,
   return r;
 }
 
-RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
-                           std::int64_t num_tokens, const GdnInputs& in, bool every_state) {
+// The gated delta rule per token, one decay per key channel (KDA); GDN's single decay per head is
+// the case of equal channels.
+RecurrentRun reference_kda(const KdaSpec& spec, std::span<const float> state,
+                           std::int64_t num_tokens, const KdaInputs& in, bool every_state) {
   const std::int64_t hv = spec.num_v_heads, hk = spec.num_k_heads, dk = spec.k_dim, dv = spec.v_dim;
-  check("GDN state", state.size(), hv * dk * dv);
+  check("KDA state", state.size(), hv * dk * dv);
   check("q", in.q.size(), num_tokens * hk * dk);
   check("k", in.k.size(), num_tokens * hk * dk);
   check("v", in.v.size(), num_tokens * hv * dv);
-  check("g", in.g.size(), num_tokens * hv);
+  check("g", in.g.size(), num_tokens * hv * dk);
   check("beta", in.beta.size(), num_tokens * hv);
   std::vector<double> s(state.begin(), state.end());  // s[h][i][j]
   auto at = [&](std::int64_t h, std::int64_t i, std::int64_t j) -> double& {
@@ -80,9 +82,10 @@ RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
       const float* q = in.q.data() + (t * hk + kh) * dk;
       const float* k = in.k.data() + (t * hk + kh) * dk;
       const float* v = in.v.data() + (t * hv + h) * dv;
-      const double decay = std::exp(static_cast<double>(in.g[t * hv + h]));
+      const float* g = in.g.data() + (t * hv + h) * dk;
       const double beta = in.beta[t * hv + h];
       for (std::int64_t i = 0; i < dk; ++i) {
+        const double decay = std::exp(static_cast<double>(g[i]));
         for (std::int64_t j = 0; j < dv; ++j) at(h, i, j) *= decay;
       }
       for (std::int64_t j = 0; j < dv; ++j) {
@@ -106,6 +109,18 @@ RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
     if (every_state || t == num_tokens - 1) r.states.push_back(s);
   }
   return r;
+}
+
+RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
+                           std::int64_t num_tokens, const GdnInputs& in, bool every_state) {
+  check("g", in.g.size(), num_tokens * spec.num_v_heads);
+  std::vector<float> per_channel;
+  per_channel.reserve(in.g.size() * static_cast<std::size_t>(spec.k_dim));
+  for (float g : in.g) {
+    per_channel.insert(per_channel.end(), static_cast<std::size_t>(spec.k_dim), g);
+  }
+  return reference_kda(spec, state, num_tokens, KdaInputs{in.q, in.k, in.v, per_channel, in.beta},
+                       every_state);
 }
 
 RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> state,

@@ -327,6 +327,12 @@ std::string describe_recurrent(const model::LayerDesc& layer, int num_spec_token
                        s.gdn.v_dim, s.conv.kernel, to_string(s.conv.place.dtype),
                        to_string(s.gdn.place.dtype));
   }
+  if (layer.kind == model::LayerKind::kKda) {
+    const KdaLayerSpec s = kda_layer_spec(layer, num_spec_tokens);
+    return fmt::format("k{}/v{} {}x{} w{} {}/{}", s.kda.num_k_heads, s.kda.num_v_heads, s.kda.k_dim,
+                       s.kda.v_dim, s.q_conv.kernel, to_string(s.q_conv.place.dtype),
+                       to_string(s.kda.place.dtype));
+  }
   const Mamba2LayerSpec s = mamba2_layer_spec(layer, num_spec_tokens);
   return fmt::format("h{}x{} n{} g{} w{} {}/{}", s.ssm.heads, s.ssm.head_dim, s.ssm.state_size,
                      s.ssm.groups, s.conv.kernel, to_string(s.conv.place.dtype),
@@ -453,7 +459,8 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     r.layers = kv.layers;
     r.kind = std::string(model::to_string(kv.kind));
     r.params = "recurrent state";
-    if (kv.kind == model::LayerKind::kGdn || kv.kind == model::LayerKind::kMamba2) {
+    if (kv.kind == model::LayerKind::kGdn || kv.kind == model::LayerKind::kKda ||
+        kv.kind == model::LayerKind::kMamba2) {
       try {
         r.params = describe_recurrent(layer_desc(kv.layers.front()), desc.num_spec_tokens);
       } catch (const Error& e) {
@@ -462,7 +469,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       }
     } else {
       r.status = GroupStatus::kNotVerified;
-      r.reason = fmt::format("no CPU kernel for {} layers yet (GDN and Mamba2 have one)",
+      r.reason = fmt::format("no CPU kernel for {} layers yet (GDN, KDA and Mamba2 have one)",
                              model::to_string(kv.kind));
     }
     report.groups.push_back(std::move(r));
@@ -720,11 +727,12 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     const model::LayerDesc* desc = nullptr;
     int kv_cache_group = 0;
     layout::LayerGeometry geometry;
-    bool gdn = true;
-    ConvSpec conv;
-    GdnSpec temporal;
+    model::LayerKind kind = model::LayerKind::kGdn;
+    std::vector<ConvSpec> convs;  // GDN, Mamba2: one over all inputs; KDA: q, k, v
+    GdnSpec temporal;             // GDN's temporal or KDA's recurrent state
     Mamba2Spec ssm;
-    const StateTensorPlace& place() const { return gdn ? temporal.place : ssm.place; }
+    bool delta_rule() const { return kind != model::LayerKind::kMamba2; }
+    const StateTensorPlace& place() const { return delta_rule() ? temporal.place : ssm.place; }
   };
   std::vector<RecurrentCase> recurrent_cases;
   for (std::size_t gi = groups.size(); gi < report.groups.size(); ++gi) {
@@ -746,6 +754,13 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
         per_token = 4.0 * static_cast<double>(s.gdn.place.elements) +
                     static_cast<double>(s.conv.channels * s.conv.kernel);
         tokens += kPrefillTokens;
+      } else if (first.kind == model::LayerKind::kKda) {
+        const KdaLayerSpec s = kda_layer_spec(first, desc.num_spec_tokens);
+        per_token =
+            4.0 * static_cast<double>(s.kda.place.elements) +
+            static_cast<double>((s.q_conv.channels + s.k_conv.channels + s.v_conv.channels) *
+                                s.q_conv.kernel);
+        tokens += kPrefillTokens;
       } else {
         const Mamba2LayerSpec s = mamba2_layer_spec(first, desc.num_spec_tokens);
         per_token = 3.0 * static_cast<double>(s.ssm.place.elements) +
@@ -763,14 +778,18 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       c.layer_index = static_cast<std::size_t>(c.desc - desc.layers.data());
       c.kv_cache_group = kv.id;
       c.geometry = geometry.layer(c.desc->name);
-      c.gdn = c.desc->kind == model::LayerKind::kGdn;
-      if (c.gdn) {
+      c.kind = c.desc->kind;
+      if (c.kind == model::LayerKind::kGdn) {
         const GdnLayerSpec s = gdn_layer_spec(*c.desc, desc.num_spec_tokens);
-        c.conv = s.conv;
+        c.convs = {s.conv};
         c.temporal = s.gdn;
+      } else if (c.kind == model::LayerKind::kKda) {
+        const KdaLayerSpec s = kda_layer_spec(*c.desc, desc.num_spec_tokens);
+        c.convs = {s.q_conv, s.k_conv, s.v_conv};
+        c.temporal = s.kda;
       } else {
         const Mamba2LayerSpec s = mamba2_layer_spec(*c.desc, desc.num_spec_tokens);
-        c.conv = s.conv;
+        c.convs = {s.conv};
         c.ssm = s.ssm;
       }
       recurrent_cases.push_back(std::move(c));
@@ -889,12 +908,14 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   std::erase_if(recurrent_cases,
                 [&](const auto& c) { return state_tables[c.kv_cache_group].empty(); });
   // A request's start states for a layer, the same each time they are asked for: conv rows are
-  // past inputs in [-1, 1], the temporal/ssm state in [-0.5, 0.5].
-  auto start_state = [&](const RecurrentCase& c, std::size_t i, bool conv) {
+  // past inputs in [-1, 1], the temporal/ssm state in [-0.5, 0.5]. `conv` is an index into
+  // c.convs, or -1 for the recurrence's state.
+  auto start_state = [&](const RecurrentCase& c, std::size_t i, int conv) {
     std::mt19937_64 r(options.seed * 0x9E3779B97F4A7C15ull + c.layer_index * 1000003ull + 2 * i +
-                      (conv ? 1 : 0) + 0x5EED);
-    const StateTensorPlace& p = conv ? c.conv.place : c.place();
-    const float m = conv ? 1.0f : 0.5f;
+                      (conv >= 0 ? 1 + 7919ull * static_cast<unsigned>(conv) : 0) + 0x5EED);
+    const StateTensorPlace& p =
+        conv >= 0 ? c.convs[static_cast<std::size_t>(conv)].place : c.place();
+    const float m = conv >= 0 ? 1.0f : 0.5f;
     std::uniform_real_distribution<float> dist(-m, m);
     std::vector<float> v(static_cast<std::size_t>(p.elements));
     for (auto& x : v) x = dist(r);
@@ -906,13 +927,16 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     std::span<std::byte> tensor = tensors.at(static_cast<std::size_t>(c.geometry.tensor));
     const auto& tables = state_tables.at(c.kv_cache_group);
     for (std::size_t i = 0; i < tables.size(); ++i) {
-      write_state(c.conv.place, c.geometry, tensor, tables[i][0], start_state(c, i, true));
-      write_state(c.place(), c.geometry, tensor, tables[i][0], start_state(c, i, false));
+      for (std::size_t ci = 0; ci < c.convs.size(); ++ci) {
+        write_state(c.convs[ci].place, c.geometry, tensor, tables[i][0],
+                    start_state(c, i, static_cast<int>(ci)));
+      }
+      write_state(c.place(), c.geometry, tensor, tables[i][0], start_state(c, i, -1));
     }
   }
   // Recurrent layers, per request batch: a decode step in place (n = 1, out = in); a speculative
   // verify over 1 + num_spec_tokens tokens writing one checkpoint per position (two tokens,
-  // final state only, without a drafter); for GDN a chunked prefill of kPrefillTokens. Each
+  // final state only, without a drafter); for GDN and KDA a chunked prefill of kPrefillTokens. Each
   // starts from what the cache holds; the first from the values written above, so a kernel
   // reading the wrong bytes cannot agree with its reference.
   for (const RecurrentCase& c : recurrent_cases) {
@@ -930,7 +954,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
       for (auto& x : v) x = dist(r);
       return v;
     };
-    // GDN's q and k are L2-normalised by the model before the recurrence.
+    // GDN's and KDA's q and k are L2-normalised by the model before the recurrence.
     auto unit_rows = [](std::vector<float> v, std::int64_t width) {
       for (std::size_t at = 0; at < v.size(); at += static_cast<std::size_t>(width)) {
         double norm = 0;
@@ -948,7 +972,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     try {
       const std::int64_t spec = desc.num_spec_tokens;
       for (int step = 0; step < 3; ++step) {
-        if (step == 2 && !c.gdn) break;
+        if (step == 2 && !c.delta_rule()) break;
         const char* name = step == 0 ? "decode" : step == 1 ? "speculative verify" : "prefill";
         const std::int64_t n = step == 0   ? 1
                                : step == 1 ? std::max<std::int64_t>(2, 1 + spec)
@@ -957,18 +981,20 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
         // The long prefill runs on the first request only (the reference is the slow part).
         const std::size_t nreq = step == 2 ? 1 : tables.size();
         std::vector<std::vector<std::int64_t>> outs;
-        std::vector<std::vector<float>> conv0, state0;
+        std::vector<std::vector<std::vector<float>>> conv0(c.convs.size());  // [conv][request]
+        std::vector<std::vector<float>> state0;
         std::vector<StateSequence> batch;
         for (std::size_t i = 0; i < nreq; ++i) {
           const std::vector<std::int64_t>& t = tables[i];
           outs.push_back(checkpoints ? t : std::vector<std::int64_t>{t[0]});
-          if (step == 0) {
-            conv0.push_back(stored_values(c.conv.place.dtype, start_state(c, i, true), 1.0f));
-            state0.push_back(stored_values(c.place().dtype, start_state(c, i, false), 1.0f));
-          } else {
-            conv0.push_back(read_state(c.conv.place, c.geometry, tensor, t[0]));
-            state0.push_back(read_state(c.place(), c.geometry, tensor, t[0]));
+          for (std::size_t ci = 0; ci < c.convs.size(); ++ci) {
+            const StateTensorPlace& p = c.convs[ci].place;
+            conv0[ci].push_back(
+                step == 0 ? stored_values(p.dtype, start_state(c, i, static_cast<int>(ci)), 1.0f)
+                          : read_state(p, c.geometry, tensor, t[0]));
           }
+          state0.push_back(step == 0 ? stored_values(c.place().dtype, start_state(c, i, -1), 1.0f)
+                                     : read_state(c.place(), c.geometry, tensor, t[0]));
         }
         for (std::size_t i = 0; i < nreq; ++i) batch.push_back({tables[i][0], n, outs[i]});
         const auto requests = static_cast<std::int64_t>(nreq);
@@ -985,21 +1011,57 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
           }
         };
 
-        const std::int64_t ch = c.conv.channels, kw = c.conv.kernel;
-        const std::vector<float> x = random(requests * n * ch, -1, 1);
-        const std::vector<float> w = random(ch * kw, -1, 1);
-        const std::vector<float> bias = random(ch, -0.5f, 0.5f);
-        std::vector<float> y(x.size());
-        conv_update(c.conv, given, tensor, batch, ConvInputs{x, w, bias}, y);
-        for (std::size_t i = 0; i < nreq; ++i) {
-          const RecurrentRun want = reference_conv(
-              c.conv, conv0[i], n, ConvInputs{rows(x, i, n, ch), w, bias}, checkpoints);
-          check.add(rows(y, i, n, ch), want.out, output_tolerance(kw, n, want.magnitude),
-                    fmt::format("{} conv outputs", name));
-          check_states(c.conv.place, i, want, kw, "conv");
+        for (std::size_t ci = 0; ci < c.convs.size(); ++ci) {
+          const ConvSpec& cs = c.convs[ci];
+          const std::int64_t ch = cs.channels, kw = cs.kernel;
+          const std::vector<float> x = random(requests * n * ch, -1, 1);
+          const std::vector<float> w = random(ch * kw, -1, 1);
+          const std::vector<float> bias = random(ch, -0.5f, 0.5f);
+          std::vector<float> y(x.size());
+          conv_update(cs, given, tensor, batch, ConvInputs{x, w, bias}, y);
+          const std::string what = c.convs.size() == 1 ? "conv" : fmt::format("conv {}", ci);
+          for (std::size_t i = 0; i < nreq; ++i) {
+            const RecurrentRun want = reference_conv(
+                cs, conv0[ci][i], n, ConvInputs{rows(x, i, n, ch), w, bias}, checkpoints);
+            check.add(rows(y, i, n, ch), want.out, output_tolerance(kw, n, want.magnitude),
+                      fmt::format("{} {} outputs", name, what));
+            check_states(cs.place, i, want, kw, what);
+          }
         }
 
-        if (c.gdn) {
+        if (c.kind == model::LayerKind::kKda) {
+          // Gates as Kimi Linear makes them (kda_gate): A = exp(A_log) in [1, 16], so a channel
+          // decays by e^-0.007 to e^-34 per token.
+          const KdaSpec& g = c.temporal;
+          const std::int64_t qw = g.num_k_heads * g.k_dim, vw = g.num_v_heads * g.v_dim;
+          const std::int64_t gw = g.num_v_heads * g.k_dim, hv = g.num_v_heads;
+          const std::vector<float> q = unit_rows(random(requests * n * qw, -1, 1), g.k_dim);
+          const std::vector<float> k = unit_rows(random(requests * n * qw, -1, 1), g.k_dim);
+          const std::vector<float> v = random(requests * n * vw, -1, 1);
+          const std::vector<float> raw = random(requests * n * gw, -4, 1);
+          const std::vector<float> a_log = random(hv, 0, 2.77f);
+          const std::vector<float> dt_bias = random(gw, -1, 1);
+          std::vector<float> gate(raw.size());
+          kda_gate(hv, g.k_dim, raw, a_log, dt_bias, gate);
+          const std::vector<float> beta = random(requests * n * hv, 0, 1);
+          std::vector<float> o(v.size());
+          const KdaInputs in{q, k, v, gate, beta};
+          if (step == 2) {
+            kda_chunked_prefill(g, given, tensor, batch, in, kPrefillChunk, o);
+          } else {
+            kda_step(g, given, tensor, batch, in, o);
+          }
+          for (std::size_t i = 0; i < nreq; ++i) {
+            const RecurrentRun want =
+                reference_kda(g, state0[i], n,
+                              KdaInputs{rows(q, i, n, qw), rows(k, i, n, qw), rows(v, i, n, vw),
+                                        rows(gate, i, n, gw), rows(beta, i, n, hv)},
+                              checkpoints);
+            check.add(rows(o, i, n, vw), want.out, output_tolerance(g.k_dim, n, want.magnitude),
+                      fmt::format("{} KDA outputs", name));
+            check_states(g.place, i, want, g.k_dim, "recurrent");
+          }
+        } else if (c.kind == model::LayerKind::kGdn) {
           const GdnSpec& g = c.temporal;
           const std::int64_t qw = g.num_k_heads * g.k_dim, vw = g.num_v_heads * g.v_dim;
           const std::vector<float> q = unit_rows(random(requests * n * qw, -1, 1), g.k_dim);

@@ -1,6 +1,7 @@
 // Recurrent kernels against their double-precision references: the conv state update, the Gated
-// DeltaNet step and chunked prefill, the Mamba2 step, over random shapes, lengths, dtypes and
-// state slots; speculative checkpoints; layer specs from built-in models; bad input.
+// DeltaNet and Kimi Delta Attention steps and chunked prefills, the Mamba2 step, over random
+// shapes, lengths, dtypes and state slots; speculative checkpoints; layer specs from built-in
+// models; bad input.
 #include "mixkv/kernels/recurrent_kernel.hpp"
 
 #include <fmt/format.h>
@@ -86,6 +87,22 @@ model::LayerDesc gdn_layer(std::int64_t hk, std::int64_t hv, std::int64_t dk, st
   l.head_size_v = static_cast<int>(dv);
   l.state = {{"conv", {kernel - 1 + spec, 2 * hk * dk + hv * dv}, conv},
              {"temporal", {hv, dk, dv}, temporal}};
+  return l;
+}
+
+model::LayerDesc kda_layer(std::int64_t hk, std::int64_t hv, std::int64_t dk, std::int64_t dv,
+                           std::int64_t kernel, int spec, DType conv, DType recurrent) {
+  model::LayerDesc l;
+  l.name = "layers.2";
+  l.kind = model::LayerKind::kKda;
+  l.num_q_heads = static_cast<int>(hk);
+  l.num_kv_heads = static_cast<int>(hv);
+  l.head_size = static_cast<int>(dk);
+  l.head_size_v = static_cast<int>(dv);
+  l.state = {{"q_conv", {kernel - 1 + spec, hk * dk}, conv},
+             {"k_conv", {kernel - 1 + spec, hk * dk}, conv},
+             {"v_conv", {kernel - 1 + spec, hv * dv}, conv},
+             {"recurrent", {hv, dk, dv}, recurrent}};
   return l;
 }
 
@@ -303,6 +320,67 @@ TEST_P(RecurrentDtypes, Mamba2StepMatchesTheReferenceForRandomShapes) {
   }
 }
 
+// KDA inputs for `tokens` tokens: q and k L2-normalised (Kimi Linear normalises them in the
+// kernel call), a log decay per key channel in [lo, 0] with every seventh channel forgetting
+// fast (-8 per token: e^-512 over a 64-token chunk, far below float's range).
+struct KdaData {
+  std::vector<float> q, k, v, g, beta;
+  KdaInputs inputs() const { return {q, k, v, g, beta}; }
+  KdaInputs first(std::int64_t n, const KdaSpec& s) const {
+    auto head = [&](const std::vector<float>& x, std::int64_t width) {
+      return std::span<const float>(x).first(static_cast<std::size_t>(n * width));
+    };
+    const std::int64_t qk = s.num_k_heads * s.k_dim;
+    return {head(q, qk), head(k, qk), head(v, s.num_v_heads * s.v_dim),
+            head(g, s.num_v_heads * s.k_dim), head(beta, s.num_v_heads)};
+  }
+};
+KdaData kda_data(std::mt19937_64& rng, const KdaSpec& s, std::int64_t tokens, float lo = -1.0f) {
+  KdaData d;
+  d.q = random_values(rng, tokens * s.num_k_heads * s.k_dim, -1, 1);
+  d.k = random_values(rng, tokens * s.num_k_heads * s.k_dim, -1, 1);
+  normalize_rows(d.q, s.k_dim);
+  normalize_rows(d.k, s.k_dim);
+  d.v = random_values(rng, tokens * s.num_v_heads * s.v_dim, -1, 1);
+  d.g = random_values(rng, tokens * s.num_v_heads * s.k_dim, lo, 0.0f);
+  for (std::size_t i = 0; i < d.g.size(); i += 7) d.g[i] = -8.0f;
+  d.beta = random_values(rng, tokens * s.num_v_heads, 0.0f, 1.0f);
+  return d;
+}
+
+TEST_P(RecurrentDtypes, KdaStepMatchesTheReferenceForRandomShapes) {
+  std::mt19937_64 rng(29 + static_cast<int>(GetParam()));
+  for (int trial = 0; trial < 5; ++trial) {
+    const std::int64_t hk = 1 + trial % 2, hv = hk * (1 + trial % 3);
+    const std::int64_t dk = 8 << (trial % 3), dv = 16 + 8 * trial;
+    const model::LayerDesc l =
+        kda_layer(hk, hv, dk, dv, 4, trial % 3, DType::kBfloat16, GetParam());
+    const KdaLayerSpec s = kda_layer_spec(l, trial % 3);
+    StateCache cache(model::state_bytes(l), 64, 0, 128 * (trial % 2));
+    const std::vector<std::int64_t> tokens = {1, 3, 1 + trial, 2};
+    const std::vector<Seq> batch =
+        make_batch(rng, cache, s.kda.place, tokens, trial % 2 == 1, 0.5f);
+    const std::int64_t total = std::accumulate(tokens.begin(), tokens.end(), std::int64_t{0});
+    const KdaData d = kda_data(rng, s.kda, total);
+    std::vector<float> out(static_cast<std::size_t>(total * hv * dv));
+    kda_step(s.kda, cache.layer, cache.bytes, sequences(batch), d.inputs(), out);
+    const auto rows = [](std::span<const float> a, std::int64_t row0, std::int64_t n,
+                         std::int64_t width) {
+      return a.subspan(static_cast<std::size_t>(row0 * width), static_cast<std::size_t>(n * width));
+    };
+    expect_matches(
+        batch, cache, s.kda.place, out, hv * dv, dk,
+        [&](const Seq& r, std::int64_t row0) {
+          return reference_kda(
+              s.kda, r.start, r.tokens,
+              KdaInputs{rows(d.q, row0, r.tokens, hk * dk), rows(d.k, row0, r.tokens, hk * dk),
+                        rows(d.v, row0, r.tokens, hv * dv), rows(d.g, row0, r.tokens, hv * dk),
+                        rows(d.beta, row0, r.tokens, hv)});
+        },
+        fmt::format("kda trial {}", trial));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(StateDtypes, RecurrentDtypes,
                          ::testing::Values(DType::kFloat32, DType::kBfloat16, DType::kFloat16),
                          [](const auto& info) { return std::string(to_string(info.param)); });
@@ -359,6 +437,214 @@ TEST(GdnChunkedPrefill, MatchesTheStepAndTheReferenceAcrossChunkBoundaries) {
                               max_abs(want.states.back())))
         << what;
   }
+}
+
+// The chunked form against the step and the reference, with gates that forget fast on some
+// channels (a naive e^{-G_s} would overflow) and slowly on others, and with GVA heads.
+TEST(KdaChunkedPrefill, MatchesTheStepAndTheReferenceAcrossChunkBoundaries) {
+  std::mt19937_64 rng(6);
+  const model::LayerDesc l = kda_layer(2, 4, 32, 24, 4, 0, DType::kBfloat16, DType::kFloat32);
+  const KdaLayerSpec s = kda_layer_spec(l, 0);
+  for (auto [tokens, chunk] : {std::pair<std::int64_t, std::int64_t>{1, 64},
+                               {15, 64},
+                               {17, 64},
+                               {63, 64},
+                               {64, 64},
+                               {65, 64},
+                               {150, 64},
+                               {37, 8},
+                               {40, 1},
+                               {100, 48}}) {
+    StateCache cache(model::state_bytes(l), 4, 0, 0);
+    const std::vector<float> start = random_values(rng, s.kda.place.elements, -0.5f, 0.5f);
+    write_state(s.kda.place, cache.layer, cache.bytes, 1, start);
+    write_state(s.kda.place, cache.layer, cache.bytes, 2, start);
+    const KdaData d = kda_data(rng, s.kda, tokens, tokens % 2 ? -0.2f : -3.0f);
+    const std::int64_t width = s.kda.num_v_heads * s.kda.v_dim;
+    std::vector<float> chunked(static_cast<std::size_t>(tokens * width)), step(chunked.size());
+    const std::int64_t one = 1, two = 2;
+    const StateSequence a{1, tokens, std::span(&one, 1)}, b{2, tokens, std::span(&two, 1)};
+    kda_chunked_prefill(s.kda, cache.layer, cache.bytes, std::span(&a, 1), d.inputs(), chunk,
+                        chunked);
+    kda_step(s.kda, cache.layer, cache.bytes, std::span(&b, 1), d.inputs(), step);
+    const RecurrentRun want = reference_kda(s.kda, start, tokens, d.inputs());
+    const double tol = output_tolerance(s.kda.k_dim, tokens, want.magnitude);
+    const std::string what = fmt::format("{} tokens in chunks of {}", tokens, chunk);
+    EXPECT_LE(max_error(chunked, want.out), tol) << what;
+    EXPECT_LE(max_error(step, want.out), tol) << what;
+    for (std::int64_t slot : {1, 2}) {
+      const std::vector<float> got = read_state(s.kda.place, cache.layer, cache.bytes, slot);
+      EXPECT_LE(max_error(got, want.states.back()),
+                state_tolerance(DType::kFloat32, s.kda.k_dim, tokens, want.magnitude,
+                                max_abs(want.states.back())))
+          << what << ", slot " << slot;
+    }
+  }
+}
+
+// A chunked prefill's result is a function of the request's tokens and where its calls start:
+// a request alone equals itself inside a batch bit for bit, and (with a float32 state, which a
+// store and load keep exactly) one call equals two calls split at a chunk boundary. GDN and KDA.
+TEST(ChunkedPrefill, BatchAndSplitsAtChunkBoundariesAreBitIdentical) {
+  std::mt19937_64 rng(8);
+  const std::int64_t chunk = 64, tokens = 150, split = 128;
+  const model::LayerDesc kl = kda_layer(1, 2, 16, 16, 4, 0, DType::kBfloat16, DType::kFloat32);
+  const model::LayerDesc gl = gdn_layer(1, 2, 16, 16, 4, 0, DType::kBfloat16, DType::kFloat32);
+  const KdaSpec ks = kda_layer_spec(kl, 0).kda;
+  const GdnSpec gs = gdn_layer_spec(gl, 0).gdn;
+  const KdaData kd = kda_data(rng, ks, tokens + 40);
+  const GdnData gd = gdn_data(rng, gs, tokens + 40);
+  const std::int64_t width = ks.num_v_heads * ks.v_dim;  // the same for both layers
+  for (bool kda : {true, false}) {
+    const StateTensorPlace& place = kda ? ks.place : gs.place;
+    StateCache cache(model::state_bytes(kda ? kl : gl), 8, 16, 8);
+    const std::vector<float> start = random_values(rng, place.elements, -0.5f, 0.5f);
+    for (std::int64_t slot = 1; slot <= 4; ++slot)
+      write_state(place, cache.layer, cache.bytes, slot, start);
+    // Runs `batch` over rows [row0, row0 + its tokens) of the data.
+    auto run = [&](std::span<const StateSequence> batch, std::int64_t row0, std::int64_t n) {
+      std::vector<float> out(static_cast<std::size_t>(n * width));
+      if (kda) {
+        const KdaInputs all = kd.inputs();
+        auto rows = [&](std::span<const float> x, std::int64_t w) {
+          return x.subspan(static_cast<std::size_t>(row0 * w), static_cast<std::size_t>(n * w));
+        };
+        const std::int64_t qk = ks.num_k_heads * ks.k_dim, hv = ks.num_v_heads;
+        kda_chunked_prefill(ks, cache.layer, cache.bytes, batch,
+                            {rows(all.q, qk), rows(all.k, qk), rows(all.v, width),
+                             rows(all.g, hv * ks.k_dim), rows(all.beta, hv)},
+                            chunk, out);
+      } else {
+        const GdnInputs all = gd.inputs();
+        auto rows = [&](std::span<const float> x, std::int64_t w) {
+          return x.subspan(static_cast<std::size_t>(row0 * w), static_cast<std::size_t>(n * w));
+        };
+        const std::int64_t qk = gs.num_k_heads * gs.k_dim, hv = gs.num_v_heads;
+        gdn_chunked_prefill(gs, cache.layer, cache.bytes, batch,
+                            {rows(all.q, qk), rows(all.k, qk), rows(all.v, width), rows(all.g, hv),
+                             rows(all.beta, hv)},
+                            chunk, out);
+      }
+      return out;
+    };
+    const std::int64_t s1 = 1, s2 = 2, s3 = 3, s4 = 4;
+    // Alone: slot 1, all tokens. In a batch: a 40-token request (slot 3) first, then slot 2.
+    const StateSequence alone{1, tokens, std::span(&s1, 1)};
+    const std::vector<float> a = run(std::span(&alone, 1), 40, tokens);
+    const StateSequence pair[] = {{3, 40, std::span(&s3, 1)}, {2, tokens, std::span(&s2, 1)}};
+    const std::vector<float> b = run(pair, 0, 40 + tokens);
+    // Split: slot 4 over the first `split` tokens, then the rest in a second call.
+    const StateSequence first{4, split, std::span(&s4, 1)},
+        rest{4, tokens - split, std::span(&s4, 1)};
+    std::vector<float> c = run(std::span(&first, 1), 40, split);
+    const std::vector<float> c2 = run(std::span(&rest, 1), 40 + split, tokens - split);
+    c.insert(c.end(), c2.begin(), c2.end());
+    const char* what = kda ? "kda" : "gdn";
+    const auto bytes = a.size() * sizeof(float);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data() + 40 * width, bytes)) << what << ": batch";
+    EXPECT_EQ(0, std::memcmp(a.data(), c.data(), bytes)) << what << ": split";
+    const std::vector<float> sa = read_state(place, cache.layer, cache.bytes, 1);
+    for (std::int64_t slot : {2, 4}) {
+      const std::vector<float> other = read_state(place, cache.layer, cache.bytes, slot);
+      EXPECT_EQ(0, std::memcmp(sa.data(), other.data(), sa.size() * sizeof(float)))
+          << what << ": state in slot " << slot;
+    }
+  }
+}
+
+// KDA's checkpoints: the state after draft j is bit for bit a run of j + 1 tokens, for the
+// recurrence and each of the three convs, and within tolerance of the reference.
+TEST(RecurrentCheckpoints, KdaCheckpointJEqualsRunningJPlusOneTokens) {
+  std::mt19937_64 rng(19);
+  const int spec_tokens = 3;
+  const std::int64_t n = spec_tokens + 1;
+  const model::LayerDesc l =
+      kda_layer(2, 2, 16, 16, 4, spec_tokens, DType::kBfloat16, DType::kBfloat16);
+  const KdaLayerSpec s = kda_layer_spec(l, spec_tokens);
+  std::vector<std::int64_t> outs(static_cast<std::size_t>(n));
+  std::iota(outs.begin(), outs.end(), 1);
+  const StateSequence verify{1, n, outs};
+  const KdaData d = kda_data(rng, s.kda, n);
+  StateCache c(model::state_bytes(l), n + 2, 32, 16);
+  const std::vector<float> start = random_values(rng, s.kda.place.elements, -1, 1);
+  const std::int64_t plain_slot = n + 1;
+  const ConvSpec* convs[] = {&s.q_conv, &s.k_conv, &s.v_conv};
+  std::vector<std::vector<float>> conv_starts, xs;
+  for (const ConvSpec* cs : convs) {
+    conv_starts.push_back(random_values(rng, cs->place.elements, -1, 1));
+    xs.push_back(random_values(rng, n * cs->channels, -1, 1));
+  }
+  const std::vector<float> w = random_values(rng, s.q_conv.channels * s.q_conv.kernel, -1, 1);
+  auto reset = [&] {
+    for (std::int64_t slot : {std::int64_t{1}, plain_slot}) {
+      write_state(s.kda.place, c.layer, c.bytes, slot, start);
+      for (std::size_t i = 0; i < 3; ++i) {
+        write_state(convs[i]->place, c.layer, c.bytes, slot, conv_starts[i]);
+      }
+    }
+  };
+  const std::int64_t width = s.kda.num_v_heads * s.kda.v_dim;
+  for (std::int64_t j = 0; j < n; ++j) {
+    reset();
+    const StateSequence plain{plain_slot, j + 1, std::span(&plain_slot, 1)};
+    std::vector<float> vo(static_cast<std::size_t>(n * width)),
+        po(static_cast<std::size_t>((j + 1) * width));
+    kda_step(s.kda, c.layer, c.bytes, std::span(&verify, 1), d.inputs(), vo);
+    kda_step(s.kda, c.layer, c.bytes, std::span(&plain, 1), d.first(j + 1, s.kda), po);
+    EXPECT_EQ(0, std::memcmp(vo.data(), po.data(), po.size() * sizeof(float))) << "outputs " << j;
+    const std::vector<float> cp = read_state(s.kda.place, c.layer, c.bytes, outs[j]);
+    const std::vector<float> pl = read_state(s.kda.place, c.layer, c.bytes, plain_slot);
+    EXPECT_EQ(0, std::memcmp(cp.data(), pl.data(), cp.size() * sizeof(float))) << "state " << j;
+    const RecurrentRun want =
+        reference_kda(s.kda, stored_values(DType::kBfloat16, start, 1.0f), n, d.inputs());
+    const auto& sj = want.states[static_cast<std::size_t>(j)];
+    EXPECT_LE(max_error(cp, sj),
+              state_tolerance(DType::kBfloat16, s.kda.k_dim, n, want.magnitude, max_abs(sj)));
+    for (std::size_t i = 0; i < 3; ++i) {
+      const ConvSpec& cs = *convs[i];
+      const std::vector<float> wi(w.begin(), w.begin() + cs.channels * cs.kernel);
+      std::vector<float> cvo(static_cast<std::size_t>(n * cs.channels)),
+          cpo(static_cast<std::size_t>((j + 1) * cs.channels));
+      conv_update(cs, c.layer, c.bytes, std::span(&verify, 1), {xs[i], wi, {}}, cvo);
+      conv_update(cs, c.layer, c.bytes, std::span(&plain, 1),
+                  {std::span<const float>(xs[i]).first(cpo.size()), wi, {}}, cpo);
+      EXPECT_EQ(0, std::memcmp(cvo.data(), cpo.data(), cpo.size() * sizeof(float)))
+          << "conv " << i << " outputs " << j;
+      const std::vector<float> a = read_state(cs.place, c.layer, c.bytes, outs[j]);
+      const std::vector<float> b = read_state(cs.place, c.layer, c.bytes, plain_slot);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+          << "conv " << i << " state " << j;
+    }
+    // The three convs and the recurrence own disjoint bytes of the state: the recurrence's
+    // checkpoint is untouched by the convs that ran after it.
+    EXPECT_EQ(read_state(s.kda.place, c.layer, c.bytes, outs[j]), cp) << "state " << j;
+  }
+}
+
+// Kimi Linear's gate against the formula in double: g = -exp(A_log[h]) softplus(x + dt_bias).
+TEST(KdaGate, MatchesTheFormulaPerHeadAndChannel) {
+  std::mt19937_64 rng(4);
+  const std::int64_t heads = 3, dk = 8, tokens = 5;
+  std::vector<float> raw = random_values(rng, tokens * heads * dk, -30, 30);
+  raw[0] = 25.0f;  // past softplus's threshold of 20 (identity there)
+  const std::vector<float> a_log = random_values(rng, heads, 0, 2.8f);  // A in [1, 16]
+  const std::vector<float> bias = random_values(rng, heads * dk, -2, 2);
+  std::vector<float> g(raw.size());
+  kda_gate(heads, dk, raw, a_log, bias, g);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t i = 0; i < dk; ++i) {
+        const std::size_t at = static_cast<std::size_t>((t * heads + h) * dk + i);
+        const double x = double(raw[at]) + bias[static_cast<std::size_t>(h * dk + i)];
+        const double want =
+            -std::exp(double(a_log[static_cast<std::size_t>(h)])) * std::log1p(std::exp(x));
+        EXPECT_NEAR(g[at], want, 4e-7 * std::max(1.0, std::fabs(want))) << at;
+        EXPECT_LE(g[at], 0.0f);
+      }
+    }
+  }
+  mixkv::testing::expect_error([&] { kda_gate(heads, dk, raw, a_log, {}, std::span(g).first(3)); },
+                               ErrorCode::kInvalidInput, {"KDA gate", "3 heads"});
 }
 
 // A speculative verify over n tokens writes n states; checkpoint j is bit for bit the state a
@@ -603,6 +889,37 @@ TEST(RecurrentLayerSpec, QwenNextAndNemotronShapesPerRank) {
   EXPECT_EQ(m.conv.channels, m.ssm.heads * m.ssm.head_dim + 2 * m.ssm.groups * m.ssm.state_size);
 }
 
+// Kimi-Linear-48B: 32 KDA heads of 128, short conv width 4 (config.json), 8 heads per rank at TP 4;
+// the three conv states, then the recurrence, in the layer's state order.
+TEST(RecurrentLayerSpec, KimiLinearShapesPerRank) {
+  model::DescribeOptions o;
+  o.tp = 4;
+  o.num_spec_tokens = 2;
+  const model::ModelDesc kimi = mixkv::testing::describe_builtin("kimi-linear-48b", {}, o);
+  const auto kda = mixkv::testing::layers_of(kimi, model::LayerKind::kKda);
+  ASSERT_EQ(kda.size(), 20u);
+  const KdaLayerSpec s = kda_layer_spec(*kda.front(), kimi.num_spec_tokens);
+  EXPECT_EQ(s.kda.num_k_heads, 8);
+  EXPECT_EQ(s.kda.num_v_heads, 8);
+  EXPECT_EQ(s.kda.k_dim, 128);
+  EXPECT_EQ(s.kda.v_dim, 128);
+  EXPECT_FLOAT_EQ(s.kda.scale, 1.0f / std::sqrt(128.0f));
+  for (const ConvSpec* c : {&s.q_conv, &s.k_conv, &s.v_conv}) {
+    EXPECT_EQ(c->kernel, 4);
+    EXPECT_EQ(c->rows, 3 + 2);
+    EXPECT_EQ(c->channels, 8 * 128);
+  }
+  const std::int64_t conv_bytes = storage_bytes(s.q_conv.place.dtype, s.q_conv.place.elements);
+  EXPECT_EQ(s.q_conv.place.offset, 0);
+  EXPECT_EQ(s.k_conv.place.offset, conv_bytes);
+  EXPECT_EQ(s.v_conv.place.offset, 2 * conv_bytes);
+  EXPECT_EQ(s.kda.place.offset, 3 * conv_bytes);
+  EXPECT_EQ(s.kda.place.offset + storage_bytes(s.kda.place.dtype, s.kda.place.elements),
+            model::state_bytes(*kda.front()));
+  mixkv::testing::expect_error([&] { gdn_layer_spec(*kda.front(), 2); }, ErrorCode::kInvalidInput,
+                               {"not a Gated DeltaNet layer"});
+}
+
 TEST(RecurrentBadInput, SlotsShapesAndKindsAreRejectedWithTheirNames) {
   const model::LayerDesc l = gdn_layer(1, 2, 8, 8, 4, 2, DType::kBfloat16, DType::kFloat32);
   const GdnLayerSpec s = gdn_layer_spec(l, 2);
@@ -649,6 +966,38 @@ TEST(RecurrentBadInput, SlotsShapesAndKindsAreRejectedWithTheirNames) {
   missing.state.pop_back();
   expect_error([&] { gdn_layer_spec(missing, 2); }, ErrorCode::kInvalidInput,
                {"no 'temporal' state tensor"});
+}
+
+TEST(RecurrentBadInput, KdaGatesShapesAndStatesAreRejectedWithTheirNames) {
+  const model::LayerDesc l = kda_layer(2, 2, 8, 8, 4, 1, DType::kBfloat16, DType::kFloat32);
+  const KdaLayerSpec s = kda_layer_spec(l, 1);
+  StateCache cache(model::state_bytes(l), 4, 0, 0);
+  std::mt19937_64 rng(3);
+  const KdaData d = kda_data(rng, s.kda, 2);
+  std::vector<float> out(static_cast<std::size_t>(2 * 2 * 8));
+  using mixkv::testing::expect_error;
+  const std::int64_t one = 1;
+  const StateSequence q{1, 2, std::span(&one, 1)};
+  KdaInputs per_head = d.inputs();
+  per_head.g = per_head.g.first(4);  // one gate per head and token, GDN's shape
+  expect_error([&] { kda_step(s.kda, cache.layer, cache.bytes, std::span(&q, 1), per_head, out); },
+               ErrorCode::kInvalidInput, {"test.layer", "one log decay per key channel"});
+  expect_error(
+      [&] {
+        kda_chunked_prefill(s.kda, cache.layer, cache.bytes, std::span(&q, 1), d.inputs(), 0, out);
+      },
+      ErrorCode::kInvalidInput, {"chunk size 0"});
+  model::LayerDesc wrong = l;
+  wrong.state[2].shape[1] += 8;
+  expect_error([&] { kda_layer_spec(wrong, 1); }, ErrorCode::kInvalidInput,
+               {"layers.2", "conv states of 16/16/24 channels"});
+  model::LayerDesc missing = l;
+  missing.state.erase(missing.state.begin() + 1);
+  expect_error([&] { kda_layer_spec(missing, 1); }, ErrorCode::kInvalidInput,
+               {"no 'k_conv' state tensor"});
+  expect_error(
+      [&] { kda_layer_spec(gdn_layer(1, 2, 8, 8, 4, 1, DType::kBfloat16, DType::kFloat32), 1); },
+      ErrorCode::kInvalidInput, {"layers.0", "not a Kimi Delta Attention layer"});
 }
 
 }  // namespace

@@ -143,16 +143,60 @@ TEST(Verify, Mamba2GroupsMatchTheReference) {
   }
 }
 
-TEST(Verify, KdaGroupsAreReportedNotVerifiedWithTheReason) {
+// Kimi-Linear-48B per TP rank with two speculative tokens: every KDA group runs its three convs
+// and the recurrence through a decode step, a speculative verify writing three checkpoints and
+// a chunked prefill against the reference; a state slot one page off is caught there.
+VerifyReport run_kda_verify(PlantedFault fault = PlantedFault::kNone, int fault_group = -1) {
+  VerifyOptions o;
+  o.plan.policy = plan::Policy::kVllm;
+  o.plan.backend = backend::Backend::kCpu;
+  o.plan.memory_bytes = 64 * kMiB;
+  o.requests = 2;
+  o.seed = 3;
+  o.longest_request = 256;
+  o.fault = fault;
+  o.fault_group = fault_group;
+  model::DescribeOptions d;
+  d.tp = 4;
+  d.num_spec_tokens = 2;
+  return verify(mixkv::testing::describe_builtin("kimi-linear-48b", std::nullopt, d), o);
+}
+
+TEST(Verify, KdaGroupsRunDecodeCheckpointsAndPrefillWithinTolerance) {
+  const VerifyReport r = run_kda_verify();
+  const auto kda = recurrent_groups(r);
+  ASSERT_FALSE(kda.empty());
+  for (const GroupResult* g : kda) {
+    EXPECT_EQ(g->kind, "kda");
+    EXPECT_EQ(g->status, GroupStatus::kPass) << g->kv_cache_group << ": " << g->reason;
+    EXPECT_GT(g->layers_checked, 0);
+    EXPECT_GT(g->tolerance, 0);
+    EXPECT_LE(g->max_abs_error, g->tolerance);
+    EXPECT_NE(g->params.find("k8/v8 128x128 w4"), std::string::npos) << g->params;
+  }
+  EXPECT_FALSE(r.mismatch());
+
+  const int last = kda.back()->kv_cache_group;
+  const VerifyReport bad = run_kda_verify(PlantedFault::kStateSlot, last);
+  EXPECT_TRUE(bad.mismatch());
+  for (const GroupResult* g : recurrent_groups(bad)) {
+    if (g->kv_cache_group != last) continue;
+    EXPECT_EQ(g->status, GroupStatus::kMismatch);
+    EXPECT_NE(g->reason.find("decode"), std::string::npos) << g->reason;
+  }
+}
+
+// Layers without a CPU kernel (Jamba's Mamba1) are reported, with the reason, not passed.
+TEST(Verify, Mamba1GroupsAreReportedNotVerifiedWithTheReason) {
   const VerifyReport r =
-      run_verify("kimi-linear-48b", std::nullopt, plan::Policy::kVllm, backend::Backend::kCpu, 1);
-  int kda = 0;
+      run_verify("jamba-v0.1", std::nullopt, plan::Policy::kVllm, backend::Backend::kCpu, 1);
+  int mamba1 = 0;
   for (const GroupResult* g : recurrent_groups(r)) {
     EXPECT_EQ(g->status, GroupStatus::kNotVerified);
-    EXPECT_NE(g->reason.find("no CPU kernel for kda layers"), std::string::npos) << g->reason;
-    ++kda;
+    EXPECT_NE(g->reason.find("no CPU kernel for mamba1 layers"), std::string::npos) << g->reason;
+    ++mamba1;
   }
-  EXPECT_GT(kda, 0);
+  EXPECT_GT(mamba1, 0);
   EXPECT_FALSE(r.mismatch());
 }
 

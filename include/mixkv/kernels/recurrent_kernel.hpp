@@ -1,5 +1,6 @@
 // Recurrent-state kernels on the CPU over mixkv's planned geometry: the short causal conv state
-// update, the Gated DeltaNet step and chunked prefill, and the Mamba2 SSM step. States are
+// update, the Gated DeltaNet and Kimi Delta Attention steps and chunked prefills, and the Mamba2
+// SSM step. States are
 // addressed by explicit manager block ids (slots), so the kernels know nothing of the manager's
 // policy; a speculative verify writes one checkpoint state per draft position. docs/kernels.md.
 #pragma once
@@ -50,6 +51,11 @@ struct GdnSpec {
   bool operator==(const GdnSpec&) const = default;
 };
 
+// Kimi Delta Attention is the same gated delta rule over the same state [v_heads, k_dim, v_dim]
+// (Kimi Linear: as many key as value heads); only its gate differs, one decay per key channel
+// instead of one per head (KdaInputs::g), so it shares GDN's spec.
+using KdaSpec = GdnSpec;
+
 // Mamba2 selective state space: state [heads, head_dim, state_size]; head h reads B/C group
 // h / (heads / groups).
 struct Mamba2Spec {
@@ -65,15 +71,23 @@ struct GdnLayerSpec {
   ConvSpec conv;  // over the concatenated q, k, v projections
   GdnSpec gdn;
 };
+// Kimi Linear's KDA layer: a short conv on each of q, k and v (own state tensors, no bias), then
+// the recurrence over the "recurrent" state.
+struct KdaLayerSpec {
+  ConvSpec q_conv, k_conv, v_conv;
+  KdaSpec kda;
+};
 struct Mamba2LayerSpec {
   ConvSpec conv;  // over x, B, C
   Mamba2Spec ssm;
 };
 
-// Specs of a GDN ("conv", "temporal") or Mamba2 ("conv", "ssm") layer from its state tensors.
-// The conv width is rows - num_spec_tokens + 1. Throws Error naming the layer for another kind,
-// state tensors that are missing or inconsistent with the layer's heads, or an nvfp4 state.
+// Specs of a GDN ("conv", "temporal"), KDA ("q_conv", "k_conv", "v_conv", "recurrent") or Mamba2
+// ("conv", "ssm") layer from its state tensors. The conv width is rows - num_spec_tokens + 1.
+// Throws Error naming the layer for another kind, state tensors that are missing or inconsistent
+// with the layer's heads, or an nvfp4 state.
 GdnLayerSpec gdn_layer_spec(const model::LayerDesc& layer, int num_spec_tokens);
+KdaLayerSpec kda_layer_spec(const model::LayerDesc& layer, int num_spec_tokens);
 Mamba2LayerSpec mamba2_layer_spec(const model::LayerDesc& layer, int num_spec_tokens);
 
 // One request of a batch: it reads the state in block `in_slot` and consumes `num_tokens`
@@ -120,6 +134,30 @@ void gdn_step(const GdnSpec& spec, const layout::LayerGeometry& layer, std::span
 void gdn_chunked_prefill(const GdnSpec& spec, const layout::LayerGeometry& layer,
                          std::span<std::byte> cache, std::span<const StateSequence> batch,
                          const GdnInputs& inputs, std::int64_t chunk, std::span<float> out);
+
+struct KdaInputs {
+  std::span<const float> q;     // [sum num_tokens, k_heads, k_dim]
+  std::span<const float> k;     // [sum num_tokens, k_heads, k_dim]
+  std::span<const float> v;     // [sum num_tokens, v_heads, v_dim]
+  std::span<const float> g;     // [sum num_tokens, v_heads, k_dim]: log decay per key channel
+  std::span<const float> beta;  // [sum num_tokens, v_heads]
+};
+// Per token and value head, with D = diag(exp(g)) over the key channels:
+// S = D S; u = beta (v - S^T k); S = S + k u^T; o = S^T (scale q). out: [sum num_tokens,
+// v_heads, v_dim]. Gates are log decays (<= 0: kda_gate's form); positive ones may overflow.
+void kda_step(const KdaSpec& spec, const layout::LayerGeometry& layer, std::span<std::byte> cache,
+              std::span<const StateSequence> batch, const KdaInputs& inputs, std::span<float> out);
+// The same recurrence in chunks of `chunk` tokens (UT transform within a chunk, one state update
+// per chunk; each key is carried through the chunk decayed token by token, so no factor exceeds
+// 1 whatever the gates). Only the final state is stored: one out slot per request.
+void kda_chunked_prefill(const KdaSpec& spec, const layout::LayerGeometry& layer,
+                         std::span<std::byte> cache, std::span<const StateSequence> batch,
+                         const KdaInputs& inputs, std::int64_t chunk, std::span<float> out);
+// Kimi Linear's gate (flash-linear-attention's fused_kda_gate): per token, head h and key
+// channel i, g = -exp(a_log[h]) * softplus(raw + dt_bias[h * k_dim + i]). raw and g: [tokens,
+// heads, k_dim]; a_log: [heads]; dt_bias: [heads * k_dim] or empty.
+void kda_gate(std::int64_t heads, std::int64_t k_dim, std::span<const float> raw,
+              std::span<const float> a_log, std::span<const float> dt_bias, std::span<float> g);
 
 struct Mamba2Inputs {
   std::span<const float> x;        // [sum num_tokens, heads, head_dim]

@@ -28,6 +28,9 @@ RecurrentRun reference_conv(const ConvSpec& spec, std::span<const float> state,
 RecurrentRun reference_gdn(const GdnSpec& spec, std::span<const float> state,
                            std::int64_t num_tokens, const GdnInputs& inputs,
                            bool every_state = true);
+RecurrentRun reference_kda(const KdaSpec& spec, std::span<const float> state,
+                           std::int64_t num_tokens, const KdaInputs& inputs,
+                           bool every_state = true);
 RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> state,
                               std::int64_t num_tokens, const Mamba2Inputs& inputs,
                               bool every_state = true);
