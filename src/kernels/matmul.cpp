@@ -64,8 +64,11 @@ using VF = hn::Vec<DF>;
 // must fit the register file (32 vectors on AVX-512, 16 elsewhere).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 constexpr int kMaxX = 4;
+// Up to this many rows of x, W is decoded in registers (4 x 4 or 8 x 2 accumulators).
+constexpr int kMaxRegX = 8;
 #else
 constexpr int kMaxX = 2;
+constexpr int kMaxRegX = 2;
 #endif
 
 constexpr std::int64_t kBlock = 32;
@@ -224,20 +227,15 @@ HWY_NOINLINE void tile_scratch(const MatmulCall& c, const float* ws, std::int64_
     for (int r = 0; r < kW; ++r) hn::StoreU(acc[i][r], df, acc_mem + (r * c.n + i0 + i) * n);
 }
 
-template <WeightType kT, int kW>
+// The x rows of one register tile, all of them (n <= kMaxRegX), against kW rows of W from r0.
+template <WeightType kT, int kW, int kX = 1>
 void registers_rows(const MatmulCall& c, std::int64_t r0) {
-  switch (c.n) {
-    case 1:
-      return tile_registers<kT, 1, kW>(c, r0, 0);
-    case 2:
-      if constexpr (kMaxX >= 2) return tile_registers<kT, 2, kW>(c, r0, 0);
-      [[fallthrough]];
-    case 3:
-      if constexpr (kMaxX >= 3) return tile_registers<kT, 3, kW>(c, r0, 0);
-      [[fallthrough]];
-    default:
-      if constexpr (kMaxX >= 4) return tile_registers<kT, 4, kW>(c, r0, 0);
+  // 4 x 4 accumulators at most with four W rows, 8 x 2 with two.
+  constexpr int kLimit = kW == 4 ? std::min(4, kMaxRegX) : kMaxRegX;
+  if constexpr (kX < kLimit) {
+    if (c.n > kX) return registers_rows<kT, kW, kX + 1>(c, r0);
   }
+  tile_registers<kT, kX, kW>(c, r0, 0);
 }
 
 template <int kW>
@@ -266,9 +264,13 @@ void rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   // One x tile and whole vectors per row: decode W in registers, it is used once.
-  if (c.n <= kMaxX && c.cols % kBlock == 0) {
+  if (c.n <= kMaxRegX && c.cols % kBlock == 0) {
     std::int64_t r = r_begin;
-    for (; r + kTileW <= r_end; r += kTileW) registers_rows<kT, kTileW>(c, r);
+    if (c.n <= 4) {
+      for (; r + 4 <= r_end; r += 4) registers_rows<kT, 4>(c, r);
+    } else {  // 5..8 rows of x: two W rows per tile keep the accumulators in registers
+      for (; r + 2 <= r_end; r += 2) registers_rows<kT, 2>(c, r);
+    }
     for (; r < r_end; ++r) registers_rows<kT, 1>(c, r);
     return;
   }
