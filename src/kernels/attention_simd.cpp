@@ -482,13 +482,20 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     return call.cache + p.offset +
            seq.kernel_pages[static_cast<std::size_t>(t / p.kernel_tokens)] * p.stride;
   };
+  // Tiles lie on a grid fixed by positions alone: every kTileTokens tokens from each kernel
+  // page's start. A query's keys then fall into the same tiles, at the same lanes, whichever
+  // other queries share its block and wherever their windows start, so a row of a verify is
+  // bit-identical to the decode at its position (the online softmax's grouping is the tiles).
   const auto tile_at = [&](std::int64_t t) {
     return std::min({kTileTokens, p.kernel_tokens - t % p.kernel_tokens, hi_all + 1 - t});
   };
+  const std::int64_t first_page = lo_all - lo_all % p.kernel_tokens;
 
   // Tile by tile, every KV head of the task in each: the task's part of each row is read front
-  // to back, which the hardware prefetcher follows within a page.
-  for (std::int64_t t0 = lo_all; t0 <= hi_all;) {
+  // to back, which the hardware prefetcher follows within a page. The first tile may start
+  // before lo_all (inside lo_all's page); keys before a query's range are masked, never used.
+  for (std::int64_t t0 = first_page + (lo_all - first_page) / kTileTokens * kTileTokens;
+       t0 <= hi_all;) {
     const std::int64_t in_page = t0 % p.kernel_tokens;
     const std::int64_t tile = tile_at(t0);
     const std::byte* base = page_base(t0);
