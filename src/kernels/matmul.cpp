@@ -371,8 +371,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <fmt/format.h>
 
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::kernels {
 namespace detail {

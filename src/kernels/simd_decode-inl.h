@@ -14,7 +14,7 @@
 
 #include <hwy/highway.h>
 
-#include "mixkv/dtype.hpp"
+#include "mixkv/core/dtype.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace mixkv::kernels::detail::HWY_NAMESPACE {

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "mixkv/kernels/convert.hpp"
 #include "mixkv/kernels/simd_targets.hpp"
-#include "mixkv/kernels_convert.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {

@@ -10,7 +10,7 @@
 #include <span>
 #include <string_view>
 
-#include "mixkv/thread_pool.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 
 namespace mixkv::kernels {
 
