@@ -167,6 +167,12 @@ void decode_cols(const std::byte* row, std::int64_t c0, std::int64_t c1, float* 
   }
 }
 
+// Asks for W's bytes [offset, offset + bytes), clipped to the weight (never past its end).
+HWY_INLINE void prefetch_w(const MatmulCall& c, std::int64_t offset, std::int64_t bytes) {
+  const std::int64_t end = std::min(offset + bytes, c.rows * c.row_bytes);
+  for (std::int64_t o = offset; o < end; o += 64) hwy::Prefetch(c.w + o);
+}
+
 // kX rows of x (from row i0) against kW rows of W (from row r0), W decoded in registers; the
 // whole row in one pass (cols a multiple of the block).
 template <WeightType kT, int kX, int kW>
@@ -185,9 +191,7 @@ HWY_NOINLINE void tile_registers(const MatmulCall& c, std::int64_t r0, std::int6
   const std::int64_t block_bytes = c.row_bytes / (c.cols / kBlock);
   for (std::int64_t b = 0; b < c.cols / kBlock; ++b) {
     for (int r = 0; r < kW; ++r) {
-      const std::byte* ahead = wr[r] + b * block_bytes + kPrefetch;
-      hwy::Prefetch(ahead);
-      if (block_bytes > 64) hwy::Prefetch(ahead + 64);
+      prefetch_w(c, (r0 + r) * c.row_bytes + b * block_bytes + kPrefetch, block_bytes);
     }
     VF w[kW][kVecs];
     for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
@@ -293,9 +297,10 @@ void rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
       const std::int64_t chunk_bytes = (c1 - c0) * c.row_bytes / c.cols;
       for (std::int64_t r = 0; r < kw; ++r) {
         const std::byte* row = c.w + (r0 + r) * c.row_bytes;
-        const std::byte* next =
-            c1 < c.cols ? row + c1 * c.row_bytes / c.cols : row + kw * c.row_bytes;
-        for (std::int64_t b = 0; b < chunk_bytes; b += 64) hwy::Prefetch(next + b);
+        prefetch_w(c,
+                   c1 < c.cols ? (r0 + r) * c.row_bytes + c1 * c.row_bytes / c.cols
+                               : (r0 + r + kw) * c.row_bytes,
+                   chunk_bytes);
         decode_cols<kT>(row, c0, c1, ws.data() + r * ws_stride);
       }
       if (kw == kTileW) {
