@@ -5,12 +5,21 @@
 //  - causal prefill FLOP/s beside an f32 matrix multiply (bench_matmul.cpp, Highway) on the same
 //    threads.
 // Issue 5 aims at paged within 10% of contiguous, decode >= 70% of streaming at 8k+ with bf16.
+//  - multi-row decode (a speculative verify: k + 1 causal rows of one request) at 8k and 32k;
+//  - weight-streaming matrix products Y = X W^T (kernels/matmul.hpp) of 1-64 token rows against a
+//    4096 x 14336 weight (Llama-3-8B's down projection) in each storage type, with bytes/s in
+//    unique bytes of W per call, beside the streaming read.
+// Issue 14 aims at: decode >= 70% of streaming; weight matmul 1 row >= 80% of streaming, 8 rows
+// <= 1.3x the time of 1 row.
 // Names: BM_Decode/<paged|contiguous>/<dtype>/ctx:<tokens>/threads:<n>, BM_StreamRead/threads:<n>,
-// BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>.
+// BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
+// BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n>,
+// BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -22,6 +31,7 @@
 #include "bench_matmul.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
 #include "mixkv/kernels/convert.hpp"
+#include "mixkv/kernels/matmul.hpp"
 #include "mixkv/kernels/thread_pool.hpp"
 
 namespace {
@@ -136,6 +146,28 @@ void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool
   state.SetLabel(simd_target());
 }
 
+// A speculative verify: the last `rows` positions of one request of `context` tokens (causal
+// among themselves) in one call, each K/V tile read once for all rows. Bytes/s counts the K and V
+// bytes of the context once per call, as decode does, so 1 row here is BM_Decode/paged.
+void run_multi_row(benchmark::State& state, DType dtype, std::int64_t rows, std::int64_t context,
+                   int threads) {
+  const CacheFixture& f = cache_of(dtype, context, true);
+  const std::vector<PagedSequence> batch = {{f.pages, context, rows}};
+  const std::vector<float> queries =
+      random_floats(static_cast<std::size_t>(rows * kQHeads * kHead), 2);
+  std::vector<float> out(queries.size());
+  AttentionInputs inputs{f.cache, batch, queries, {}, {}};
+  inputs.pool = pool_of(threads);
+  for (auto _ : state) {
+    paged_attention(f.spec, f.layer, inputs, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * context * 2 * kKvHeads * kHead *
+                          element_bytes(dtype));
+  state.SetLabel(simd_target());
+}
+
 // Causal prefill of `tokens` queries over themselves (kv_len == tokens). FLOPs: for each query
 // and head, 2*d for q.k and 2*dv for the weighted V sum per visible key.
 void run_prefill(benchmark::State& state, DType dtype, std::int64_t tokens, int threads) {
@@ -183,6 +215,88 @@ void run_matmul(benchmark::State& state, std::int64_t n, int threads) {
       benchmark::Counter::kIsRate);
 }
 
+// Bytes the memory-bound benchmarks spread their data over: well beyond the last-level cache
+// (the development VM reports a 480 MiB L3), so every figure is a DRAM figure.
+constexpr std::int64_t kBeyondCaches = std::int64_t{1} << 30;
+
+// Copies of one random [rows, cols] weight filling at least kBeyondCaches; calls cycle through
+// them, so W comes from memory every time, as a model's layers do. One type at a time is kept.
+struct WeightFixture {
+  WeightType type;
+  std::int64_t rows, cols, bytes;
+  std::vector<std::byte> data;  // copies x bytes
+  std::int64_t copies;
+};
+
+const WeightFixture& weight_of(WeightType type, std::int64_t rows, std::int64_t cols) {
+  static std::unique_ptr<WeightFixture> f;
+  if (f && f->type == type && f->rows == rows && f->cols == cols) return *f;
+  f.reset();
+  f = std::make_unique<WeightFixture>();
+  f->type = type;
+  f->rows = rows;
+  f->cols = cols;
+  f->bytes = weight_bytes(type, rows, cols);
+  f->copies = std::max<std::int64_t>(2, (kBeyondCaches + f->bytes - 1) / f->bytes);
+  f->data.resize(static_cast<std::size_t>(f->bytes * f->copies));
+  // One copy of random codes: float types from values in [-1, 1), block types random bytes with
+  // each block's fp16 scale (and q4_1 minimum) set to a finite value.
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::byte* w = f->data.data();
+  const std::int64_t block = weight_block_elements(type);
+  const std::int64_t block_bytes = weight_bytes(type, 1, block);
+  const auto put16 = [](std::byte* p, std::uint16_t v) { std::memcpy(p, &v, 2); };
+  for (std::int64_t b = 0; b < f->bytes / block_bytes; ++b) {
+    std::byte* p = w + b * block_bytes;
+    switch (type) {
+      case WeightType::kFloat32: {
+        const float v = dist(rng);
+        std::memcpy(p, &v, 4);
+        break;
+      }
+      case WeightType::kBfloat16:
+        put16(p, float_to_bf16(dist(rng)));
+        break;
+      case WeightType::kFloat16:
+        put16(p, float_to_fp16(dist(rng)));
+        break;
+      default:
+        for (std::int64_t i = 0; i < block_bytes; i += 8) {
+          const std::uint64_t r = rng();
+          std::memcpy(p + i, &r,
+                      static_cast<std::size_t>(std::min<std::int64_t>(8, block_bytes - i)));
+        }
+        put16(p, float_to_fp16(dist(rng) * 0.01f));
+        if (type == WeightType::kQ4_1) put16(p + 2, float_to_fp16(dist(rng) * 0.01f));
+        break;
+    }
+  }
+  for (std::int64_t c = 1; c < f->copies; ++c)
+    std::memcpy(w + c * f->bytes, w, static_cast<std::size_t>(f->bytes));
+  return *f;
+}
+
+// Y = X W^T for `rows` token rows; bytes/s counts W's bytes once per call (what must stream).
+void run_weight_matmul(benchmark::State& state, WeightType type, std::int64_t rows, int threads) {
+  constexpr std::int64_t kOut = 4096, kIn = 14336;
+  const WeightFixture& f = weight_of(type, kOut, kIn);
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(rows * kIn), 8);
+  std::vector<float> y(static_cast<std::size_t>(rows * kOut));
+  std::int64_t copy = 0;
+  for (auto _ : state) {
+    const WeightView w{type, kOut, kIn, f.data.data() + copy * f.bytes};
+    matmul(w, x, y, pool_of(threads));
+    copy = (copy + 1) % f.copies;
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * f.bytes);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * rows), benchmark::Counter::kIsRate);
+  state.SetLabel(matmul_target());
+}
+
 // Streaming read of a buffer far larger than the last-level cache, split evenly over the
 // threads: the memory bandwidth those threads see, the ceiling for decode.
 void run_stream(benchmark::State& state, std::int64_t bytes, int threads) {
@@ -223,7 +337,7 @@ const bool registered = [] {
   for (int t : thread_counts) {
     const std::string th = "/threads:" + std::to_string(t);
     benchmark::RegisterBenchmark(("BM_StreamRead" + th).c_str(),
-                                 [t](benchmark::State& s) { run_stream(s, 256 << 20, t); })
+                                 [t](benchmark::State& s) { run_stream(s, kBeyondCaches, t); })
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
     for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {
@@ -239,12 +353,37 @@ const bool registered = [] {
         }
       }
     }
+    for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {
+      for (std::int64_t ctx : {8192, 32768}) {
+        for (std::int64_t rows : {1, 2, 5, 8}) {
+          const std::string name = "BM_DecodeMultiRow/" + std::string(to_string(dtype)) +
+                                   "/rows:" + std::to_string(rows) + "/ctx:" + std::to_string(ctx) +
+                                   th;
+          benchmark::RegisterBenchmark(
+              name.c_str(), [=](benchmark::State& s) { run_multi_row(s, dtype, rows, ctx, t); })
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
+      }
+    }
     for (std::int64_t tokens : {512, 2048}) {
       benchmark::RegisterBenchmark(
           ("BM_Prefill/bfloat16/tokens:" + std::to_string(tokens) + th).c_str(),
           [=](benchmark::State& s) { run_prefill(s, DType::kBfloat16, tokens, t); })
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
+    }
+    for (WeightType type : {WeightType::kBfloat16, WeightType::kFloat16, WeightType::kQ8_0,
+                            WeightType::kQ4_0, WeightType::kQ4_1}) {
+      for (std::int64_t rows : {1, 5, 8, 64}) {
+        benchmark::RegisterBenchmark(
+            ("BM_WeightMatmul/" + std::string(to_string(type)) + "/rows:" + std::to_string(rows) +
+             th)
+                .c_str(),
+            [=](benchmark::State& s) { run_weight_matmul(s, type, rows, t); })
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
     }
     benchmark::RegisterBenchmark(("BM_Matmul/n:768" + th).c_str(),
                                  [t](benchmark::State& s) { run_matmul(s, 768, t); })

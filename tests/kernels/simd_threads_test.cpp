@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -62,13 +64,13 @@ struct Layer {
   std::vector<std::byte> cache;
 };
 
-Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages) {
+Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages, std::int64_t page_tokens = 16) {
   Layer l;
   l.spec = spec;
   auto& g = l.geometry;
   g.layer = "threads";
-  g.kernel_tokens = 16;
-  g.block_tokens = 16;
+  g.kernel_tokens = page_tokens;
+  g.block_tokens = page_tokens;
   const std::int64_t elem = element_bytes(spec.params.kv_dtype);
   g.k_token_bytes = k_row_elements(spec) * elem;
   g.v_token_bytes = v_row_elements(spec) * elem;
@@ -269,6 +271,90 @@ TEST(PagedAttentionThreads, ARequestAloneMatchesItselfInsideAnyBatch) {
       const auto inside = run_batch(l, all, batch, sinks, &pool);
       EXPECT_TRUE(bit_identical(alone[0], inside[1])) << c.name << ": request " << r;
       EXPECT_TRUE(bit_identical(alone[0], alone_serial[0])) << c.name << ": request " << r;
+    }
+  }
+}
+
+// A speculative verify (or a chunked prefill) runs the k + 1 rows of one request together, each
+// K/V tile read once for all of them; each row must come out exactly as the one-token decode at
+// its position would give it (causal), or as a lone query over the whole block (non-causal, a
+// DFlash block), so speculation stays bit-identical to plain decoding. Windows move the first
+// visible key with the row, so this also pins the tile grid to positions, not to the first key.
+TEST(PagedAttentionRows, EachRowOfAVerifyMatchesItsOwnDecode) {
+  struct RowsCase {
+    std::string name;
+    DType dtype;
+    int q_heads, kv_heads, head;
+    int window;  // -1: none
+    bool cap, sinks, causal;
+    std::int64_t page_tokens;
+  };
+  const std::vector<RowsCase> cases = {
+      {"bf16 gqa window cap sinks", DType::kBfloat16, 8, 2, 64, 37, true, true, true, 16},
+      {"bf16 gqa 32-token pages window", DType::kBfloat16, 8, 2, 64, 21, false, false, true, 32},
+      {"fp8 mha", DType::kFp8E4m3, 4, 4, 128, -1, false, false, true, 16},
+      {"fp16 head 40 window (scratch path)", DType::kFloat16, 6, 3, 40, 45, true, false, true, 16},
+      {"bf16 non-causal block", DType::kBfloat16, 8, 2, 64, -1, false, true, false, 16},
+  };
+  // Windows that put the block's first key and each row's first key in the same page at various
+  // offsets from the page start (and in the page before).
+  std::vector<RowsCase> all_cases;
+  for (const RowsCase& c : cases) {
+    all_cases.push_back(c);
+    if (c.window < 0) continue;
+    for (int more : {7, 24, 40}) {
+      all_cases.push_back(c);
+      all_cases.back().window += more;
+      all_cases.back().name += " +" + std::to_string(more);
+    }
+  }
+  for (const RowsCase& c : all_cases) {
+    AttentionSpec spec;
+    spec.params.kv_dtype = c.dtype;
+    spec.params.num_q_heads = c.q_heads;
+    spec.params.num_kv_heads = c.kv_heads;
+    spec.params.scale = 0.3;
+    spec.params.causal = c.causal;
+    spec.params.window_left = c.window;
+    if (c.cap) spec.params.soft_cap = 5.0;
+    spec.params.sinks = c.sinks;
+    spec.head_size = c.head;
+    spec.head_size_v = c.head;
+    const std::int64_t kv_len = 150;
+    const std::int64_t pages = (kv_len + c.page_tokens - 1) / c.page_tokens;
+    Layer l = make_layer(spec, pages + 3, c.page_tokens);
+    std::mt19937_64 rng(21);
+    std::vector<std::int64_t> blocks(static_cast<std::size_t>(pages + 3));
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    blocks.resize(static_cast<std::size_t>(pages));
+    const std::vector<float> sinks =
+        c.sinks ? testing::random_values(rng, static_cast<std::size_t>(c.q_heads), 1.0f)
+                : std::vector<float>{};
+    for (std::int64_t rows : {2, 5, 16, 17}) {
+      const auto r =
+          testing::make_request(spec, l.geometry, {}, l.cache, blocks, kv_len, rows, rng);
+      const std::vector<testing::Request> all = {r};
+      ThreadPool pool(2);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        const auto together = run_batch(l, all, {0}, sinks, p)[0];
+        const std::size_t q_row = static_cast<std::size_t>(c.q_heads * c.head);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          testing::Request one = r;
+          one.num_queries = 1;
+          if (c.causal) one.kv_len = kv_len - rows + i + 1;
+          one.q.assign(r.q.begin() + static_cast<std::ptrdiff_t>(i * q_row),
+                       r.q.begin() + static_cast<std::ptrdiff_t>((i + 1) * q_row));
+          const std::vector<testing::Request> single = {one};
+          const auto alone = run_batch(l, single, {0}, sinks, p)[0];
+          const std::vector<float> mine(
+              together.begin() + static_cast<std::ptrdiff_t>(i * q_row),
+              together.begin() + static_cast<std::ptrdiff_t>((i + 1) * q_row));
+          EXPECT_TRUE(bit_identical(mine, alone))
+              << c.name << ": row " << i << " of " << rows << (p ? ", 2 threads" : "");
+          for (float x : mine) ASSERT_TRUE(std::isfinite(x)) << c.name;
+        }
+      }
     }
   }
 }

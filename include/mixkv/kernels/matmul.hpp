@@ -1,0 +1,64 @@
+// Weight-streaming matrix products for decode, speculative verify and small prefill chunks:
+// Y = X * W^T for a few float32 token rows X against a weight W stored in a float or ggml block
+// format, dequantised in registers. W is read once for all rows; its rows are spread over a
+// ThreadPool. Every output is reduced in an order fixed by W's shape alone. docs/kernels.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "mixkv/kernels/thread_pool.hpp"
+
+namespace mixkv::kernels {
+
+// How a weight is stored, row by row (each row of `cols` elements is contiguous; rows follow each
+// other without padding). The block formats are ggml's (GGUF files), little-endian:
+//   q8_0: per 32 elements, fp16 scale d, then 32 int8 q;        value = q * d
+//   q4_0: per 32 elements, fp16 d, then 16 bytes of nibbles;     value = (q - 8) * d
+//   q4_1: per 32 elements, fp16 d, fp16 m, then 16 bytes;        value = q * d + m
+// A nibble byte i holds element i in its low four bits and element i + 16 in its high four.
+enum class WeightType { kFloat32, kBfloat16, kFloat16, kQ8_0, kQ4_0, kQ4_1 };
+
+// "float32", "bfloat16", "float16", "q8_0", "q4_0", "q4_1".
+std::string_view to_string(WeightType type);
+
+// The type of a ggml tensor type id as GGUF stores it (0 f32, 1 f16, 2 q4_0, 3 q4_1, 8 q8_0,
+// 30 bf16); nullopt for the ids these kernels do not read (k-quants, i-quants, ...).
+std::optional<WeightType> weight_type_from_ggml(std::uint32_t ggml_type);
+
+// Elements per block (32 for the block formats, 1 for float types): `cols` must be a multiple.
+std::int64_t weight_block_elements(WeightType type);
+
+// Bytes of a [rows, cols] weight. Throws Error (bad input) for non-positive sizes, cols that are
+// not a multiple of the block, or an overflow.
+std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols);
+
+// A weight the caller owns (typically a view into a memory-mapped GGUF/safetensors file):
+// `rows` outputs of `cols` inputs, weight_bytes(dtype, rows, cols) bytes at `data` (any
+// alignment).
+struct WeightView {
+  WeightType dtype = WeightType::kFloat32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  const std::byte* data = nullptr;
+};
+
+// y[i][r] = sum over c of x[i][c] * W[r][c] for `x` of [n, w.cols] and `y` of [n, w.rows]
+// (row-major, n = x.size() / w.cols >= 1). Each y[i][r] is reduced in an order fixed by w.cols
+// and the instruction set alone: the same bits whatever n, whatever the other rows of x, and
+// whatever the pool (nullptr: the calling thread). Throws Error (bad input) when the sizes do not
+// match, naming `where` (e.g. the layer and tensor) in the message.
+void matmul(const WeightView& w, std::span<const float> x, std::span<float> y,
+            ThreadPool* pool = nullptr, std::string_view where = "matmul");
+
+// Decodes row `row` of `w` into `out` (w.cols floats) with the same values the product uses
+// (an embedding lookup, or a reference).
+void dequantize_row(const WeightView& w, std::int64_t row, std::span<float> out);
+
+// The instruction set matmul uses on this CPU (e.g. "AVX3"), chosen at run time.
+const char* matmul_target();
+
+}  // namespace mixkv::kernels

@@ -1,0 +1,555 @@
+// Weight-streaming matrix products with Highway. This file is compiled once per instruction set
+// (foreach_target.h re-includes it); matmul() checks its arguments once and runs the best copy
+// the CPU has (HWY_DYNAMIC_DISPATCH).
+//
+// The reduction order (docs/kernels.md): y[i][r] keeps one vector accumulator; for j = 0, N, 2N,
+// ... over W's columns (N = the target's float lanes) it does acc = x[i][j..j+N) * w[r][j..j+N)
+// + acc (one fused multiply-add), then sums the lanes with Highway's SumOfLanes. Nothing in that
+// chain depends on how many rows of x there are, which rows of W sit in the same register tile,
+// or which thread runs them; both ways of reading W (decoded in registers, or decoded once into
+// a small scratch chunk and then reused for several rows of x) feed it the same floats, and
+// column chunks only pause the chain (the accumulator goes to memory and comes back unchanged).
+#include "mixkv/kernels/matmul.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/element_load.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/matmul.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// Highway's headers after foreach_target.h, as its documentation requires.
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#include "kernels/simd_decode-inl.h"
+
+#ifndef MIXKV_KERNELS_MATMUL_SHARED_
+#define MIXKV_KERNELS_MATMUL_SHARED_
+namespace mixkv::kernels::detail {
+
+// Rows of W in one register tile: each decoded W vector meets up to kMaxX rows of x, each x
+// vector up to kTileW rows of W.
+constexpr std::int64_t kTileW = 4;
+// Columns decoded at once into scratch when W is reused for several register tiles of x rows.
+constexpr std::int64_t kChunkCols = 512;
+
+// Everything one matmul call fixes; checked before any task runs.
+struct MatmulCall {
+  WeightType type = WeightType::kFloat32;
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+  std::int64_t row_bytes = 0;
+  const std::byte* w = nullptr;
+  const float* x = nullptr;  // [n, x_stride]; columns cols .. x_stride are zero
+  std::int64_t x_stride = 0;
+  std::int64_t n = 0;
+  float* y = nullptr;  // [n, rows]
+};
+
+}  // namespace mixkv::kernels::detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace mixkv::kernels::detail::HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Rows of x per register tile: kMaxX x kTileW accumulators, kTileW W vectors and one x vector
+// must fit the register file (32 vectors on AVX-512, 16 elsewhere).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr int kMaxX = 4;
+// Up to this many rows of x, W is decoded in registers (4 x 4 or 8 x 2 accumulators).
+constexpr int kMaxRegX = 8;
+#else
+constexpr int kMaxX = 2;
+constexpr int kMaxRegX = 2;
+#endif
+
+constexpr std::int64_t kBlock = 32;
+
+// An fp16 scale broadcast to a vector (F16C where the target has it: no trip through the scalar
+// integer unit per block).
+HWY_INLINE VF fp16_splat(const std::byte* p) {
+  const DF df;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+  const hn::Rebind<std::uint16_t, DF> d16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(df, hn::BitCast(dh, hn::Set(d16, load_u16(p))));
+#else
+  return hn::Set(df, fp16_bits_to_float(load_u16(p)));
+#endif
+}
+
+// Vectors per block of 32 elements (the block formats need N <= 32, so a vector never leaves its
+// block; every x86 and NEON target has N <= 16).
+constexpr std::int64_t kVecs = kBlock / static_cast<std::int64_t>(hn::MaxLanes(DF()));
+static_assert(kVecs >= 1 && kVecs * static_cast<std::int64_t>(hn::MaxLanes(DF())) == kBlock);
+
+// Elements 32 b .. 32 b + 32 of a W row as kVecs vectors. The block formats decode exactly as
+// ggml defines them; q8_0 and q4_0 values are exact in float (an fp16 scale times a small
+// integer), q4_1 rounds q * d + m once (a fused multiply-add where the target has one). Each
+// block's scales are decoded once for its vectors.
+template <WeightType kT>
+HWY_INLINE void load_block(const std::byte* row, std::int64_t b, VF* out) {
+  const DF df;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DF()));
+  if constexpr (kT == WeightType::kFloat32 || kT == WeightType::kBfloat16 ||
+                kT == WeightType::kFloat16) {
+    constexpr DType dt = kT == WeightType::kFloat32    ? DType::kFloat32
+                         : kT == WeightType::kBfloat16 ? DType::kBfloat16
+                                                       : DType::kFloat16;
+    for (std::int64_t v = 0; v < kVecs; ++v) out[v] = decode<dt>(row, b * kBlock + v * n, 1.0f);
+  } else if constexpr (kT == WeightType::kQ8_0) {
+    const std::byte* block = row + b * 34;
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<std::int8_t, DF> d8;
+    const VF d = fp16_splat(block);
+    const auto* qs = reinterpret_cast<const std::int8_t*>(block + 2);
+    for (std::int64_t v = 0; v < kVecs; ++v)
+      out[v] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, qs + v * n))), d);
+  } else {
+    constexpr std::int64_t kHeader = kT == WeightType::kQ4_0 ? 2 : 4;
+    const std::byte* block = row + b * (kHeader + 16);
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<std::uint8_t, DF> d8;
+    const auto* qs = reinterpret_cast<const std::uint8_t*>(block + kHeader);
+    const VF d = fp16_splat(block);
+    [[maybe_unused]] const VF m = kT == WeightType::kQ4_1 ? fp16_splat(block + 2) : hn::Zero(df);
+    for (std::int64_t v = 0; v < kVecs; ++v) {
+      // Elements 0..15 are the low nibbles of bytes 0..15, elements 16..31 their high nibbles.
+      const std::int64_t o = v * n;
+      const auto bytes = hn::PromoteTo(di, hn::LoadU(d8, qs + (o & 15)));
+      const VF q =
+          hn::ConvertTo(df, o < 16 ? hn::And(bytes, hn::Set(di, 15)) : hn::ShiftRight<4>(bytes));
+      if constexpr (kT == WeightType::kQ4_0) {
+        out[v] = hn::Mul(hn::Sub(q, hn::Set(df, 8.0f)), d);
+      } else {
+        out[v] = hn::MulAdd(q, d, m);
+      }
+    }
+  }
+}
+
+DType float_dtype(WeightType type) {
+  switch (type) {
+    case WeightType::kBfloat16:
+      return DType::kBfloat16;
+    case WeightType::kFloat16:
+      return DType::kFloat16;
+    default:
+      return DType::kFloat32;
+  }
+}
+
+// Columns [c0, c1) of a W row into out (zero-padded to a whole vector): whole vectors through
+// load_w, a float type's tail (cols not a multiple of N) element by element, exactly.
+template <WeightType kT>
+void decode_cols(const std::byte* row, std::int64_t c0, std::int64_t c1, float* out) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  std::int64_t j = c0;  // c0 is a multiple of the block
+  for (; j + kBlock <= c1; j += kBlock) {
+    VF w[kVecs];
+    load_block<kT>(row, j / kBlock, w);
+    for (std::int64_t v = 0; v < kVecs; ++v) hn::StoreU(w[v], df, out + (j - c0) + v * n);
+  }
+  if (j < c1) {  // float types only: a partial block, zero-padded to whole vectors
+    std::fill(out + (j - c0), out + (j - c0) + kBlock, 0.0f);
+    const std::int64_t elem = kT == WeightType::kFloat32 ? 4 : 2;
+    load_row(float_dtype(kT), nullptr, row + j * elem, static_cast<std::size_t>(c1 - j), 1.0f,
+             out + (j - c0));
+  }
+}
+
+// Asks for W's bytes [offset, offset + bytes), clipped to the weight (never past its end).
+HWY_INLINE void prefetch_w(const MatmulCall& c, std::int64_t offset, std::int64_t bytes) {
+  const std::int64_t end = std::min(offset + bytes, c.rows * c.row_bytes);
+  for (std::int64_t o = offset; o < end; o += 64) hwy::Prefetch(c.w + o);
+}
+
+// kX rows of x (from row i0) against kW rows of W (from row r0), W decoded in registers; the
+// whole row in one pass (cols a multiple of the block).
+template <WeightType kT, int kX, int kW>
+HWY_NOINLINE void tile_registers(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const std::byte* wr[kW];
+  for (int r = 0; r < kW; ++r) wr[r] = c.w + (r0 + r) * c.row_bytes;
+  const float* xr[kX];
+  for (int i = 0; i < kX; ++i) xr[i] = c.x + (i0 + i) * c.x_stride;
+  VF acc[kX][kW];
+  for (int i = 0; i < kX; ++i)
+    for (int r = 0; r < kW; ++r) acc[i][r] = hn::Zero(df);
+  // W arrives from memory: ask for it a little ahead of the loads (kPrefetch bytes per row).
+  constexpr std::int64_t kPrefetch = 1024;
+  const std::int64_t block_bytes = c.row_bytes / (c.cols / kBlock);
+  for (std::int64_t b = 0; b < c.cols / kBlock; ++b) {
+    for (int r = 0; r < kW; ++r) {
+      prefetch_w(c, (r0 + r) * c.row_bytes + b * block_bytes + kPrefetch, block_bytes);
+    }
+    VF w[kW][kVecs];
+    for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
+    for (std::int64_t v = 0; v < kVecs; ++v) {
+      for (int i = 0; i < kX; ++i) {
+        const VF xv = hn::LoadU(df, xr[i] + b * kBlock + v * n);
+        for (int r = 0; r < kW; ++r) acc[i][r] = hn::MulAdd(xv, w[r][v], acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < kX; ++i)
+    for (int r = 0; r < kW; ++r)
+      c.y[(i0 + i) * c.rows + r0 + r] = hn::GetLane(hn::SumOfLanes(df, acc[i][r]));
+}
+
+// kX rows of x (from i0) against kW decoded W rows in scratch (`ws`, `ws_stride` floats apart)
+// over `len` columns starting at c0; the accumulators of (i, r) live at acc + (r * n + i) * N.
+template <int kX, int kW>
+HWY_NOINLINE void tile_scratch(const MatmulCall& c, const float* ws, std::int64_t ws_stride,
+                               std::int64_t c0, std::int64_t len, std::int64_t i0, float* acc_mem) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const float* xr[kX];
+  for (int i = 0; i < kX; ++i) xr[i] = c.x + (i0 + i) * c.x_stride + c0;
+  VF acc[kX][kW];
+  for (int i = 0; i < kX; ++i)
+    for (int r = 0; r < kW; ++r) acc[i][r] = hn::LoadU(df, acc_mem + (r * c.n + i0 + i) * n);
+  for (std::int64_t j = 0; j < len; j += n) {
+    VF w[kW];
+    for (int r = 0; r < kW; ++r) w[r] = hn::LoadU(df, ws + r * ws_stride + j);
+    for (int i = 0; i < kX; ++i) {
+      const VF xv = hn::LoadU(df, xr[i] + j);
+      for (int r = 0; r < kW; ++r) acc[i][r] = hn::MulAdd(xv, w[r], acc[i][r]);
+    }
+  }
+  for (int i = 0; i < kX; ++i)
+    for (int r = 0; r < kW; ++r) hn::StoreU(acc[i][r], df, acc_mem + (r * c.n + i0 + i) * n);
+}
+
+// The x rows of one register tile, all of them (n <= kMaxRegX), against kW rows of W from r0.
+template <WeightType kT, int kW, int kX = 1>
+void registers_rows(const MatmulCall& c, std::int64_t r0) {
+  // 4 x 4 accumulators at most with four W rows, 8 x 2 with two.
+  constexpr int kLimit = kW == 4 ? std::min(4, kMaxRegX) : kMaxRegX;
+  if constexpr (kX < kLimit) {
+    if (c.n > kX) return registers_rows<kT, kW, kX + 1>(c, r0);
+  }
+  tile_registers<kT, kX, kW>(c, r0, 0);
+}
+
+template <int kW>
+void scratch_rows(const MatmulCall& c, const float* ws, std::int64_t ws_stride, std::int64_t c0,
+                  std::int64_t len, float* acc) {
+  for (std::int64_t i0 = 0; i0 < c.n; i0 += kMaxX) {
+    switch (std::min<std::int64_t>(kMaxX, c.n - i0)) {
+      case 1:
+        tile_scratch<1, kW>(c, ws, ws_stride, c0, len, i0, acc);
+        break;
+      case 2:
+        if constexpr (kMaxX >= 2) tile_scratch<2, kW>(c, ws, ws_stride, c0, len, i0, acc);
+        break;
+      case 3:
+        if constexpr (kMaxX >= 3) tile_scratch<3, kW>(c, ws, ws_stride, c0, len, i0, acc);
+        break;
+      default:
+        if constexpr (kMaxX >= 4) tile_scratch<4, kW>(c, ws, ws_stride, c0, len, i0, acc);
+        break;
+    }
+  }
+}
+
+template <WeightType kT>
+void rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  // One x tile and whole vectors per row: decode W in registers, it is used once.
+  if (c.n <= kMaxRegX && c.cols % kBlock == 0) {
+    std::int64_t r = r_begin;
+    if (c.n <= 4) {
+      for (; r + 4 <= r_end; r += 4) registers_rows<kT, 4>(c, r);
+    } else {  // 5..8 rows of x: two W rows per tile keep the accumulators in registers
+      for (; r + 2 <= r_end; r += 2) registers_rows<kT, 2>(c, r);
+    }
+    for (; r < r_end; ++r) registers_rows<kT, 1>(c, r);
+    return;
+  }
+  // Several x tiles share each W tile: decode a chunk of it once into scratch.
+  thread_local std::vector<float> ws, acc;
+  const std::int64_t ws_stride = kChunkCols;
+  if (static_cast<std::int64_t>(ws.size()) < kTileW * ws_stride)
+    ws.resize(static_cast<std::size_t>(kTileW * ws_stride));
+  const std::int64_t acc_size = kTileW * c.n * n;
+  if (static_cast<std::int64_t>(acc.size()) < acc_size)
+    acc.resize(static_cast<std::size_t>(acc_size));
+  for (std::int64_t r0 = r_begin; r0 < r_end; r0 += kTileW) {
+    const std::int64_t kw = std::min(kTileW, r_end - r0);
+    std::fill(acc.begin(), acc.begin() + acc_size, 0.0f);
+    for (std::int64_t c0 = 0; c0 < c.cols; c0 += kChunkCols) {
+      const std::int64_t c1 = std::min(c.cols, c0 + kChunkCols);
+      const std::int64_t len = (c1 - c0 + n - 1) / n * n;
+      // The next chunk of these rows (the next tile's first chunk at the end of a row: rows
+      // follow each other in memory) streams in while this one is used.
+      const std::int64_t chunk_bytes = (c1 - c0) * c.row_bytes / c.cols;
+      for (std::int64_t r = 0; r < kw; ++r) {
+        const std::byte* row = c.w + (r0 + r) * c.row_bytes;
+        prefetch_w(c,
+                   c1 < c.cols ? (r0 + r) * c.row_bytes + c1 * c.row_bytes / c.cols
+                               : (r0 + r + kw) * c.row_bytes,
+                   chunk_bytes);
+        decode_cols<kT>(row, c0, c1, ws.data() + r * ws_stride);
+      }
+      if (kw == kTileW) {
+        scratch_rows<kTileW>(c, ws.data(), ws_stride, c0, len, acc.data());
+      } else {
+        for (std::int64_t r = 0; r < kw; ++r)
+          scratch_rows<1>(c, ws.data() + r * ws_stride, ws_stride, c0, len,
+                          acc.data() + r * c.n * n);
+      }
+    }
+    for (std::int64_t r = 0; r < kw; ++r)
+      for (std::int64_t i = 0; i < c.n; ++i)
+        c.y[i * c.rows + r0 + r] =
+            hn::GetLane(hn::SumOfLanes(df, hn::LoadU(df, acc.data() + (r * c.n + i) * n)));
+  }
+}
+
+}  // namespace
+
+void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  switch (c.type) {
+    case WeightType::kFloat32:
+      return rows_task<WeightType::kFloat32>(c, r_begin, r_end);
+    case WeightType::kBfloat16:
+      return rows_task<WeightType::kBfloat16>(c, r_begin, r_end);
+    case WeightType::kFloat16:
+      return rows_task<WeightType::kFloat16>(c, r_begin, r_end);
+    case WeightType::kQ8_0:
+      return rows_task<WeightType::kQ8_0>(c, r_begin, r_end);
+    case WeightType::kQ4_0:
+      return rows_task<WeightType::kQ4_0>(c, r_begin, r_end);
+    case WeightType::kQ4_1:
+      return rows_task<WeightType::kQ4_1>(c, r_begin, r_end);
+  }
+}
+
+void DequantizeRowImpl(WeightType type, const std::byte* row, std::int64_t cols, float* out) {
+  // decode_cols writes whole (zero-padded) blocks: through a buffer.
+  std::vector<float> buffer(static_cast<std::size_t>((cols + kBlock - 1) / kBlock * kBlock));
+  const auto run = [&](auto tag) {
+    decode_cols<decltype(tag)::value>(row, 0, cols, buffer.data());
+  };
+  switch (type) {
+    case WeightType::kFloat32:
+      run(std::integral_constant<WeightType, WeightType::kFloat32>{});
+      break;
+    case WeightType::kBfloat16:
+      run(std::integral_constant<WeightType, WeightType::kBfloat16>{});
+      break;
+    case WeightType::kFloat16:
+      run(std::integral_constant<WeightType, WeightType::kFloat16>{});
+      break;
+    case WeightType::kQ8_0:
+      run(std::integral_constant<WeightType, WeightType::kQ8_0>{});
+      break;
+    case WeightType::kQ4_0:
+      run(std::integral_constant<WeightType, WeightType::kQ4_0>{});
+      break;
+    case WeightType::kQ4_1:
+      run(std::integral_constant<WeightType, WeightType::kQ4_1>{});
+      break;
+  }
+  std::copy_n(buffer.data(), cols, out);
+}
+
+std::int64_t FloatLanesImpl() { return static_cast<std::int64_t>(hn::Lanes(DF())); }
+
+const char* MatmulTargetImpl() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace mixkv::kernels::detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include <fmt/format.h>
+
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
+
+namespace mixkv::kernels {
+namespace detail {
+
+HWY_EXPORT(MatmulRowsImpl);
+HWY_EXPORT(DequantizeRowImpl);
+HWY_EXPORT(FloatLanesImpl);
+HWY_EXPORT(MatmulTargetImpl);
+
+}  // namespace detail
+
+std::string_view to_string(WeightType type) {
+  switch (type) {
+    case WeightType::kFloat32:
+      return "float32";
+    case WeightType::kBfloat16:
+      return "bfloat16";
+    case WeightType::kFloat16:
+      return "float16";
+    case WeightType::kQ8_0:
+      return "q8_0";
+    case WeightType::kQ4_0:
+      return "q4_0";
+    case WeightType::kQ4_1:
+      return "q4_1";
+  }
+  return "unknown";
+}
+
+std::optional<WeightType> weight_type_from_ggml(std::uint32_t ggml_type) {
+  // ggml's enum ggml_type (ggml.h): the values GGUF stores in each tensor's info.
+  switch (ggml_type) {
+    case 0:
+      return WeightType::kFloat32;
+    case 1:
+      return WeightType::kFloat16;
+    case 2:
+      return WeightType::kQ4_0;
+    case 3:
+      return WeightType::kQ4_1;
+    case 8:
+      return WeightType::kQ8_0;
+    case 30:
+      return WeightType::kBfloat16;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::int64_t weight_block_elements(WeightType type) {
+  switch (type) {
+    case WeightType::kQ8_0:
+    case WeightType::kQ4_0:
+    case WeightType::kQ4_1:
+      return 32;
+    default:
+      return 1;
+  }
+}
+
+namespace {
+
+// Bytes of one block of weight_block_elements(type) elements.
+std::int64_t block_bytes(WeightType type) {
+  switch (type) {
+    case WeightType::kFloat32:
+      return 4;
+    case WeightType::kBfloat16:
+    case WeightType::kFloat16:
+      return 2;
+    case WeightType::kQ8_0:
+      return 34;
+    case WeightType::kQ4_0:
+      return 18;
+    case WeightType::kQ4_1:
+      return 20;
+  }
+  return 0;
+}
+
+void check_shape(WeightType type, std::int64_t rows, std::int64_t cols, std::string_view where) {
+  if (rows <= 0 || cols <= 0) {
+    throw_invalid(
+        fmt::format("{}: a {} weight of {} x {} elements; rows and columns must be "
+                    "positive",
+                    where, to_string(type), rows, cols));
+  }
+  const std::int64_t block = weight_block_elements(type);
+  if (cols % block != 0) {
+    throw_invalid(
+        fmt::format("{}: a {} weight stores rows in blocks of {} elements, but a row has "
+                    "{}; use a float type for this tensor",
+                    where, to_string(type), block, cols));
+  }
+}
+
+}  // namespace
+
+std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols) {
+  check_shape(type, rows, cols, "weight");
+  return checked_product({rows, cols / weight_block_elements(type), block_bytes(type)},
+                         "weight bytes");
+}
+
+void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, ThreadPool* pool,
+            std::string_view where) {
+  check_shape(w.dtype, w.rows, w.cols, where);
+  const std::int64_t row_bytes = weight_bytes(w.dtype, 1, w.cols);
+  checked_mul(row_bytes, w.rows, where);
+  if (w.data == nullptr) throw_invalid(fmt::format("{}: the weight has no data", where));
+  const auto xs = static_cast<std::int64_t>(x.size());
+  if (xs == 0 || xs % w.cols != 0) {
+    throw_invalid(fmt::format("{}: x holds {} floats, not a whole number (>= 1) of rows of {}",
+                              where, xs, w.cols));
+  }
+  const std::int64_t n = xs / w.cols;
+  if (static_cast<std::int64_t>(y.size()) != checked_mul(n, w.rows, where)) {
+    throw_invalid(fmt::format("{}: y holds {} floats; {} rows of x against {} weight rows need {}",
+                              where, y.size(), n, w.rows, n * w.rows));
+  }
+  detail::MatmulCall c;
+  c.type = w.dtype;
+  c.rows = w.rows;
+  c.cols = w.cols;
+  c.row_bytes = row_bytes;
+  c.w = w.data;
+  c.n = n;
+  c.y = y.data();
+  // Rows of x padded with zeros to whole vectors, when W's rows do not fill them (float types).
+  const std::int64_t lanes = HWY_DYNAMIC_DISPATCH(detail::FloatLanesImpl)();
+  std::vector<float> padded;
+  c.x = x.data();
+  c.x_stride = w.cols;
+  if (w.cols % lanes != 0) {
+    c.x_stride = ceil_div(w.cols, lanes) * lanes;
+    padded.assign(static_cast<std::size_t>(n * c.x_stride), 0.0f);
+    for (std::int64_t i = 0; i < n; ++i)
+      std::copy_n(x.data() + i * w.cols, w.cols, padded.data() + i * c.x_stride);
+    c.x = padded.data();
+  }
+  // Ranges of whole register tiles; a few per worker, so the dynamic hand-out evens out a busy
+  // core. Any split gives the same bits (each output is computed inside one range).
+  const std::int64_t tiles = ceil_div(w.rows, detail::kTileW);
+  const int workers = pool != nullptr ? pool->size() : 1;
+  const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
+  const auto run = [&](std::int64_t t, int) {
+    const std::int64_t r_begin = tiles * t / tasks * detail::kTileW;
+    const std::int64_t r_end = std::min(w.rows, tiles * (t + 1) / tasks * detail::kTileW);
+    HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
+  };
+  if (tasks > 1) {
+    pool->parallel_for(tasks, run);
+  } else {
+    run(0, 0);
+  }
+}
+
+void dequantize_row(const WeightView& w, std::int64_t row, std::span<float> out) {
+  check_shape(w.dtype, w.rows, w.cols, "dequantize_row");
+  if (w.data == nullptr) throw_invalid("dequantize_row: the weight has no data");
+  if (row < 0 || row >= w.rows) {
+    throw_invalid(fmt::format("dequantize_row: row {} of a weight of {} rows", row, w.rows));
+  }
+  if (static_cast<std::int64_t>(out.size()) != w.cols) {
+    throw_invalid(
+        fmt::format("dequantize_row: out holds {} floats, a row has {}", out.size(), w.cols));
+  }
+  HWY_DYNAMIC_DISPATCH(detail::DequantizeRowImpl)
+  (w.dtype, w.data + row * weight_bytes(w.dtype, 1, w.cols), w.cols, out.data());
+}
+
+const char* matmul_target() { return HWY_DYNAMIC_DISPATCH(detail::MatmulTargetImpl)(); }
+
+}  // namespace mixkv::kernels
+#endif  // HWY_ONCE

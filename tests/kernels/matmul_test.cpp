@@ -1,0 +1,329 @@
+// Weight-streaming matrix products: every storage type decoded as its format defines (checked
+// against a scalar double-precision decoder written here from the format, over random codes and
+// scales), products within float rounding of a double reference, and the same bits whatever the
+// number of rows, the thread count or the instruction set's register tiling.
+#include "mixkv/kernels/matmul.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "mixkv/kernels/convert.hpp"
+#include "mixkv/kernels/simd_targets.hpp"
+#include "test_support.hpp"
+
+namespace mixkv::kernels {
+namespace {
+
+constexpr WeightType kTypes[] = {WeightType::kFloat32, WeightType::kBfloat16, WeightType::kFloat16,
+                                 WeightType::kQ8_0,    WeightType::kQ4_0,     WeightType::kQ4_1};
+
+std::uint16_t u16(const std::byte* p) {
+  std::uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// An fp16 scale of either sign, 2^-12 .. 2^-2 in magnitude (as real quantised weights hold).
+std::uint16_t random_scale(std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> mag(-12.0f, -2.0f);
+  const float s = std::exp2(mag(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+  return float_to_fp16(s);
+}
+
+void put16(std::vector<std::byte>& out, std::uint16_t v) {
+  out.push_back(static_cast<std::byte>(v & 0xFF));
+  out.push_back(static_cast<std::byte>(v >> 8));
+}
+
+// A random [rows, cols] weight: float types from random values, block types from random codes.
+std::vector<std::byte> random_weight(WeightType type, std::int64_t rows, std::int64_t cols,
+                                     std::mt19937_64& rng) {
+  std::vector<std::byte> out;
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (std::int64_t e = 0; e < rows * cols;) {
+    switch (type) {
+      case WeightType::kFloat32: {
+        const auto bits = std::bit_cast<std::uint32_t>(dist(rng));
+        for (int b = 0; b < 4; ++b) out.push_back(static_cast<std::byte>(bits >> (8 * b)));
+        ++e;
+        break;
+      }
+      case WeightType::kBfloat16:
+        put16(out, float_to_bf16(dist(rng)));
+        ++e;
+        break;
+      case WeightType::kFloat16:
+        put16(out, float_to_fp16(dist(rng)));
+        ++e;
+        break;
+      case WeightType::kQ8_0:
+        put16(out, random_scale(rng));
+        for (int i = 0; i < 32; ++i) out.push_back(static_cast<std::byte>(rng()));
+        e += 32;
+        break;
+      case WeightType::kQ4_0:
+      case WeightType::kQ4_1:
+        put16(out, random_scale(rng));
+        if (type == WeightType::kQ4_1) put16(out, random_scale(rng));
+        for (int i = 0; i < 16; ++i) out.push_back(static_cast<std::byte>(rng()));
+        e += 32;
+        break;
+    }
+  }
+  return out;
+}
+
+// Element c of row r, in double, straight from the format's definition.
+double reference_element(WeightType type, const std::vector<std::byte>& w, std::int64_t cols,
+                         std::int64_t r, std::int64_t c) {
+  const std::int64_t row_bytes = weight_bytes(type, 1, cols);
+  const std::byte* row = w.data() + r * row_bytes;
+  switch (type) {
+    case WeightType::kFloat32: {
+      float v;
+      std::memcpy(&v, row + 4 * c, 4);
+      return v;
+    }
+    case WeightType::kBfloat16:
+      return bf16_to_float(u16(row + 2 * c));
+    case WeightType::kFloat16:
+      return fp16_to_float(u16(row + 2 * c));
+    case WeightType::kQ8_0: {
+      const std::byte* block = row + c / 32 * 34;
+      const auto q = static_cast<std::int8_t>(block[2 + c % 32]);
+      return double{fp16_to_float(u16(block))} * q;
+    }
+    case WeightType::kQ4_0:
+    case WeightType::kQ4_1: {
+      const bool q41 = type == WeightType::kQ4_1;
+      const std::byte* block = row + c / 32 * (q41 ? 20 : 18);
+      const auto byte = static_cast<std::uint8_t>(block[(q41 ? 4 : 2) + c % 16]);
+      const int q = c % 32 < 16 ? byte & 15 : byte >> 4;
+      const double d = fp16_to_float(u16(block));
+      return q41 ? q * d + fp16_to_float(u16(block + 2)) : (q - 8) * d;
+    }
+  }
+  return 0;
+}
+
+std::vector<float> random_x(std::int64_t n, std::int64_t cols, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  std::vector<float> x(static_cast<std::size_t>(n * cols));
+  for (auto& v : x) v = dist(rng);
+  return x;
+}
+
+struct Case {
+  WeightType type;
+  std::int64_t rows, cols;
+};
+
+// Shapes: register tiles with a tail of W rows (37 = 9 x 4 + 1), several scratch chunks (1056
+// columns > 512), and for float types rows that do not fill whole vectors.
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (WeightType t : kTypes) {
+    out.push_back({t, 37, 1056});
+    out.push_back({t, 6, 64});
+    if (weight_block_elements(t) == 1) {
+      out.push_back({t, 5, 100});
+      out.push_back({t, 9, 521});
+      out.push_back({t, 3, 3});
+    }
+  }
+  return out;
+}
+
+std::string name(const Case& c) {
+  return std::string(to_string(c.type)) + " " + std::to_string(c.rows) + "x" +
+         std::to_string(c.cols);
+}
+
+TEST(WeightMatmul, DecodesEveryTypeAsItsFormatDefines) {
+  std::mt19937_64 rng(1);
+  for (const Case& c : cases()) {
+    const auto w = random_weight(c.type, c.rows, c.cols, rng);
+    ASSERT_EQ(static_cast<std::int64_t>(w.size()), weight_bytes(c.type, c.rows, c.cols));
+    const WeightView view{c.type, c.rows, c.cols, w.data()};
+    std::vector<float> row(static_cast<std::size_t>(c.cols));
+    for (std::int64_t r = 0; r < c.rows; ++r) {
+      dequantize_row(view, r, row);
+      for (std::int64_t e = 0; e < c.cols; ++e) {
+        const double expect = reference_element(c.type, w, c.cols, r, e);
+        // q4_1's q * d + m is rounded to float once; every other value is exact.
+        const double tol = c.type == WeightType::kQ4_1 ? std::abs(expect) * 0x1p-24 : 0.0;
+        ASSERT_LE(std::abs(row[static_cast<std::size_t>(e)] - expect), tol)
+            << name(c) << " row " << r << " element " << e;
+      }
+    }
+  }
+}
+
+// y within float rounding of the double-precision product over the exact weight values: each
+// output adds `cols` products in float (in a few lanes, then a tree), so its error is below
+// (cols + 8) * 2^-24 * sum |x w|, plus one rounding of each q4_1 weight.
+TEST(WeightMatmul, MatchesTheDoubleReference) {
+  std::mt19937_64 rng(2);
+  for (const Case& c : cases()) {
+    const auto w = random_weight(c.type, c.rows, c.cols, rng);
+    const WeightView view{c.type, c.rows, c.cols, w.data()};
+    for (std::int64_t n : {1, 3, 8}) {
+      const auto x = random_x(n, c.cols, rng);
+      std::vector<float> y(static_cast<std::size_t>(n * c.rows));
+      matmul(view, x, y);
+      for (std::int64_t i = 0; i < n; ++i) {
+        for (std::int64_t r = 0; r < c.rows; ++r) {
+          double ref = 0, mag = 0;
+          for (std::int64_t e = 0; e < c.cols; ++e) {
+            const double p = x[static_cast<std::size_t>(i * c.cols + e)] *
+                             reference_element(c.type, w, c.cols, r, e);
+            ref += p;
+            mag += std::abs(p);
+          }
+          const double tol = (static_cast<double>(c.cols) + 9) * 0x1p-24 * mag;
+          ASSERT_NEAR(y[static_cast<std::size_t>(i * c.rows + r)], ref, tol)
+              << name(c) << " n " << n << " row " << i << " output " << r;
+        }
+      }
+    }
+  }
+}
+
+void expect_same_bits(const std::vector<float>& a, const std::vector<float>& b,
+                      const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what;
+}
+
+// What a batch-invariant engine relies on: a token's outputs do not depend on the tokens beside
+// it (n = 1 .. 17 crosses every register tile of x rows and the scratch path), nor on threads.
+void check_invariance(const std::string& target) {
+  std::mt19937_64 rng(3);
+  ThreadPool two(2), three(3);
+  for (const Case& c : cases()) {
+    const auto w = random_weight(c.type, c.rows, c.cols, rng);
+    const WeightView view{c.type, c.rows, c.cols, w.data()};
+    const std::int64_t n_max = 17;
+    const auto x = random_x(n_max, c.cols, rng);
+    // Each row alone, on the calling thread.
+    std::vector<float> alone(static_cast<std::size_t>(n_max * c.rows));
+    for (std::int64_t i = 0; i < n_max; ++i) {
+      matmul(view,
+             std::span(x).subspan(static_cast<std::size_t>(i * c.cols),
+                                  static_cast<std::size_t>(c.cols)),
+             std::span(alone).subspan(static_cast<std::size_t>(i * c.rows),
+                                      static_cast<std::size_t>(c.rows)));
+    }
+    for (std::int64_t n : {1, 2, 3, 4, 5, 8, 9, 17}) {
+      const std::span xs = std::span(x).first(static_cast<std::size_t>(n * c.cols));
+      const std::vector<float> expect(alone.begin(), alone.begin() + n * c.rows);
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+        std::vector<float> y(static_cast<std::size_t>(n * c.rows));
+        matmul(view, xs, y, pool);
+        expect_same_bits(y, expect,
+                         name(c) + " on " + target + ": " + std::to_string(n) + " rows, " +
+                             std::to_string(pool ? pool->size() : 1) + " threads");
+      }
+    }
+  }
+}
+
+TEST(WeightMatmul, RowsAndThreadsGiveTheSameBits) { check_invariance(matmul_target()); }
+
+// Every instruction set this binary carries and this CPU runs (AVX-512, AVX2, the portable
+// baseline ...): each is accurate and invariant on its own (their bits may differ from each
+// other: the vector width is part of the reduction order).
+TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
+  std::mt19937_64 rng(4);
+  int targets = 0;
+  for_each_simd_target([&](const std::string& target) {
+    ++targets;
+    EXPECT_EQ(target, matmul_target());
+    check_invariance(target);
+    for (WeightType t : kTypes) {
+      const std::int64_t rows = 5, cols = 96;
+      const auto w = random_weight(t, rows, cols, rng);
+      const auto x = random_x(2, cols, rng);
+      std::vector<float> y(2 * rows);
+      matmul({t, rows, cols, w.data()}, x, y);
+      for (std::int64_t i = 0; i < 2; ++i) {
+        for (std::int64_t r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (std::int64_t e = 0; e < cols; ++e) {
+            const double p =
+                x[static_cast<std::size_t>(i * cols + e)] * reference_element(t, w, cols, r, e);
+            ref += p;
+            mag += std::abs(p);
+          }
+          EXPECT_NEAR(y[static_cast<std::size_t>(i * rows + r)], ref, (cols + 9) * 0x1p-24 * mag)
+              << to_string(t) << " on " << target;
+        }
+      }
+    }
+  });
+  EXPECT_GE(targets, 1);
+  EXPECT_EQ(simd_targets().size(), static_cast<std::size_t>(targets));
+}
+
+TEST(WeightMatmul, ReadsGgufTypeIds) {
+  EXPECT_EQ(weight_type_from_ggml(0), WeightType::kFloat32);
+  EXPECT_EQ(weight_type_from_ggml(1), WeightType::kFloat16);
+  EXPECT_EQ(weight_type_from_ggml(2), WeightType::kQ4_0);
+  EXPECT_EQ(weight_type_from_ggml(3), WeightType::kQ4_1);
+  EXPECT_EQ(weight_type_from_ggml(8), WeightType::kQ8_0);
+  EXPECT_EQ(weight_type_from_ggml(30), WeightType::kBfloat16);
+  EXPECT_EQ(weight_type_from_ggml(14), std::nullopt);  // q6_K: not read yet
+  EXPECT_EQ(weight_bytes(WeightType::kQ4_1, 2, 64), 2 * 2 * 20);
+  EXPECT_EQ(weight_bytes(WeightType::kQ8_0, 3, 32), 3 * 34);
+  EXPECT_EQ(weight_bytes(WeightType::kBfloat16, 3, 5), 30);
+}
+
+TEST(WeightMatmul, RefusesShapesThatDoNotMatch) {
+  using mixkv::testing::expect_error;
+  std::vector<std::byte> w(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_0, 4, 64)));
+  std::vector<float> x(64), y(4);
+  expect_error(
+      [&] {
+        matmul({WeightType::kQ4_0, 4, 48, w.data()}, x, y, nullptr, "layer 3 up");
+      },
+      ErrorCode::kInvalidInput, {"layer 3 up", "q4_0", "blocks of 32", "48"});
+  expect_error(
+      [&] {
+        matmul({WeightType::kQ4_0, 4, 64, w.data()}, std::span(x).first(60), y);
+      },
+      ErrorCode::kInvalidInput, {"x holds 60 floats", "rows of 64"});
+  expect_error(
+      [&] {
+        matmul({WeightType::kQ4_0, 4, 64, w.data()}, x, std::span(y).first(3));
+      },
+      ErrorCode::kInvalidInput, {"y holds 3 floats", "need 4"});
+  expect_error(
+      [&] {
+        matmul({WeightType::kQ4_0, 4, 64, nullptr}, x, y);
+      },
+      ErrorCode::kInvalidInput, {"no data"});
+  expect_error(
+      [&] {
+        matmul({WeightType::kQ4_0, 0, 64, w.data()}, x, y);
+      },
+      ErrorCode::kInvalidInput, {"must be positive"});
+  expect_error(
+      [&] {
+        matmul({WeightType::kQ4_0, 4, 64, w.data()}, {}, y);
+      },
+      ErrorCode::kInvalidInput, {"x holds 0 floats"});
+  std::vector<float> row(64);
+  expect_error(
+      [&] {
+        dequantize_row({WeightType::kQ4_0, 4, 64, w.data()}, 4, row);
+      },
+      ErrorCode::kInvalidInput, {"row 4", "4 rows"});
+}
+
+}  // namespace
+}  // namespace mixkv::kernels
