@@ -21,8 +21,9 @@ namespace mixkv::cache {
 
 // Grows `v` geometrically to hold `n`. BlockPool::allocate and BlockHasher::extend reserve exactly
 // what they append, which alone would copy a table or hash list every time a block is added.
+// Always inline: commit() calls it for the tokens on every step, and the check is all it costs.
 template <class T>
-void reserve_for(std::vector<T>& v, std::size_t n) {
+[[gnu::always_inline]] inline void reserve_for(std::vector<T>& v, std::size_t n) {
   if (v.capacity() < n) v.reserve(std::max(n, 2 * v.capacity()));
 }
 
