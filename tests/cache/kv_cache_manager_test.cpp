@@ -2,6 +2,7 @@
 // speculative look-ahead and rollback, sliding-window reclamation, recurrent checkpoints.
 #include "mixkv/cache/kv_cache_manager.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -29,6 +30,19 @@ std::vector<TokenId> tokens(std::int64_t n, TokenId start = 1) {
   std::vector<TokenId> t(static_cast<std::size_t>(n));
   std::iota(t.begin(), t.end(), start);
   return t;
+}
+
+// llama-3.1-8b with every odd layer made chunked-local attention over chunks of `chunk` tokens
+// (no built-in model has chunked layers).
+model::ModelDesc with_chunked_layers(model::ModelDesc desc, std::int64_t chunk = 64) {
+  for (auto& l : desc.layers) {
+    if (l.owner == model::Owner::kTarget && l.index % 2 == 1) {
+      l.kind = model::LayerKind::kChunked;
+      l.chunk = chunk;
+    }
+  }
+  model::validate(desc);
+  return desc;
 }
 
 int group_of(const plan::CachePlan& plan, plan::Behaviour b) {
@@ -110,6 +124,55 @@ TEST(KvCacheManager, SlidingGroupsFreeBlocksOnlyOnceOutOfTheWindow) {
   // The next query (position 400) sees 273..400: blocks before 273 / 16 = 17 are dropped.
   for (std::size_t i = 0; i < table.size(); ++i) EXPECT_EQ(table[i].is_null(), i < 17) << i;
   EXPECT_EQ(m.check_invariants(), "");
+}
+
+TEST(KvCacheManager, ChunkedGroupsDropPastChunksAndHitFromTheCurrentChunk) {
+  const auto desc = with_chunked_layers(testing::describe_builtin("llama-3.1-8b"));
+  const auto plan = small_plan(desc, plan::Policy::kVllm, 400);
+  const int chunked = group_of(plan, plan::Behaviour::kChunked);
+  const int full = group_of(plan, plan::Behaviour::kAllTokens);
+  ASSERT_GE(chunked, 0);
+  ASSERT_EQ(plan.groups[static_cast<std::size_t>(chunked)].block_size, 16);
+  KvCacheManager m(plan, 0);
+  m.add_request(RequestId{1}, tokens(200));
+  ASSERT_EQ(m.admit(RequestId{1}, 0), 0);
+  m.commit(RequestId{1}, 200, std::vector<TokenId>{9});
+  // The next query (position 200) is in the chunk 192..255: blocks before 192 / 16 = 12 go.
+  const auto table = m.block_table(RequestId{1}, chunked);
+  ASSERT_EQ(table.size(), 13u);
+  for (std::size_t i = 0; i < table.size(); ++i) EXPECT_EQ(table[i].is_null(), i < 12) << i;
+  EXPECT_EQ(m.block_table(RequestId{1}, full)[0].is_null(), false);
+  EXPECT_EQ(m.check_invariants(), "");
+  // Up to the chunk's last token the chunk's blocks stay; the next token starts a new chunk
+  // that sees none of them.
+  TokenId t = 10;
+  auto step = [&] {
+    ASSERT_TRUE(m.allocate(RequestId{1}, 1, 0));
+    m.commit(RequestId{1}, 1, std::vector<TokenId>{t++});
+  };
+  while (m.num_computed(RequestId{1}) < 255) step();
+  EXPECT_FALSE(m.block_table(RequestId{1}, chunked)[12].is_null());
+  EXPECT_EQ(m.check_invariants(), "");
+  step();
+  for (BlockId b : m.block_table(RequestId{1}, chunked)) EXPECT_TRUE(b.is_null());
+  EXPECT_EQ(m.check_invariants(), "");
+
+  // A second request sharing the 200-token prompt: a hit at 192 needs no block of the chunked
+  // group (its query starts a chunk) and the 12 leading blocks of the full group.
+  auto prompt = tokens(200);
+  prompt.push_back(4242);
+  m.add_request(RequestId{2}, prompt);
+  ASSERT_EQ(m.admit(RequestId{2}, 0), 192);
+  const auto hit_table = m.block_table(RequestId{2}, chunked);
+  for (std::size_t i = 0; i < 12; ++i) EXPECT_TRUE(hit_table[i].is_null()) << i;
+  EXPECT_EQ(m.block_table(RequestId{2}, full)[11], m.block_table(RequestId{1}, full)[11]);
+  EXPECT_EQ(m.check_invariants(), "");
+  for (const auto& s : m.stats()) {
+    if (s.group == chunked) {
+      EXPECT_EQ(s.behaviour, plan::Behaviour::kChunked);
+      EXPECT_EQ(s.hit_queries, 2);
+    }
+  }
 }
 
 TEST(KvCacheManager, HitOnAFullPlusSlidingModelIsValidForBothGroups) {
@@ -280,6 +343,20 @@ TEST(KvCacheManager, StatsCountBlocksPaddingAndHits) {
   EXPECT_GT(padding, 0);  // GDN pages are padded to the attention page under vLLM's policy
 }
 
+TEST(KvCacheManager, WindowedGroupsWithoutTheirWindowAreClearErrors) {
+  auto plan = small_plan(testing::describe_builtin("gpt-oss-20b"), plan::Policy::kVllm, 400);
+  const int sliding = group_of(plan, plan::Behaviour::kSliding);
+  plan.groups[static_cast<std::size_t>(sliding)].window.reset();
+  testing::expect_error([&] { KvCacheManager(plan, 0); }, ErrorCode::kInvalidInput,
+                        {fmt::format("group {}", sliding), "sliding-window", "window"});
+  auto chunked = small_plan(with_chunked_layers(testing::describe_builtin("llama-3.1-8b")),
+                            plan::Policy::kVllm, 400);
+  const int c = group_of(chunked, plan::Behaviour::kChunked);
+  chunked.groups[static_cast<std::size_t>(c)].chunk = 0;
+  testing::expect_error([&] { KvCacheManager(chunked, 0); }, ErrorCode::kInvalidInput,
+                        {fmt::format("group {}", c), "chunk"});
+}
+
 TEST(KvCacheManager, BadCallsAreClearErrors) {
   const auto desc = testing::describe_builtin("llama-3.1-8b");
   KvCacheManager m(small_plan(desc, plan::Policy::kVllm, 100, 1024), 0);
@@ -294,6 +371,28 @@ TEST(KvCacheManager, BadCallsAreClearErrors) {
                         ErrorCode::kInvalidInput, {"only 11 are known"});
 }
 
+TEST(KvCacheManager, ACopyRunsOnIndependentlyOfItsOriginal) {
+  const RecurrentFixture f(2);
+  KvCacheManager m(f.plan, 2);
+  m.add_request(RequestId{1}, tokens(600));
+  ASSERT_TRUE(m.admit(RequestId{1}, 2).has_value());
+  m.commit(RequestId{1}, 600, std::vector<TokenId>{5});
+  KvCacheManager copy = m;
+  const auto before = m.stats();
+  const std::vector<BlockId> table(m.block_table(RequestId{1}, f.gdn).begin(),
+                                   m.block_table(RequestId{1}, f.gdn).end());
+  ASSERT_TRUE(copy.allocate(RequestId{1}, 1, 2));
+  copy.commit(RequestId{1}, 3, std::vector<TokenId>{6, 7, 8}, 2);
+  copy.free(RequestId{1});
+  EXPECT_EQ(copy.pool().num_used(), 0);
+  EXPECT_EQ(m.stats(), before);
+  EXPECT_EQ(std::vector<BlockId>(m.block_table(RequestId{1}, f.gdn).begin(),
+                                 m.block_table(RequestId{1}, f.gdn).end()),
+            table);
+  EXPECT_EQ(m.check_invariants(), "");
+  EXPECT_EQ(copy.check_invariants(), "");
+}
+
 // Random admissions with shared prefixes, speculative steps with random acceptance, frees and
 // preemptions on three kinds of plan; every invariant after every operation.
 TEST(KvCacheManagerProperty, RandomSpeculativeWorkloadsKeepEveryInvariant) {
@@ -301,15 +400,18 @@ TEST(KvCacheManagerProperty, RandomSpeculativeWorkloadsKeepEveryInvariant) {
     const char* target;
     std::optional<std::string_view> draft;
     plan::Policy policy;
+    bool chunked = false;  // every odd target layer made chunked (with_chunked_layers)
   };
   for (const Case& c : {Case{"gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv},
                         Case{"qwen3-next-80b-a3b", std::nullopt, plan::Policy::kVllm},
                         Case{"gemma-3-27b", std::nullopt, plan::Policy::kMixkv},
-                        Case{"llama-3.1-8b", "eagle3-llama-3.1-8b", plan::Policy::kVllm}}) {
-    SCOPED_TRACE(c.target);
+                        Case{"llama-3.1-8b", "eagle3-llama-3.1-8b", plan::Policy::kVllm},
+                        Case{"llama-3.1-8b", std::nullopt, plan::Policy::kMixkv, true}}) {
+    SCOPED_TRACE(fmt::format("{}{}", c.target, c.chunked ? " with chunked layers" : ""));
     model::DescribeOptions d;
     d.num_spec_tokens = 3;
-    const auto desc = testing::describe_builtin(c.target, c.draft, d);
+    auto desc = testing::describe_builtin(c.target, c.draft, d);
+    if (c.chunked) desc = with_chunked_layers(desc);
     const auto plan = small_plan(desc, c.policy, 300, 1024);
     KvCacheManager m(plan, 3);
     std::mt19937_64 rng(42);

@@ -12,9 +12,15 @@
 // multiple of every attention group's block size) the state is kept in a cached block, and a
 // later request restores it instead of recomputing. recurrent_step() tells the runner which state
 // to restore and where to write the boundary state; docs/cache.md gives the policy and its cost.
+//
+// Each KV-cache group is run by the manager of its kind (full attention, sliding window, chunked
+// local, recurrent state, in src/cache/), composed by a coordinator; this class keeps the
+// requests: their tokens, hashes and the thresholds that let most decode steps touch no group.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -36,6 +42,23 @@ class RequestId {
  private:
   std::int64_t value_ = 0;
 };
+
+// A request's slot in the manager's dense storage, where every group's manager keeps its tables
+// too. Not a RequestId (the caller's name for the request): neither passes for the other.
+class RequestSlot {
+ public:
+  constexpr RequestSlot() = default;
+  constexpr explicit RequestSlot(std::int32_t value) : value_(value) {}
+  constexpr std::int32_t value() const { return value_; }
+  constexpr std::size_t index() const { return static_cast<std::size_t>(value_); }
+  friend constexpr auto operator<=>(const RequestSlot&, const RequestSlot&) = default;
+
+ private:
+  std::int32_t value_ = 0;
+};
+
+class KvCacheCoordinator;
+struct SequenceView;
 
 struct ManagerOptions {
   bool enable_prefix_caching = true;
@@ -78,6 +101,11 @@ struct GroupStats {
 class KvCacheManager {
  public:
   KvCacheManager(const plan::CachePlan& plan, int num_spec_tokens, ManagerOptions options = {});
+  KvCacheManager(const KvCacheManager& other);
+  KvCacheManager& operator=(const KvCacheManager& other);
+  KvCacheManager(KvCacheManager&&) noexcept;
+  KvCacheManager& operator=(KvCacheManager&&) noexcept;
+  ~KvCacheManager();
 
   void add_request(RequestId id, std::vector<TokenId> prompt, SequenceKeys keys = {});
 
@@ -121,46 +149,26 @@ class KvCacheManager {
   std::string check_invariants() const;
 
  private:
-  struct Group {
-    int id = 0;
-    plan::Behaviour behaviour = plan::Behaviour::kAllTokens;
-    std::int64_t block_size = 0;  // recurrent: the snapshot interval
-    std::int64_t window = 0;      // sliding: tokens a query sees; chunked: chunk size
-    std::int64_t padding_per_block = 0;
-    int hasher = -1;  // index into hashers_ (attention groups)
-    GroupStats stats;
-  };
-  // Per request and group. The cached-block count sits next to the table, so a step touches one
-  // line per group.
-  struct GroupState {
-    std::vector<BlockId> table;
-    std::int64_t num_cached = 0;  // leading blocks in the prefix map (attention groups)
-    // Windowed groups: every block before this index is null. A step whose window starts in the
-    // same block skips drop_out_of_window (and the cold front of the table) entirely.
-    std::int64_t window_start = 0;
-    // Recurrent groups: the cached snapshot a hit restores from, held until the first commit.
-    BlockId restore;
-  };
   // The first cache line holds all a decode step reads besides the vectors' contents.
   // A decode step that fills no block reads and writes the first line only: the thresholds
   // below decide, without touching any group, that no group has work.
   struct alignas(64) Request {
     std::int64_t num_computed = 0;
     std::int64_t hash_at = 0;  // token count at which some hasher has a new full block
-    // Tokens every attention table has slots for (the least over attention groups).
+    // Tokens every attention table has slots for (the least over the groups).
     std::int64_t capacity = 0;
     // Computed-token count at or after which some group has work in commit() (a block to cache,
     // a block leaving a window); 0 when every commit has work (recurrent groups swap states).
     std::int64_t next_event = 0;
-    std::vector<TokenId> tokens;     // verified tokens: the prompt, then accepted outputs
-    std::vector<GroupState> groups;  // per group
+    std::vector<TokenId> tokens;                 // verified tokens: the prompt, then outputs
     std::vector<std::vector<BlockHash>> hashes;  // per hasher, of full verified blocks
     std::int64_t id = 0;
-    bool live = false;  // false: a free slot, waiting in free_slots_
+    RequestSlot slot;
+    bool live = false;      // false: a free slot, waiting in free_slots_
+    bool admitted = false;  // admit() succeeded: every group holds its blocks
     // Recurrent groups: RecurrentStep::snapshot_at of this step. Off the first line: models
     // without recurrent groups never touch it.
     std::int64_t snapshot_at = 0;
-    std::int64_t prompt_len = 0;
     SequenceKeys keys;
   };
 
@@ -212,36 +220,25 @@ class KvCacheManager {
     return requests_[static_cast<std::size_t>(slot)];
   }
   [[noreturn]] static void throw_no_request(RequestId id);
+  static SequenceView view(const Request& r);  // what the groups' managers read of it
   // The parts of allocate() and commit() that only some steps need, kept out of line so the
   // common step does not pay their register saves.
   [[gnu::noinline]] bool grow(Request& r, std::int64_t num_new, int lookahead);
   [[gnu::noinline]] void commit_groups(Request& r, int accepted_drafts);
-  // `snapshot`: the step reaches a snapshot boundary, so recurrent groups want a block for it.
-  std::int64_t blocks_wanted(const Group& g, std::int64_t tokens, bool snapshot) const;
-  std::int64_t extra_blocks(const Group& g, std::size_t held, std::int64_t tokens,
-                            bool snapshot) const;
-  std::int64_t first_needed_token(const Group& g, std::int64_t num_computed) const;
-  std::int64_t capacity_of(const Request& r) const;
-  std::int64_t next_event_of(const Request& r) const;
-  [[noreturn]] void throw_over_capacity(const Request& r, std::int64_t computed) const;
-  std::int64_t longest_hit(const Group& g, const Request& r, std::int64_t limit) const;
   void update_hashes(Request& r);
-  void drop_out_of_window(const Group& g, GroupState& gs, std::int64_t num_computed);
-  std::int64_t snapshot_target(std::int64_t computed, std::int64_t num_new,
-                               std::int64_t lookahead) const;
-  void keep_snapshot(const Group& g, GroupState& gs, const Request& r);
 
   BlockPool pool_;
   int num_spec_tokens_;
   ManagerOptions options_;
+  // Held by pointer: the per-kind managers are private to src/cache/. The two values a step
+  // reads are copied here, so the common step does not follow the pointer.
+  std::unique_ptr<KvCacheCoordinator> coordinator_;
   std::int64_t snapshot_interval_ = 0;  // 0: no recurrent group, or prefix caching off
-  bool has_recurrent_ = false;
-  std::vector<Group> groups_;
-  std::vector<BlockHasher> hashers_;
+  bool every_step_ = false;             // some group has work in every commit
   // Dense storage: slots of freed requests are reused, so the vector stays as large as the
   // peak number of requests and a step touches no map node.
   std::vector<Request> requests_;
-  std::vector<std::int32_t> free_slots_;
+  std::vector<RequestSlot> free_slots_;
   SlotIndex index_;
 };
 
