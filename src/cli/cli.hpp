@@ -24,6 +24,8 @@ Action add_plan_command(CLI::App& app);
 Action add_verify_command(CLI::App& app);
 Action add_simulate_command(CLI::App& app);
 Action add_generate_command(CLI::App& app);
+Action add_tokenize_command(CLI::App& app);
+Action add_detokenize_command(CLI::App& app);
 
 // Thrown by an action whose output is complete but whose exit status is not 0 (`verify`: 3 on a
 // mismatch).

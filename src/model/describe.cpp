@@ -17,7 +17,10 @@
 #include "layer_template.hpp"
 #include "mixkv/builtin_models.hpp"
 #include "mixkv/error.hpp"
+#include "mixkv/model/gguf_config.hpp"
 #include "mixkv/model_json.hpp"
+#include "mixkv/weights/gguf.hpp"
+#include "mixkv/weights/model_files.hpp"
 #include "weight_estimate.hpp"
 
 namespace mixkv::model {
@@ -304,8 +307,17 @@ ModelSource load_model_source(std::string_view ref) {
     }
     return parse_model_source(std::string(ref), config.string(), read_file(config));
   }
-  if (fs::exists(path, ec))
+  if (fs::exists(path, ec)) {
+    if (weights::GgufFile::file_has_magic(path.string())) {
+      return model_source_from_gguf(weights::GgufFile::open(path.string()), std::string(ref));
+    }
     return parse_model_source(std::string(ref), path.string(), read_file(path));
+  }
+  // Real models fetched by `make deps` (smollm2-135m): a GGUF in the model folder.
+  if (const auto* fetched = weights::find_fetched_model(ref)) {
+    return model_source_from_gguf(weights::GgufFile::open(weights::fetched_file(*fetched)),
+                                  std::string(ref));
+  }
   if (const auto* builtin = builtin::find_builtin(ref)) {
     return parse_model_source(std::string(ref), fmt::format("built-in {}", ref),
                               builtin->config_json);
