@@ -11,7 +11,7 @@ version=0.3.16
 models=${MIXKV_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mixkv/models}
 model=${1:-$models/SmolLM2-135M-Instruct.Q4_1.gguf}
 out=${2:-$here/tests/tokenizer/data/smollm2-llamacpp-reference.json}
-threads=${THREADS:-2}
+threads=${THREADS:-1}  # one thread: deterministic and unaffected by a busy machine
 python=${PYTHON:-python3}
 
 [ -f "$model" ] || { echo "mixkv: $model is missing; run 'make deps' first" >&2; exit 1; }

@@ -112,8 +112,14 @@ def main():
     args = ap.parse_args()
 
     n_ctx = 1024
-    llm = Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=args.threads,
-                n_threads_batch=args.threads, logits_all=True, seed=0, verbose=False)
+
+    # A fresh context for every pass: reusing one after reset() left the teacher-forced pass
+    # disagreeing with a fresh evaluation of the same prompt (llama-cpp-python 0.3.16).
+    def fresh():
+        return Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=args.threads,
+                     n_threads_batch=args.threads, logits_all=True, seed=0, verbose=False)
+
+    llm = fresh()
     eos = llm.token_eos()
 
     corpus = []
@@ -136,7 +142,7 @@ def main():
         prompt_ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 
         # Greedy decoding (temperature 0), one token per step, stopping after EOS.
-        llm.reset()
+        llm = fresh()
         llm.eval(prompt_ids)
         greedy = []
         t0 = time.perf_counter()
@@ -151,12 +157,16 @@ def main():
 
         # Teacher forcing: one batch over prompt + continuation; top-1 after every position.
         seq = prompt_ids + greedy
-        llm.reset()
+        llm = fresh()
         llm.eval(seq)
         logits = np.asarray(llm.scores[:len(seq)], dtype=np.float64)
         top = np.argsort(-logits, axis=1)[:, :2]
         rows = np.arange(len(seq))
         margin = logits[rows, top[:, 0]] - logits[rows, top[:, 1]]
+        # llama.cpp's own agreement between the two passes (batch vs one token at a time).
+        agree = sum(int(top[len(prompt_ids) - 1 + i, 0]) == t for i, t in enumerate(greedy))
+        print(f"chat {len(chats)}: {len(greedy)} tokens, teacher-forced top-1 = greedy at {agree}",
+              flush=True)
         chats.append({
             "messages": messages,
             "prompt": prompt,
@@ -165,6 +175,7 @@ def main():
             "greedy_text": llm.detokenize(greedy).decode("utf-8", errors="replace"),
             "teacher_forced_top1": [int(t) for t in top[:, 0]],
             "teacher_forced_margin": [round(float(m), 4) for m in margin],
+            "teacher_forced_agrees_with_greedy": agree,
         })
 
     out = {

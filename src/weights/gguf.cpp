@@ -385,6 +385,8 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string origin) {
 
   in.check_count(n_tensors, kMinTensorInfoBytes, "the tensor count");
   f.tensors_.reserve(n_tensors);
+  std::vector<std::uint64_t> sizes;
+  sizes.reserve(n_tensors);
   for (std::uint64_t i = 0; i < n_tensors; ++i) {
     GgufTensor t;
     t.name = in.read_string(fmt::format("the name of tensor #{}", i));
@@ -436,7 +438,7 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string origin) {
       throw_invalid(fmt::format("{}: {} data offset {} is not a multiple of the alignment {}", o,
                                 what, t.offset, f.alignment_));
     }
-    t.bytes = {bytes.data(), static_cast<std::size_t>(nbytes)};  // placed once data_offset is known
+    sizes.push_back(static_cast<std::uint64_t>(nbytes));  // placed once data_offset is known
     if (!f.tensor_index_.emplace(t.name, f.tensors_.size()).second) {
       throw_invalid(fmt::format("{}: {} appears twice; the file is corrupt", o, what));
     }
@@ -448,8 +450,9 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string origin) {
   f.data_offset_ = (end_of_infos + f.alignment_ - 1) / f.alignment_ * f.alignment_;
   const std::uint64_t data_size =
       f.data_offset_ <= bytes.size() ? bytes.size() - f.data_offset_ : 0;
-  for (GgufTensor& t : f.tensors_) {
-    const std::uint64_t nbytes = t.bytes.size();
+  for (std::size_t i = 0; i < f.tensors_.size(); ++i) {
+    GgufTensor& t = f.tensors_[i];
+    const std::uint64_t nbytes = sizes[i];
     if (t.offset > data_size || nbytes > data_size - t.offset) {
       throw_invalid(
           fmt::format("{}: tensor '{}' data (offset {}, {} bytes) extends past the end "

@@ -1,6 +1,8 @@
 // `mixkv tokenize` and `mixkv detokenize` on SmolLM2 and on a tiny model's byte vocabulary.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "cli_test_support.hpp"
 #include "weights/smollm2.hpp"
 
@@ -46,6 +48,26 @@ TEST(TokenizeCommand, UnknownModelsAreBadInput) {
   auto r = run_cli("tokenize", {"no-such-model", "x"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("no-such-model"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace mixkv::cli
+
+namespace mixkv::cli {
+namespace {
+
+TEST(ModelsCommand, ListsTheFetchedModels) {
+  const auto r = testing::run_cli("models", {"--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  bool found = false;
+  for (const auto& m : nlohmann::json::parse(r.out)) {
+    if (m["name"] == "smollm2-135m") {
+      found = true;
+      EXPECT_EQ(m["file"], "SmolLM2-135M-Instruct.Q4_1.gguf");
+      EXPECT_EQ(m["fetched"], testing::smollm2_path().has_value());
+    }
+  }
+  EXPECT_TRUE(found) << r.out;
 }
 
 }  // namespace
