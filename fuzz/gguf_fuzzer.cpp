@@ -7,11 +7,11 @@
 #include <span>
 #include <vector>
 
-#include "mixkv/error.hpp"
-#include "mixkv/model/gguf_config.hpp"
+#include "mixkv/core/error.hpp"
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/dequantize.hpp"
 #include "mixkv/weights/gguf.hpp"
+#include "mixkv/weights/gguf_model.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(data), size);
@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           out);
     }
     try {
-      (void)mixkv::model::hf_config_from_gguf(file);
+      (void)mixkv::weights::hf_config_from_gguf(file);
     } catch (const mixkv::Error&) {
     }
     const auto tok = mixkv::tokenizer::tokenizer_from_gguf(file);

@@ -112,14 +112,18 @@ def main():
     args = ap.parse_args()
 
     n_ctx = 1024
-
-    # A fresh context for every pass: reusing one after reset() left the teacher-forced pass
-    # disagreeing with a fresh evaluation of the same prompt (llama-cpp-python 0.3.16).
-    def fresh():
-        return Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_ctx, n_threads=args.threads,
-                     n_threads_batch=args.threads, logits_all=True, seed=0, verbose=False)
-
-    llm = fresh()
+    # Tokens per llama_decode call for the prompt and the batched teacher-forced pass.
+    n_batch = 32
+    llm = Llama(model_path=args.model, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                n_threads=args.threads, n_threads_batch=args.threads, logits_all=True, seed=0,
+                verbose=False)
+    # The same teacher forcing one token per llama_decode call, the path greedy decoding takes.
+    # With llama-cpp-python 0.3.16 on an AVX-512 CPU the batched pass gives, once a batch's keys
+    # reach about 64, logits for its later rows that differ by up to 30 from the same rows in a
+    # shorter batch (whatever the tokens after them), so the two passes disagree on about half
+    # the positions; both are recorded.
+    step = Llama(model_path=args.model, n_ctx=n_ctx, n_batch=1, n_ubatch=1, n_threads=args.threads,
+                 n_threads_batch=args.threads, logits_all=True, seed=0, verbose=False)
     eos = llm.token_eos()
 
     corpus = []
@@ -142,7 +146,7 @@ def main():
         prompt_ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 
         # Greedy decoding (temperature 0), one token per step, stopping after EOS.
-        llm = fresh()
+        llm.reset()
         llm.eval(prompt_ids)
         greedy = []
         t0 = time.perf_counter()
@@ -155,15 +159,21 @@ def main():
         decode_seconds += time.perf_counter() - t0
         decode_tokens += len(greedy)
 
-        # Teacher forcing: one batch over prompt + continuation; top-1 after every position.
+        # Teacher forcing: prompt + continuation in n_batch chunks; top-1 after every position.
         seq = prompt_ids + greedy
-        llm = fresh()
+        llm.reset()
         llm.eval(seq)
         logits = np.asarray(llm.scores[:len(seq)], dtype=np.float64)
         top = np.argsort(-logits, axis=1)[:, :2]
         rows = np.arange(len(seq))
         margin = logits[rows, top[:, 0]] - logits[rows, top[:, 1]]
-        # llama.cpp's own agreement between the two passes (batch vs one token at a time).
+        step.reset()
+        step.eval(seq)
+        step_logits = np.asarray(step.scores[:len(seq)], dtype=np.float64)
+        step_top = np.argsort(-step_logits, axis=1)[:, :2]
+        step_margin = step_logits[rows, step_top[:, 0]] - step_logits[rows, step_top[:, 1]]
+
+        # llama.cpp's own agreement between the batched pass and one-token-at-a-time decoding.
         agree = sum(int(top[len(prompt_ids) - 1 + i, 0]) == t for i, t in enumerate(greedy))
         print(f"chat {len(chats)}: {len(greedy)} tokens, teacher-forced top-1 = greedy at {agree}",
               flush=True)
@@ -176,6 +186,8 @@ def main():
             "teacher_forced_top1": [int(t) for t in top[:, 0]],
             "teacher_forced_margin": [round(float(m), 4) for m in margin],
             "teacher_forced_agrees_with_greedy": agree,
+            "teacher_forced_step_top1": [int(t) for t in step_top[:, 0]],
+            "teacher_forced_step_margin": [round(float(m), 4) for m in step_margin],
         })
 
     out = {
@@ -186,11 +198,15 @@ def main():
         "llama_cpp_python": args.llama_cpp_python,
         "threads": args.threads,
         "n_ctx": n_ctx,
+        "n_batch": n_batch,
         "bos_id": llm.token_bos(),
         "eos_id": eos,
         "add_special_adds_bos": bos_added,
         "teacher_forced_note": "teacher_forced_top1[i] is the argmax of the logits after token i "
-                               "of prompt_ids + greedy_ids (one batch); margin is top1 - top2 logit",
+                               "of prompt_ids + greedy_ids (evaluated in n_batch chunks); margin is top1 - top2 logit; "
+                               "teacher_forced_agrees_with_greedy counts continuation positions "
+                               "where it equals llama.cpp's own greedy token; teacher_forced_step_* are the same "
+                               "with one token per llama_decode call (greedy decoding's path)",
         "greedy_decode_tokens_per_s": round(decode_tokens / decode_seconds, 1),
         "max_new_tokens": MAX_NEW_TOKENS,
         "corpus": corpus,

@@ -8,8 +8,8 @@
 #include <ostream>
 
 #include "cli.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/tiny_models.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/tiny_models.hpp"
 #include "mixkv/tokenizer/byte_tokenizer.hpp"
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/gguf.hpp"

@@ -1,6 +1,6 @@
 // Orchestrates describing a target and its drafter: parse the documents, recognise the drafter,
 // resolve cache dtypes and shard everything for one tensor-parallel rank.
-#include "mixkv/describe.hpp"
+#include "mixkv/model/describe.hpp"
 
 #include <fnmatch.h>
 
@@ -15,12 +15,9 @@
 
 #include "config_reader.hpp"
 #include "layer_template.hpp"
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/model/gguf_config.hpp"
-#include "mixkv/model_json.hpp"
-#include "mixkv/weights/gguf.hpp"
-#include "mixkv/weights/model_files.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "weight_estimate.hpp"
 
 namespace mixkv::model {
@@ -307,17 +304,8 @@ ModelSource load_model_source(std::string_view ref) {
     }
     return parse_model_source(std::string(ref), config.string(), read_file(config));
   }
-  if (fs::exists(path, ec)) {
-    if (weights::GgufFile::file_has_magic(path.string())) {
-      return model_source_from_gguf(weights::GgufFile::open(path.string()), std::string(ref));
-    }
+  if (fs::exists(path, ec))
     return parse_model_source(std::string(ref), path.string(), read_file(path));
-  }
-  // Real models fetched by `make deps` (smollm2-135m): a GGUF in the model folder.
-  if (const auto* fetched = weights::find_fetched_model(ref)) {
-    return model_source_from_gguf(weights::GgufFile::open(weights::fetched_file(*fetched)),
-                                  std::string(ref));
-  }
   if (const auto* builtin = builtin::find_builtin(ref)) {
     return parse_model_source(std::string(ref), fmt::format("built-in {}", ref),
                               builtin->config_json);
@@ -405,11 +393,11 @@ ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options
 }
 
 ModelDesc describe_refs(std::string_view target_ref, std::optional<std::string_view> draft_ref,
-                        const DescribeOptions& options) {
-  ModelSource target = load_model_source(target_ref);
+                        const DescribeOptions& options, SourceLoader load) {
+  ModelSource target = load(target_ref);
   if (draft_ref && *draft_ref == kMtpDraft) return describe_mtp(target, options);
   std::optional<ModelSource> draft;
-  if (draft_ref) draft = load_model_source(*draft_ref);
+  if (draft_ref) draft = load(*draft_ref);
   return describe(target, draft, options);
 }
 

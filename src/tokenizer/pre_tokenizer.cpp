@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::tokenizer {
 namespace {

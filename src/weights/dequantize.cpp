@@ -4,8 +4,8 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
-#include "mixkv/kernels_convert.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 namespace mixkv::weights {
 namespace {

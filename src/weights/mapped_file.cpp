@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::weights {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 #include "mixkv/weights/gguf.hpp"
 
 namespace mixkv::weights {

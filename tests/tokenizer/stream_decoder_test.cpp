@@ -1,8 +1,8 @@
 // Streaming decode: characters split across tokens come out whole, bad bytes as U+FFFD.
 #include <gtest/gtest.h>
 
-#include "mixkv/error.hpp"
-#include "mixkv/tiny_models.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/tiny_models.hpp"
 #include "mixkv/tokenizer/byte_tokenizer.hpp"
 
 namespace mixkv::tokenizer {

@@ -6,10 +6,10 @@
 #include <map>
 
 #include "cli_test_support.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/model/gguf_config.hpp"
+#include "mixkv/model/describe.hpp"
 #include "mixkv/weights/dequantize.hpp"
 #include "mixkv/weights/gguf.hpp"
+#include "mixkv/weights/gguf_model.hpp"
 #include "test_support.hpp"
 #include "weights/gguf_builder.hpp"
 #include "weights/smollm2.hpp"
@@ -68,7 +68,7 @@ TEST(SmolLm2Gguf, EveryTensorDequantisesToFiniteValues) {
 TEST(SmolLm2Gguf, ConfigAndModelDescFollowTheLlamaKeys) {
   MIXKV_SMOLLM2_OR_SKIP(path);
   const GgufFile f = GgufFile::open(path);
-  const nlohmann::json c = model::hf_config_from_gguf(f);
+  const nlohmann::json c = weights::hf_config_from_gguf(f);
   EXPECT_EQ(c["model_type"], "llama");
   EXPECT_EQ(c["hidden_size"], 576);
   EXPECT_EQ(c["intermediate_size"], 1536);
@@ -83,7 +83,7 @@ TEST(SmolLm2Gguf, ConfigAndModelDescFollowTheLlamaKeys) {
   EXPECT_FALSE(c.contains("rope_scaling"));
 
   for (const std::string& ref : {path, std::string("smollm2-135m")}) {
-    const model::ModelDesc desc = model::describe_refs(ref, std::nullopt, {});
+    const model::ModelDesc desc = weights::describe_refs(ref, std::nullopt, {});
     ASSERT_EQ(desc.layers.size(), 30u);
     for (const auto& l : desc.layers) {
       EXPECT_EQ(l.kind, model::LayerKind::kFull);
@@ -113,13 +113,13 @@ TEST(GgufModel, OtherArchitecturesAndMissingKeysAreClearErrors) {
   testing::GgufBuilder b;
   b.str("general.architecture", "mamba");
   std::vector<std::byte> bytes = b.build();
-  expect_error([&] { model::hf_config_from_gguf(GgufFile::parse(bytes, "m.gguf")); },
+  expect_error([&] { weights::hf_config_from_gguf(GgufFile::parse(bytes, "m.gguf")); },
                ErrorCode::kUnsupported, {"m.gguf", "'mamba'"});
   testing::GgufBuilder l;
   l.str("general.architecture", "llama");
   l.u32("llama.embedding_length", 64);
   bytes = l.build();
-  expect_error([&] { model::hf_config_from_gguf(GgufFile::parse(bytes, "l.gguf")); },
+  expect_error([&] { weights::hf_config_from_gguf(GgufFile::parse(bytes, "l.gguf")); },
                ErrorCode::kInvalidInput, {"l.gguf", "llama.feed_forward_length", "missing"});
 }
 
@@ -137,7 +137,7 @@ TEST(GgufModel, RopeScalingKeysBecomeRopeScaling) {
   b.f32("llama.rope.scaling.factor", 4.0f);
   b.u32("llama.rope.scaling.original_context_length", 1024);
   const std::vector<std::byte> bytes = b.build();
-  const nlohmann::json c = model::hf_config_from_gguf(GgufFile::parse(bytes, "r.gguf"));
+  const nlohmann::json c = weights::hf_config_from_gguf(GgufFile::parse(bytes, "r.gguf"));
   EXPECT_EQ(c["rope_scaling"]["rope_type"], "yarn");
   EXPECT_EQ(c["rope_scaling"]["factor"], 4.0);
   EXPECT_EQ(c["rope_scaling"]["original_max_position_embeddings"], 1024);
@@ -148,7 +148,7 @@ TEST(FetchedModels, AMissingFileSaysToRunMakeDeps) {
   const char* old = std::getenv("MIXKV_MODEL_DIR");
   const std::string saved = old ? old : "";
   setenv("MIXKV_MODEL_DIR", "/nonexistent-mixkv-models", 1);
-  expect_error([] { model::describe_refs("smollm2-135m", std::nullopt, {}); },
+  expect_error([] { weights::describe_refs("smollm2-135m", std::nullopt, {}); },
                ErrorCode::kInvalidInput,
                {"smollm2-135m", "make deps", "/nonexistent-mixkv-models"});
   if (old) {
