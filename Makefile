@@ -12,8 +12,10 @@ DEMO_DRAFT ?= dflash-qwen3.5-27b
 
 all: build
 
+# Debian packages, then the real models (SmolLM2's GGUF) into the model cache outside the tree.
 deps:
 	@./scripts/install-deps.sh
+	@./scripts/fetch-models.sh
 
 configure: deps
 	cmake -S . -B $(BUILD_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=Release

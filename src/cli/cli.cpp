@@ -48,6 +48,8 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   add(add_verify_command);
   add(add_simulate_command);
   add(add_generate_command);
+  add(add_tokenize_command);
+  add(add_detokenize_command);
 
   try {
     std::vector<std::string> reversed(args.rbegin(),

@@ -7,6 +7,7 @@
 #include "mixkv/core/error.hpp"
 #include "mixkv/model/describe.hpp"
 #include "mixkv/plan/memory_budget.hpp"
+#include "mixkv/weights/gguf_model.hpp"
 
 namespace mixkv::cli {
 namespace {
@@ -61,7 +62,7 @@ model::ModelDesc describe_from_args(const ModelArgs& args) {
   }
   std::optional<std::string_view> draft;
   if (!args.draft.empty()) draft = args.draft;
-  return model::describe_refs(args.model, draft, options);
+  return weights::describe_refs(args.model, draft, options);  // GGUF files too
 }
 
 void add_plan_options(CLI::App& cmd, PlanArgs& args) {

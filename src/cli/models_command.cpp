@@ -8,6 +8,7 @@
 #include "mixkv/builtin/builtin_models.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/model/describe.hpp"
+#include "mixkv/weights/model_files.hpp"
 
 namespace mixkv::cli {
 namespace {
@@ -57,6 +58,18 @@ Action add_models_command(CLI::App& app) {
                       {"role", role},
                       {"summary", m.summary},
                       {m.role == Role::kTarget ? "drafters" : "targets", pairs}});
+    }
+    // Real models `make deps` fetches: GGUF files in the model folder.
+    for (const auto& m : weights::fetched_models()) {
+      const bool present = weights::find_fetched_file(m).has_value();
+      const std::string summary =
+          fmt::format("{}{}", m.description, present ? "" : " [missing: run make deps]");
+      text += fmt::format("{:<24} {:<7} {:<70} {}\n", m.name, "target", summary, "");
+      list.push_back({{"name", m.name},
+                      {"role", "target"},
+                      {"summary", m.description},
+                      {"file", std::string(m.file)},
+                      {"fetched", present}});
     }
     out << (*json ? list.dump(2) + "\n" : text);
   };

@@ -426,11 +426,11 @@ ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options
 }
 
 ModelDesc describe_refs(std::string_view target_ref, std::optional<std::string_view> draft_ref,
-                        const DescribeOptions& options) {
-  ModelSource target = load_model_source(target_ref);
+                        const DescribeOptions& options, SourceLoader load) {
+  ModelSource target = load(target_ref);
   if (draft_ref && *draft_ref == kMtpDraft) return describe_mtp(target, options);
   std::optional<ModelSource> draft;
-  if (draft_ref) draft = load_model_source(*draft_ref);
+  if (draft_ref) draft = load(*draft_ref);
   return describe(target, draft, options);
 }
 

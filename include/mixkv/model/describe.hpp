@@ -63,9 +63,13 @@ ModelDesc describe(const ModelSource& target, const std::optional<ModelSource>& 
                    const DescribeOptions& options);
 ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options);
 
+// Resolves a model reference to a source; load_model_source is the default, a higher module may
+// pass one that knows more kinds of file (weights::load_model_source reads GGUF files too).
+using SourceLoader = ModelSource (*)(std::string_view ref);
+
 // Convenience for the CLI and tests: resolves references (built-in, file, or "mtp") and describes.
 ModelDesc describe_refs(std::string_view target_ref, std::optional<std::string_view> draft_ref,
-                        const DescribeOptions& options);
+                        const DescribeOptions& options, SourceLoader load = load_model_source);
 
 // The supported HuggingFace model_type values.
 std::vector<std::string> supported_model_types();
