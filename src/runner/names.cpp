@@ -9,7 +9,11 @@ namespace mixkv::runner {
 namespace {
 
 // HuggingFace names are the transformers checkpoints'; GGUF names are llama.cpp's
-// (src/llama-arch.cpp of ggml-org/llama.cpp), with the layer prefix "blk.{}.".
+// (src/llama-arch.cpp of ggml-org/llama.cpp), with the layer prefix "blk.{}.". Where llama.cpp's
+// converter (convert_hf_to_gguf.py) changes a tensor's values, a GGUF loader must undo or skip
+// what the runner does to the HF tensor: Llama's attn_q / attn_k rows are permuted for ggml's
+// interleaved RoPE (the runner rotates halves, as HF does), Gemma's norms already hold 1 + w, and
+// ssm_a holds -exp(A_log).
 constexpr TensorName kLlamaModel[] = {
     {Role::kTokenEmbd, "model.embed_tokens.weight", "token_embd.weight"},
     {Role::kOutputNorm, "model.norm.weight", "output_norm.weight"},
