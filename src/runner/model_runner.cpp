@@ -51,9 +51,10 @@ void check_feature_count(std::string_view what, std::int64_t tokens, std::int64_
 
 }  // namespace
 
-WeightShapes weight_shapes(const model::Architecture& arch, const model::ModelDesc& desc) {
+WeightShapes weight_shapes(const model::Architecture& arch, const model::ModelDesc& desc,
+                           WeightNaming naming) {
   const Family f = family_of(arch);
-  WeightSource w(f.names, nullptr, desc.model);
+  WeightSource w(f.names, nullptr, desc.model, naming);
   Assembler a{arch, desc, w};
   Network net;
   f.build(a, net);

@@ -129,20 +129,35 @@ const NameTable& draft_head_names() {
 }
 
 WeightSource::WeightSource(const NameTable& names, const weights::TensorMap* weights,
-                           std::string origin)
-    : names_(names), weights_(weights), origin_(std::move(origin)) {}
+                           std::string origin, WeightNaming naming)
+    : names_(names), weights_(weights), origin_(std::move(origin)), naming_(naming) {}
+
+namespace {
+
+std::string_view spelling(const TensorName& n, WeightNaming naming, std::string_view family) {
+  if (naming == WeightNaming::kHuggingFace) return n.hf;
+  if (n.gguf.empty()) {
+    throw_unsupported(fmt::format("{} tensor {} has no GGUF name in mixkv's table", family, n.hf));
+  }
+  return n.gguf;
+}
+
+}  // namespace
 
 std::string WeightSource::layer_prefix(int index) const {
-  return fmt::format(fmt::runtime(names_.hf_layer_prefix), index);
+  return fmt::format(fmt::runtime(naming_ == WeightNaming::kGguf ? names_.gguf_layer_prefix
+                                                                 : names_.hf_layer_prefix),
+                     index);
 }
 
 std::vector<float> WeightSource::model(Role role, std::vector<std::int64_t> shape) {
-  return get(std::string(names_.find(role).hf), std::move(shape));
+  return get(std::string(spelling(names_.find(role), naming_, names_.family)), std::move(shape));
 }
 
 std::vector<float> WeightSource::layer(std::string_view prefix, Role role,
                                        std::vector<std::int64_t> shape) {
-  return get(fmt::format("{}{}", prefix, names_.find(role).hf), std::move(shape));
+  return get(fmt::format("{}{}", prefix, spelling(names_.find(role), naming_, names_.family)),
+             std::move(shape));
 }
 
 std::vector<float> WeightSource::head(std::string_view prefix, Role role,

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "mixkv/runner/model_runner.hpp"
 #include "mixkv/weights/safetensors.hpp"
 
 namespace mixkv::runner {
@@ -87,10 +88,11 @@ using ShapeList = std::vector<std::pair<std::string, std::vector<std::int64_t>>>
 // records, returning empty tensors: weight_shapes() runs the same family code the loader runs.
 class WeightSource {
  public:
-  WeightSource(const NameTable& names, const weights::TensorMap* weights, std::string origin);
+  WeightSource(const NameTable& names, const weights::TensorMap* weights, std::string origin,
+               WeightNaming naming = WeightNaming::kHuggingFace);
 
-  // A whole-model tensor, or one of layer `index` (under `prefix`, when given, instead of the
-  // family's layer prefix: "draft.layers.0.", "mtp.layers.0.").
+  // A whole-model tensor, or one of a layer under `prefix` (layer_prefix(index) for the family's
+  // layers; "draft.layers.0.", "mtp.layers.0." for a drafter's).
   std::vector<float> model(Role role, std::vector<std::int64_t> shape);
   std::vector<float> layer(std::string_view prefix, Role role, std::vector<std::int64_t> shape);
   // A drafter head's tensor under `prefix` ("draft.", "mtp.").
@@ -105,6 +107,7 @@ class WeightSource {
   const NameTable& names_;
   const weights::TensorMap* weights_;
   std::string origin_;
+  WeightNaming naming_;
   ShapeList requested_;
 };
 

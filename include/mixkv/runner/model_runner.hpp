@@ -33,11 +33,16 @@ using weights::TensorMap;
 
 using WeightShapes = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
 
-// The names (HuggingFace's, from the family's table: Llama's model.layers.{i}.self_attn.q_proj
-// .weight, ...; Qwen3-Next's linear_attn.*, Nemotron-H's backbone.layers.{i}.mixer.*, Gemma 2's
-// extra norms; docs/engine.md) and shapes of every weight the runner reads for `desc`'s target,
-// in checkpoint order.
-WeightShapes weight_shapes(const model::Architecture& arch, const model::ModelDesc& desc);
+// Which spelling of the family's name table: HuggingFace checkpoints' or GGUF files' (llama.cpp's
+// token_embd.weight, blk.{i}.attn_q.weight, ...). Shapes are row-major, outermost first, in both.
+enum class WeightNaming { kHuggingFace, kGguf };
+
+// The names (from the family's table: Llama's model.layers.{i}.self_attn.q_proj.weight, ...;
+// Qwen3-Next's linear_attn.*, Nemotron-H's backbone.layers.{i}.mixer.*, Gemma 2's extra norms;
+// docs/engine.md) and shapes of every weight the runner reads for `desc`'s target, in
+// checkpoint order.
+WeightShapes weight_shapes(const model::Architecture& arch, const model::ModelDesc& desc,
+                           WeightNaming naming = WeightNaming::kHuggingFace);
 
 // Seeded, deterministic float32 weights of those shapes.
 TensorMap generate_weights(const model::Architecture& arch, const model::ModelDesc& desc,
