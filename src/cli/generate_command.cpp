@@ -11,7 +11,15 @@
 #include "cli.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
+#include "mixkv/engine/tiny_models.hpp"
+#include "mixkv/model/architecture.hpp"
 #include "mixkv/plan/memory_budget.hpp"
+#include "mixkv/runner/model_runner.hpp"
+#include "mixkv/spec/dflash.hpp"
+#include "mixkv/spec/eagle.hpp"
+#include "mixkv/spec/ngram.hpp"
+#include "mixkv/spec/oracle.hpp"
+#include "mixkv/spec/random.hpp"
 
 namespace mixkv::cli {
 namespace {
@@ -44,9 +52,9 @@ Loaded load_model(const std::string& ref) {
           fmt::format("{} cannot be run yet: the engine lacks {}", ref, tiny->missing));
     }
     Loaded l{engine::tiny_model_source(*tiny), {}};
-    const auto config = engine::read_transformer_config(l.source);
+    const auto config = model::read_architecture(l.source);
     l.weights =
-        engine::generate_weights(config, model::describe(l.source, std::nullopt, {}), tiny->seed);
+        runner::generate_weights(config, model::describe(l.source, std::nullopt, {}), tiny->seed);
     return l;
   }
   const std::filesystem::path dir(ref);
@@ -146,7 +154,7 @@ Action add_generate_command(CLI::App& app) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
     Loaded loaded = load_model(args->model);
-    engine::RunnerOptions ro;
+    runner::RunnerOptions ro;
     ro.memory_bytes = plan::parse_memory_size(args->memory);
     ro.num_spec_tokens = args->draft.empty() ? 0 : args->num_spec_tokens;
     // A drafter model (a tiny drafter, or a checkpoint directory): its layers join the target's
@@ -156,7 +164,7 @@ Action add_generate_command(CLI::App& app) {
                          args->draft == "random" || args->draft == model::kMtpDraft;
     if (!keyword && tiny_draft == nullptr && !args->draft.empty() && is_directory(args->draft)) {
       ro.draft = model::load_model_source(args->draft);
-      loaded.weights.merge(engine::as_draft_weights(
+      loaded.weights.merge(runner::as_draft_weights(
           weights::read_safetensors(checkpoint_file(args->draft)), args->draft));
     }
     if (tiny_draft != nullptr) {
@@ -170,8 +178,8 @@ Action add_generate_command(CLI::App& app) {
       model::DescribeOptions d;
       d.num_spec_tokens = ro.num_spec_tokens;
       const auto desc = model::describe(loaded.source, ro.draft, d);
-      loaded.weights.merge(engine::generate_draft_weights(
-          engine::read_transformer_config(*ro.draft), desc, tiny_draft->seed));
+      loaded.weights.merge(runner::generate_draft_weights(model::read_architecture(*ro.draft), desc,
+                                                          tiny_draft->seed));
     }
     // The target's own MTP layers: weights come with a checkpoint's, or are generated for a tiny
     // model (seed + 1).
@@ -181,12 +189,12 @@ Action add_generate_command(CLI::App& app) {
       if (const engine::TinyModel* tiny = engine::find_tiny_model(args->model)) {
         model::DescribeOptions d;
         d.num_spec_tokens = ro.num_spec_tokens;
-        loaded.weights.merge(
-            engine::generate_draft_weights(engine::read_transformer_config(loaded.source),
-                                           model::describe_mtp(loaded.source, d), tiny->seed + 1));
+        loaded.weights.merge(runner::generate_draft_weights(model::read_architecture(loaded.source),
+                                                            model::describe_mtp(loaded.source, d),
+                                                            tiny->seed + 1));
       }
     }
-    engine::ModelRunner runner(loaded.source, loaded.weights, ro);
+    runner::ModelRunner runner(loaded.source, loaded.weights, ro);
 
     std::vector<engine::TokenId> prompt = args->prompt_ids;
     if (prompt.empty())
@@ -197,7 +205,7 @@ Action add_generate_command(CLI::App& app) {
     go.max_batch = args->batch;
     const engine::GenerateReport plain = engine::generate(runner, prompts, nullptr, go);
 
-    std::unique_ptr<engine::Drafter> drafter;
+    std::unique_ptr<spec::Drafter> drafter;
     if (args->draft == "oracle") {
       std::vector<std::vector<engine::TokenId>> refs;
       for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -205,15 +213,15 @@ Action add_generate_command(CLI::App& app) {
         refs.back().insert(refs.back().end(), plain.requests[i].tokens.begin(),
                            plain.requests[i].tokens.end());
       }
-      drafter = std::make_unique<engine::OracleDrafter>(std::move(refs));
+      drafter = std::make_unique<spec::OracleDrafter>(std::move(refs));
     } else if (runner.has_block_drafter()) {
-      drafter = std::make_unique<engine::DflashDrafter>(runner);
+      drafter = std::make_unique<spec::DflashDrafter>(runner);
     } else if (ro.draft || mtp) {
-      drafter = std::make_unique<engine::EagleDrafter>(runner);
+      drafter = std::make_unique<spec::EagleDrafter>(runner);
     } else if (args->draft == "ngram") {
-      drafter = std::make_unique<engine::NgramDrafter>();
+      drafter = std::make_unique<spec::NgramDrafter>();
     } else if (args->draft == "random") {
-      drafter = std::make_unique<engine::RandomDrafter>(runner.vocab_size(), args->seed);
+      drafter = std::make_unique<spec::RandomDrafter>(runner.vocab_size(), args->seed);
     } else if (!args->draft.empty()) {
       throw_invalid(
           fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "

@@ -11,6 +11,8 @@
 #include "mixkv/core/error.hpp"
 #include "mixkv/core/read_file.hpp"
 #include "mixkv/engine/simulate.hpp"
+#include "mixkv/sched/scheduler.hpp"
+#include "mixkv/spec/drafter.hpp"
 
 namespace mixkv::sim {
 namespace {
@@ -28,10 +30,11 @@ std::uint64_t splitmix(std::uint64_t x) {
 
 // Token streams: a shared prefix's, a request's own prompt suffix, a request's outputs. Distinct
 // domains so streams never share blocks by accident.
+constexpr TokenId kStreamVocab = 150000;
 TokenId stream_token(std::uint64_t domain, std::uint64_t key, std::int64_t position) {
   const std::uint64_t h =
       splitmix(splitmix(domain * 0x100000001B3ULL ^ key) ^ static_cast<std::uint64_t>(position));
-  return static_cast<TokenId>(1 + h % 150000);
+  return static_cast<TokenId>(1 + h % kStreamVocab);
 }
 constexpr std::uint64_t kPrefixDomain = 1, kPromptDomain = 2, kOutputDomain = 3;
 
@@ -228,6 +231,64 @@ std::vector<TraceRequest> synthetic_trace(const SyntheticOptions& options) {
   return out;
 }
 
+namespace {
+
+// The simulator's stand-ins for a drafter and a model: a draft for position p of request i is
+// the output stream's token there, and the "target" accepts each draft with probability
+// `acceptance` until the first rejection, where it picks another token. The scheduler, the
+// manager and every count are the ones `generate` uses; only the tokens are made up.
+class StreamDrafter final : public spec::Drafter {
+ public:
+  std::string name() const override { return "simulated"; }
+  std::vector<TokenId> propose(const spec::DraftContext& ctx, int k) override {
+    std::vector<TokenId> out;
+    for (int t = 0; t < k; ++t) {
+      out.push_back(stream_token(kOutputDomain, ctx.request, ctx.num_computed + 1 + t));
+    }
+    return out;
+  }
+};
+
+class BernoulliModel final : public sched::Model {
+ public:
+  BernoulliModel(double acceptance, std::uint64_t seed)
+      : rng_(seed ^ 0xACCE97ULL), accept_(acceptance) {}
+
+  sched::ModelOutput forward(std::span<const sched::Work> batch) override {
+    sched::ModelOutput out;
+    for (const sched::Work& w : batch) {
+      const auto n = static_cast<std::int64_t>(w.tokens.size());
+      if (w.prefill) {
+        out.picks.insert(out.picks.end(), static_cast<std::size_t>(n - 1), 0);
+        out.picks.push_back(stream_token(kOutputDomain, w.request, w.start + n));
+        continue;
+      }
+      // Row i verifies draft i + 1: accepted with probability P until the first rejection,
+      // which picks a token other than the draft; after every draft, the bonus.
+      bool accepting = true;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t position = w.start + i + 1;
+        if (i + 1 < n && accepting && accept_(rng_)) {
+          out.picks.push_back(w.tokens[static_cast<std::size_t>(i + 1)]);
+          continue;
+        }
+        const TokenId draft = i + 1 < n ? w.tokens[static_cast<std::size_t>(i + 1)] : 0;
+        const TokenId fresh = stream_token(kOutputDomain, w.request, position);
+        out.picks.push_back(accepting && i + 1 < n ? draft % kStreamVocab + 1 : fresh);
+        accepting = false;
+      }
+    }
+    return out;
+  }
+  std::int64_t vocab_size() const override { return kStreamVocab + 1; }
+
+ private:
+  std::mt19937_64 rng_;
+  std::bernoulli_distribution accept_;
+};
+
+}  // namespace
+
 SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, int num_spec_tokens,
                    const std::vector<TraceRequest>& trace, const SimOptions& options) {
   if (!(options.acceptance >= 0 && options.acceptance <= 1)) {
@@ -272,171 +333,63 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
         trace.size(), tokens, token_bytes, kMaxSimulationTokenBytes));
   }
 
-  struct Req {
-    std::vector<TokenId> tokens;  // verified: prompt, then outputs
-    std::int64_t generated = 0;
-    std::int64_t output_len = 0;
-  };
-  std::vector<Req> reqs(trace.size());
-  for (std::size_t i = 0; i < trace.size(); ++i) {
-    reqs[i].tokens = prompt_tokens(trace[i], i);
-    reqs[i].output_len = trace[i].output_len;
-  }
-  auto output_token = [](std::size_t index, std::int64_t position) {
-    return stream_token(kOutputDomain, index, position);
-  };
+  // Whole prompts in one step, k drafts every step (a server does not know where a request
+  // stops).
+  sched::SchedulerOptions so;
+  so.num_spec_tokens = k;
+  so.max_batch = options.max_batch;
+  so.prefill_chunk = 0;
+  so.cap_drafts = false;
+  sched::Scheduler scheduler(manager, plan, so);
+  StreamDrafter drafter;
+  BernoulliModel model(options.acceptance, options.seed);
 
   SimReport rep;
   rep.requests = static_cast<std::int64_t>(trace.size());
   rep.num_spec_tokens = k;
   rep.acceptance = options.acceptance;
   rep.pool_blocks = manager.pool().num_blocks();
-  std::mt19937_64 rng(options.seed ^ 0xACCE97ULL);
-  std::bernoulli_distribution accept(options.acceptance);
-
-  std::deque<std::size_t> waiting;
-  std::vector<std::size_t> running;   // in admission order: the back is the newest
-  std::vector<std::size_t> admitted;  // prefilled this step: they decode from the next one
-  std::vector<int> accepted;
-  std::vector<TokenId> step_tokens;
-  Clock::duration in_manager{};
-  std::int64_t accepted_total = 0;
-  std::size_t next = 0;
-  const auto start = Clock::now();
-
   auto sample = [&](std::int64_t step) {
     UsageSample s;
     s.step = step;
-    s.running = static_cast<std::int64_t>(running.size());
-    s.waiting = static_cast<std::int64_t>(waiting.size());
+    s.running = static_cast<std::int64_t>(scheduler.num_running());
+    s.waiting = static_cast<std::int64_t>(scheduler.num_waiting());
     s.blocks_used = manager.pool().num_used();
     for (const auto& g : manager.stats()) s.blocks_held.push_back(g.blocks_held);
     rep.usage.push_back(std::move(s));
   };
-  auto finish = [&](std::size_t index) {
-    const auto t0 = Clock::now();
-    manager.free(RequestId{static_cast<std::int64_t>(index)});
-    in_manager += Clock::now() - t0;
-    ++rep.requests_finished;
-  };
+  const auto finished = [&] { return static_cast<std::int64_t>(scheduler.num_finished()); };
 
+  const auto start = Clock::now();
+  std::size_t next = 0;
   std::int64_t step = 0;
-  while (rep.requests_finished < rep.requests) {
-    while (next < trace.size() && trace[next].arrival_step <= step) waiting.push_back(next++);
-    if (running.empty() && waiting.empty()) {
+  while (finished() < rep.requests) {
+    for (; next < trace.size() && trace[next].arrival_step <= step; ++next) {
+      scheduler.add({prompt_tokens(trace[next], next), trace[next].output_len, trace[next].source});
+    }
+    if (scheduler.idle()) {
       step = trace[next].arrival_step;  // idle until the next arrival
       continue;
     }
-
-    // Admission, FIFO: prefill the whole prompt (or everything verified, after a preemption).
-    admitted.clear();
-    while (!waiting.empty() &&
-           static_cast<std::int64_t>(running.size() + admitted.size()) < options.max_batch) {
-      const std::size_t index = waiting.front();
-      Req& r = reqs[index];
-      const RequestId id{static_cast<std::int64_t>(index)};
-      const TokenId first = output_token(index, r.generated);
-      auto t0 = Clock::now();
-      manager.add_request(id, r.tokens);
-      const auto hit = manager.admit(id, k);
-      if (!hit) manager.free(id);
-      in_manager += Clock::now() - t0;
-      if (!hit) {
-        if (running.empty() && admitted.empty()) {
-          throw_invalid(fmt::format(
-              "{}: {} tokens plus {} look-ahead do not fit the KV cache even alone ({} blocks); "
-              "give more memory",
-              trace[index].source, r.tokens.size(), k, rep.pool_blocks));
-        }
-        break;
-      }
-      t0 = Clock::now();
-      manager.commit(id, static_cast<std::int64_t>(r.tokens.size()) - *hit,
-                     std::span<const TokenId>(&first, 1));
-      in_manager += Clock::now() - t0;
-      rep.prompt_tokens += static_cast<std::int64_t>(r.tokens.size());
-      rep.hit_tokens += *hit;
-      r.tokens.push_back(first);
-      ++r.generated;
-      ++rep.generated_tokens;
-      ++rep.request_steps;
-      waiting.pop_front();
-      if (r.generated >= r.output_len) {
-        finish(index);
-      } else {
-        admitted.push_back(index);
-      }
-    }
-    rep.peak_concurrency =
-        std::max(rep.peak_concurrency, static_cast<std::int64_t>(running.size() + admitted.size()));
-
-    // Allocation: one token + K look-ahead each; on failure preempt the newest by recompute.
-    auto t0 = Clock::now();
-    for (std::size_t i = 0; i < running.size();) {
-      if (manager.allocate(RequestId{static_cast<std::int64_t>(running[i])}, 1, k)) {
-        ++i;
-        continue;
-      }
-      const std::size_t victim = running.back();
-      manager.free(RequestId{static_cast<std::int64_t>(victim)});
-      running.pop_back();
-      waiting.push_front(victim);
-      ++rep.preemptions;
-    }
-    in_manager += Clock::now() - t0;
-
-    // Verification: each draft accepted with probability P until the first rejection.
-    accepted.clear();
-    step_tokens.clear();
-    for (const std::size_t index : running) {
-      int a = 0;
-      while (a < k && accept(rng)) ++a;
-      accepted.push_back(a);
-      for (int t = 0; t <= a; ++t) {
-        step_tokens.push_back(output_token(index, reqs[index].generated + t));
-      }
-    }
-    t0 = Clock::now();
-    std::size_t offset = 0;
-    for (std::size_t i = 0; i < running.size(); ++i) {
-      const auto n = static_cast<std::size_t>(accepted[i] + 1);
-      manager.commit(RequestId{static_cast<std::int64_t>(running[i])}, static_cast<std::int64_t>(n),
-                     std::span<const TokenId>(step_tokens.data() + offset, n), accepted[i]);
-      offset += n;
-    }
-    in_manager += Clock::now() - t0;
-    offset = 0;
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < running.size(); ++i) {
-      const std::size_t index = running[i];
-      Req& r = reqs[index];
-      const auto n = static_cast<std::size_t>(accepted[i] + 1);
-      r.tokens.insert(r.tokens.end(), step_tokens.begin() + static_cast<std::ptrdiff_t>(offset),
-                      step_tokens.begin() + static_cast<std::ptrdiff_t>(offset + n));
-      offset += n;
-      r.generated += static_cast<std::int64_t>(n);
-      rep.generated_tokens += static_cast<std::int64_t>(n);
-      accepted_total += static_cast<std::int64_t>(n);
-      ++rep.request_steps;
-      ++rep.decode_steps;
-      if (r.generated >= r.output_len) {
-        finish(index);
-      } else {
-        running[kept++] = index;
-      }
-    }
-    running.resize(kept);
-    running.insert(running.end(), admitted.begin(), admitted.end());
-
+    scheduler.step(model, &drafter);
     if (options.sample_every > 0 && step % options.sample_every == 0) sample(step);
-    if (options.progress && step % 16 == 0) options.progress(rep.requests_finished, rep.requests);
+    if (options.progress && step % 16 == 0) options.progress(finished(), rep.requests);
     ++step;
   }
   rep.steps = step;
   sample(step);
-  if (options.progress) options.progress(rep.requests_finished, rep.requests);
+  if (options.progress) options.progress(finished(), rep.requests);
+  const sched::Counters& c = scheduler.counters();
+  rep.requests_finished = finished();
+  rep.request_steps = c.request_steps;
+  rep.decode_steps = c.decode_steps;
+  rep.preemptions = c.preemptions;
+  rep.peak_concurrency = c.peak_running;
+  rep.prompt_tokens = c.prompt_tokens;
+  rep.hit_tokens = c.hit_tokens;
+  rep.generated_tokens = c.generated_tokens;
   rep.wall_seconds = seconds(Clock::now() - start);
-  rep.manager_seconds = seconds(in_manager);
+  rep.manager_seconds = c.manager_seconds;
   if (rep.manager_seconds > 0) {
     rep.request_steps_per_second = static_cast<double>(rep.request_steps) / rep.manager_seconds;
   }
@@ -449,7 +402,7 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
   }
   if (rep.decode_steps > 0) {
     rep.mean_accepted_length =
-        static_cast<double>(accepted_total) / static_cast<double>(rep.decode_steps);
+        static_cast<double>(c.decode_tokens) / static_cast<double>(rep.decode_steps);
   }
 
   // Per-group usage over the samples, then thin the series.

@@ -155,8 +155,8 @@ TEST(TinyDflash, BlockDraftMatchesTheFormulasWrittenOutInDouble) {
   model::DescribeOptions opt;
   opt.num_spec_tokens = k;
   const auto desc = model::describe(src, draft, opt);
-  weights::TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
-  w.merge(generate_draft_weights(read_transformer_config(draft), desc, d.seed));
+  weights::TensorMap w = generate_weights(model::read_architecture(src), desc, m.seed);
+  w.merge(generate_draft_weights(model::read_architecture(draft), desc, d.seed));
   ModelRunner runner(src, w, {.num_spec_tokens = k, .draft = draft});
 
   // The runner's own path: prefill, context K/V, one block.
@@ -376,7 +376,7 @@ TEST(TinyDflash, ADrafterCheckpointLoadsUnderTheRunnersNames) {
   const model::ModelSource src = tiny_model_source(m);
   const model::ModelSource draft = tiny_model_source(d);
   const weights::TensorMap generated = generate_draft_weights(
-      read_transformer_config(draft), model::describe(src, draft, {}), d.seed);
+      model::read_architecture(draft), model::describe(src, draft, {}), d.seed);
   weights::TensorMap checkpoint;  // as z-lab's checkpoints name them: fc.weight, layers.0...
   for (const auto& [name, t] : generated) {
     ASSERT_TRUE(name.starts_with("draft.")) << name;
@@ -423,7 +423,7 @@ TEST(TinyDflash, ConfigsThatDoNotFitTheTargetAreRefused) {
   // refused.
   const TinyModel& m = *find_tiny_model("tiny-swa");
   const model::ModelSource src = tiny_model_source(m);
-  ModelRunner plain(src, generate_weights(read_transformer_config(src),
+  ModelRunner plain(src, generate_weights(model::read_architecture(src),
                                           model::describe(src, std::nullopt, {}), m.seed));
   EXPECT_THROW(DflashDrafter{plain}, Error);
   EXPECT_THROW(plain.block_draft({}), Error);

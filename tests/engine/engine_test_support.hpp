@@ -13,6 +13,39 @@
 #include <vector>
 
 #include "mixkv/engine/generator.hpp"
+#include "mixkv/engine/tiny_models.hpp"
+#include "mixkv/model/architecture.hpp"
+#include "mixkv/runner/model_runner.hpp"
+#include "mixkv/spec/dflash.hpp"
+#include "mixkv/spec/eagle.hpp"
+#include "mixkv/spec/ngram.hpp"
+#include "mixkv/spec/oracle.hpp"
+#include "mixkv/spec/random.hpp"
+
+// The engine tests drive the runner (mixkv::runner) and the drafters (mixkv::spec) through
+// generate (mixkv::engine); they name all three unqualified.
+namespace mixkv::engine {
+using runner::argmax;
+using runner::as_draft_weights;
+using runner::draft_weight_shapes;
+using runner::ForwardOutput;
+using runner::generate_draft_weights;
+using runner::generate_weights;
+using runner::ModelRunner;
+using runner::RunnerOptions;
+using runner::SequenceInput;
+using runner::Tensor;
+using runner::TensorMap;
+using runner::weight_shapes;
+using spec::DflashDrafter;
+using spec::DraftContext;
+using spec::Drafter;
+using spec::EagleDrafter;
+using spec::NgramDrafter;
+using spec::Observation;
+using spec::OracleDrafter;
+using spec::RandomDrafter;
+}  // namespace mixkv::engine
 
 namespace mixkv::engine::testing {
 
@@ -63,7 +96,7 @@ inline ModelRunner tiny_runner(std::string_view name, const RunnerOptions& o = {
   const TinyModel& m = *find_tiny_model(name);
   const model::ModelSource src = tiny_model_source(m);
   const auto desc = model::describe(src, std::nullopt, {});
-  return ModelRunner(src, generate_weights(read_transformer_config(src), desc, m.seed), o);
+  return ModelRunner(src, generate_weights(model::read_architecture(src), desc, m.seed), o);
 }
 
 inline void expect_same_tokens(const GenerateReport& a, const GenerateReport& b,
@@ -84,8 +117,8 @@ inline ModelRunner runner_with_drafter(std::string_view target, const model::Mod
   model::DescribeOptions d;
   d.num_spec_tokens = o.num_spec_tokens;
   const auto desc = model::describe(src, o.draft, d);
-  weights::TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
-  w.merge(generate_draft_weights(read_transformer_config(draft), desc, draft_seed));
+  weights::TensorMap w = generate_weights(model::read_architecture(src), desc, m.seed);
+  w.merge(generate_draft_weights(model::read_architecture(draft), desc, draft_seed));
   return ModelRunner(src, w, o);
 }
 

@@ -8,7 +8,8 @@
 #include <sstream>
 
 #include "cli_test_support.hpp"
-#include "mixkv/engine/model_runner.hpp"
+#include "engine_test_support.hpp"
+#include "mixkv/runner/model_runner.hpp"
 
 namespace mixkv {
 namespace {
@@ -144,7 +145,7 @@ TEST(GenerateCommand, ReadsACheckpointDirectory) {
   const auto src = engine::tiny_model_source(m);
   weights::write_safetensors(
       (dir / "model.safetensors").string(),
-      engine::generate_weights(engine::read_transformer_config(src),
+      engine::generate_weights(model::read_architecture(src),
                                model::describe(src, std::nullopt, {}), m.seed));
   std::ofstream(dir / "config.json") << m.config_json;
   const auto from_dir =
@@ -170,7 +171,7 @@ TEST(GenerateCommand, ReadsADrafterCheckpointDirectory) {
   model::DescribeOptions opt;
   opt.num_spec_tokens = 3;
   weights::TensorMap own;
-  for (auto& [name, t] : engine::generate_draft_weights(engine::read_transformer_config(draft),
+  for (auto& [name, t] : engine::generate_draft_weights(model::read_architecture(draft),
                                                         model::describe(src, draft, opt), d.seed)) {
     own.emplace(name.substr(std::string("draft.").size()), t);
   }

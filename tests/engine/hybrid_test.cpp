@@ -25,7 +25,7 @@ ModelRunner make_hybrid(const RunnerOptions& o = {}) {
 ModelRunner make_hybrid_mtp(RunnerOptions o) {
   const TinyModel& m = *find_tiny_model("tiny-hybrid");
   const model::ModelSource src = tiny_model_source(m);
-  const auto config = read_transformer_config(src);
+  const auto config = model::read_architecture(src);
   weights::TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), m.seed);
   model::DescribeOptions d;
   d.num_spec_tokens = o.num_spec_tokens;

@@ -58,7 +58,7 @@ TEST(TinyMamba, Mamba2BlockMatchesHfFormulasWrittenOutInDouble) {
     "mamba_num_heads": 4, "mamba_head_dim": 4, "ssm_state_size": 8, "n_groups": 2,
     "conv_kernel": 3, "vocab_size": 40, "max_position_embeddings": 256,
     "layer_norm_epsilon": 1e-5, "torch_dtype": "float32"})");
-  const TransformerConfig config = read_transformer_config(src);
+  const model::Architecture config = model::read_architecture(src);
   const weights::TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), 21);
   ModelRunner runner(src, w);
   const std::vector<TokenId> tokens = {3, 17, 5, 5, 39, 0, 22, 8, 13, 31};

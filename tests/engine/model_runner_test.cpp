@@ -1,6 +1,7 @@
 // The reference runner: tiny models through the describe path, weights from a seed or a
 // safetensors checkpoint, and logits independent of batch composition and chunking.
-#include "mixkv/engine/model_runner.hpp"
+#include "mixkv/runner/model_runner.hpp"
+#include "engine_test_support.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,7 +20,7 @@ const TinyModel& swa() { return *find_tiny_model("tiny-swa"); }
 
 ModelRunner make_runner(const TinyModel& m, const RunnerOptions& o = {}) {
   const model::ModelSource src = tiny_model_source(m);
-  const auto config = read_transformer_config(src);
+  const auto config = model::read_architecture(src);
   const auto desc = model::describe(src, std::nullopt, {});
   return ModelRunner(src, generate_weights(config, desc, m.seed), o);
 }
@@ -135,7 +136,7 @@ TEST(ModelRunner, Mamba2LayersOutsideNemotronHAndMamba1LayersAreRefusedNamingThe
 
 TEST(ModelRunner, GeneratedWeightsAreDeterministicPerSeed) {
   const model::ModelSource src = tiny_model_source(swa());
-  const auto config = read_transformer_config(src);
+  const auto config = model::read_architecture(src);
   const auto desc = model::describe(src, std::nullopt, {});
   EXPECT_EQ(generate_weights(config, desc, 7), generate_weights(config, desc, 7));
   EXPECT_NE(generate_weights(config, desc, 7), generate_weights(config, desc, 8));
@@ -172,7 +173,7 @@ TEST(ModelRunner, SafetensorsCheckpointGivesTheSameLogitsAsGeneratedWeights) {
   for (const char* name : {"tiny-swa", "tiny-hybrid", "tiny-mamba", "tiny-gemma"}) {
     const TinyModel& m = *find_tiny_model(name);
     const model::ModelSource src = tiny_model_source(m);
-    const auto config = read_transformer_config(src);
+    const auto config = model::read_architecture(src);
     const auto desc = model::describe(src, std::nullopt, {});
     const weights::TensorMap weights = generate_weights(config, desc, m.seed);
     const auto dir = std::filesystem::temp_directory_path() /
@@ -213,7 +214,7 @@ TEST(ModelRunner, SoftCapReachesTheAttentionKernel) {
   // logits; final_logit_softcapping keeps them within 30, and removing it gives larger ones.
   const TinyModel& m = *find_tiny_model("tiny-gemma");
   const model::ModelSource src = tiny_model_source(m);
-  const auto weights = generate_weights(read_transformer_config(src),
+  const auto weights = generate_weights(model::read_architecture(src),
                                         model::describe(src, std::nullopt, {}), m.seed);
   const auto without = [&](std::vector<std::string> keys) {
     nlohmann::json doc = nlohmann::json::parse(m.config_json);
@@ -240,7 +241,7 @@ TEST(ModelRunner, SoftCapReachesTheAttentionKernel) {
 
 TEST(ModelRunner, MissingOrMisshapenWeightsAreNamed) {
   const model::ModelSource src = tiny_model_source(swa());
-  const auto config = read_transformer_config(src);
+  const auto config = model::read_architecture(src);
   const auto desc = model::describe(src, std::nullopt, {});
   weights::TensorMap w = generate_weights(config, desc, 1);
   w.erase("model.layers.2.mlp.up_proj.weight");

@@ -11,7 +11,8 @@
 // Chunked results depend on where a prefill is split (a state is rounded to its dtype between
 // calls, and chunks count from a call's first token), so the runner splits every prefill at every
 // snapshot boundary (docs/cache.md): then the state at a boundary is a function of the tokens
-// alone, whichever request kept it and wherever a hit started.
+// alone, whichever request kept it and wherever a hit started. The one scheduler drives both
+// managers, with the test's engine as its model and drafter.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/kernels/recurrent_kernel.hpp"
 #include "mixkv/layout/geometry.hpp"
+#include "mixkv/sched/scheduler.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::cache {
@@ -69,13 +71,16 @@ struct Layer {
   const kernels::ConvSpec& conv() const { return gdn ? g.conv : m.conv; }
 };
 
-class Engine {
+// The scheduler's model (it runs the sampled layers' kernels as a model would) and drafter; the
+// test scripts each step's drafts, how many are accepted and the token sampled. Requests are
+// named by the test's ids; rid() gives the manager's.
+class Engine final : public sched::Model, public spec::Drafter {
  public:
   // Runs the kernels on the first layer of the first two recurrent groups and of the last one, and
   // on the last recurrent layer: several groups' slots and both ends of the layer list, at about
   // 10 s per test under sanitizers. (prefix_hit_exactness_test.cpp covers every layer's slots.)
   Engine(const model::ModelDesc& desc, const plan::CachePlan& plan, int k)
-      : k_(k), manager_(plan, k) {
+      : k_(k), manager_(plan, k), sched_(manager_, plan, options(k)) {
     geometry_ = layout::make_geometry(desc, plan, attn::build_attention_groups(desc, plan));
     std::map<int, std::vector<std::size_t>> by_group;
     for (std::size_t i = 0; i < geometry_.layers.size(); ++i) {
@@ -95,85 +100,72 @@ class Engine {
     for (std::size_t i : run) add_layer(desc.layers[i], geometry_.layers[i], plan, i);
   }
 
-  KvCacheManager& manager() { return manager_; }
   const KvCacheManager& manager() const { return manager_; }
-  const std::vector<TokenId>& tokens(RequestId id) const { return tokens_.at(id.value()); }
+  RequestId rid(RequestId id) const {
+    return RequestId{static_cast<std::int64_t>(index_.at(id.value()))};
+  }
+  std::vector<TokenId> tokens(RequestId id) const {
+    const auto t = sched_.tokens(index_.at(id.value()));
+    return {t.begin(), t.end()};
+  }
   std::int64_t recurrent_tokens(RequestId id) const { return computed_.at(id.value()); }
   std::size_t num_layers() const { return layers_.size(); }
 
-  // Admits `prompt`, computes what the hit does not cover and commits it with `first` sampled.
-  // Returns the hit.
-  std::int64_t prefill(RequestId id, const std::vector<TokenId>& prompt, TokenId first) {
-    manager_.add_request(id, prompt);
-    const auto hit = manager_.admit(id, k_);
-    EXPECT_TRUE(hit.has_value());
-    if (!hit) return -1;
-    const auto len = static_cast<std::int64_t>(prompt.size());
-    const std::int64_t c = manager_.snapshot_interval();
-    for (const Layer& l : layers_) {
-      const RecurrentStep step = manager_.recurrent_step(id, l.geo->kv_cache_group);
-      const BlockId live = manager_.block_table(id, l.geo->kv_cache_group)[0];
-      if (!step.restore_from.is_null()) {
-        EXPECT_EQ(*hit % c, 0);
-        copy_state(l, step.restore_from, live);
-      } else {
-        EXPECT_EQ(*hit, 0);
-        zero_state(l, live);  // a fresh request starts from zero states
-      }
-      // The boundary to keep is one the pieces below end at.
-      EXPECT_TRUE(step.snapshot_at == 0 ||
-                  (step.snapshot_at % c == 0 && step.snapshot_at > *hit && step.snapshot_at <= len))
-          << step.snapshot_at;
-      // Pieces end at every snapshot boundary, and at the prompt's end.
-      for (std::int64_t p = *hit; p < len;) {
-        const std::int64_t end = std::min(len, (p / c + 1) * c);
-        run(l, id, live.value(), std::vector<std::int64_t>{live.value()}, p,
-            std::span<const TokenId>(prompt).subspan(static_cast<std::size_t>(p),
-                                                     static_cast<std::size_t>(end - p)),
-            /*prefill=*/true);
-        if (end == step.snapshot_at) copy_state(l, live, step.snapshot);
-        p = end;
-      }
-    }
-    computed_[id.value()] += len - *hit;
-    manager_.commit(id, len - *hit, std::span<const TokenId>(&first, 1));
-    tokens_[id.value()] = prompt;
-    tokens_[id.value()].push_back(first);
-    return *hit;
+  // Queues `prompt`; one step admits it, computes what the hit does not cover and commits it
+  // with `first` sampled (a request of one token to generate then finishes, its blocks cached
+  // in the free queue). Returns the hit.
+  std::int64_t prefill(RequestId id, const std::vector<TokenId>& prompt, TokenId first,
+                       std::int64_t max_tokens = 1 << 20) {
+    const std::size_t i = sched_.add({prompt, max_tokens, "request " + std::to_string(id.value())});
+    index_[id.value()] = i;
+    test_id_[i] = id.value();
+    script_[i] = {{}, 0, first};
+    sched_.step(*this, this);
+    return sched_.stats(i).prefix_hit_tokens;
   }
 
-  // One step over the last known token plus `drafts` (a verify writing one checkpoint per
-  // position when k > 0), of which `accepted` are accepted, then `bonus` is sampled.
+  // One step of every running request: `id` verifies the last known token plus `drafts` (a
+  // verify writing one checkpoint per position when k > 0), of which `accepted` are accepted,
+  // then `bonus` is sampled.
   void decode(RequestId id, const std::vector<TokenId>& drafts, int accepted, TokenId bonus) {
     ASSERT_EQ(static_cast<int>(drafts.size()), k_);
-    ASSERT_TRUE(manager_.allocate(id, 1, k_));
-    auto& tokens = tokens_[id.value()];
-    const std::int64_t n = manager_.num_computed(id);
-    std::vector<TokenId> seq = {tokens.back()};
-    seq.insert(seq.end(), drafts.begin(), drafts.end());
-    for (const Layer& l : layers_) {
-      const RecurrentStep step = manager_.recurrent_step(id, l.geo->kv_cache_group);
-      ASSERT_TRUE(step.restore_from.is_null());
-      const auto table = manager_.block_table(id, l.geo->kv_cache_group);
-      std::vector<std::int64_t> outs;
-      for (int j = 0; j <= k_; ++j) outs.push_back(table[static_cast<std::size_t>(j)].value());
-      run(l, id, outs[0], outs, n, seq, /*prefill=*/false);
-      if (step.snapshot_at > 0) {
-        const std::int64_t j = step.snapshot_at - n - 1;  // checkpoint j: after token n + j
-        ASSERT_TRUE(j >= 0 && j <= k_) << step.snapshot_at;
-        copy_state(l, BlockId(static_cast<std::int32_t>(outs[static_cast<std::size_t>(j)])),
-                   step.snapshot);
+    script_[index_.at(id.value())] = {drafts, accepted, bonus};
+    sched_.step(*this, this);
+  }
+
+  // spec::Drafter: the scripted drafts (none for a request the step does not script).
+  std::string name() const override { return "scripted"; }
+  std::vector<TokenId> propose(const spec::DraftContext& ctx, int) override {
+    const auto it = script_.find(ctx.request);
+    return it == script_.end() ? std::vector<TokenId>{} : it->second.drafts;
+  }
+
+  // sched::Model: runs every work through the sampled layers, picks the scripted tokens.
+  std::int64_t vocab_size() const override { return std::int64_t{1} << 30; }
+  sched::ModelOutput forward(std::span<const sched::Work> batch) override {
+    sched::ModelOutput out;
+    for (const sched::Work& w : batch) {
+      const auto it = script_.find(w.request);
+      const Script s = it == script_.end() ? Script{{}, 0, 1} : it->second;
+      if (it != script_.end()) script_.erase(it);
+      const auto n = static_cast<std::int64_t>(w.tokens.size());
+      if (w.prefill) {
+        prefill_work(w);
+        out.picks.insert(out.picks.end(), static_cast<std::size_t>(n - 1), 0);
+        out.picks.push_back(s.sampled);
+        continue;
+      }
+      decode_work(w);
+      for (std::int64_t i = 0; i < n; ++i) {
+        out.picks.push_back(i < s.accepted ? w.tokens[static_cast<std::size_t>(i + 1)] : s.sampled);
       }
     }
-    computed_[id.value()] += k_ + 1;
-    std::vector<TokenId> verified(drafts.begin(), drafts.begin() + accepted);
-    verified.push_back(bonus);
-    manager_.commit(id, accepted + 1, verified, accepted);
-    tokens.insert(tokens.end(), verified.begin(), verified.end());
+    return out;
   }
 
   // Every state tensor of request `id`'s live state in every run layer, decoded; and raw.
-  std::vector<std::vector<float>> live_states(RequestId id) const {
+  std::vector<std::vector<float>> live_states(RequestId test_id) const {
+    const RequestId id = rid(test_id);
     std::vector<std::vector<float>> out;
     for (const Layer& l : layers_) {
       const std::int64_t live = manager_.block_table(id, l.geo->kv_cache_group)[0].value();
@@ -184,7 +176,8 @@ class Engine {
     }
     return out;
   }
-  std::vector<std::byte> live_bytes(RequestId id) const {
+  std::vector<std::byte> live_bytes(RequestId test_id) const {
+    const RequestId id = rid(test_id);
     std::vector<std::byte> out;
     for (const Layer& l : layers_) {
       const auto s = state(l, manager_.block_table(id, l.geo->kv_cache_group)[0]);
@@ -206,6 +199,80 @@ class Engine {
   void keep_values() { keep_values_ = true; }
 
  private:
+  struct Script {
+    std::vector<TokenId> drafts;
+    int accepted = 0;
+    TokenId sampled = 0;
+  };
+  static sched::SchedulerOptions options(int k) {
+    sched::SchedulerOptions o;
+    o.num_spec_tokens = k;
+    o.prefill_chunk = 0;  // whole prompts: the engine splits them at snapshot boundaries itself
+    o.cap_drafts = false;
+    return o;
+  }
+
+  // A prefill from the hit (w.start): restore or zero each layer's live state, then run the
+  // tokens in pieces ending at every snapshot boundary and at the prompt's end.
+  void prefill_work(const sched::Work& w) {
+    const RequestId id{test_id_.at(w.request)};
+    const std::int64_t hit = w.start;
+    const std::int64_t len = hit + static_cast<std::int64_t>(w.tokens.size());
+    const std::int64_t c = manager_.snapshot_interval();
+    for (const Layer& l : layers_) {
+      const auto group = static_cast<std::size_t>(l.geo->kv_cache_group);
+      const RecurrentStep step = w.recurrent.at(group);
+      const BlockId live = w.block_tables.at(group)[0];
+      if (!step.restore_from.is_null()) {
+        EXPECT_EQ(hit % c, 0);
+        copy_state(l, step.restore_from, live);
+      } else {
+        EXPECT_EQ(hit, 0);
+        zero_state(l, live);  // a fresh request starts from zero states
+      }
+      // The boundary to keep is one the pieces below end at.
+      EXPECT_TRUE(step.snapshot_at == 0 ||
+                  (step.snapshot_at % c == 0 && step.snapshot_at > hit && step.snapshot_at <= len))
+          << step.snapshot_at;
+      for (std::int64_t p = hit; p < len;) {
+        const std::int64_t end = std::min(len, (p / c + 1) * c);
+        run(l, id, live.value(), std::vector<std::int64_t>{live.value()}, p,
+            w.tokens.subspan(static_cast<std::size_t>(p - hit), static_cast<std::size_t>(end - p)),
+            /*prefill=*/true);
+        if (end == step.snapshot_at) copy_state(l, live, step.snapshot);
+        p = end;
+      }
+    }
+    computed_[id.value()] += len - hit;
+  }
+
+  // A decode or verify step: one checkpoint per token, the manager's snapshot copied from its
+  // checkpoint.
+  void decode_work(const sched::Work& w) {
+    const RequestId id{test_id_.at(w.request)};
+    const std::int64_t n = w.start;
+    const auto count = static_cast<std::int64_t>(w.tokens.size());
+    for (const Layer& l : layers_) {
+      const auto group = static_cast<std::size_t>(l.geo->kv_cache_group);
+      const RecurrentStep step = w.recurrent.at(group);
+      EXPECT_TRUE(step.restore_from.is_null());
+      const auto table = w.block_tables.at(group);
+      std::vector<std::int64_t> outs;
+      for (std::int64_t j = 0; j < count; ++j) {
+        outs.push_back(table[static_cast<std::size_t>(j)].value());
+      }
+      run(l, id, outs[0], outs, n, w.tokens, /*prefill=*/false);
+      if (step.snapshot_at > 0) {
+        const std::int64_t j = step.snapshot_at - n - 1;  // checkpoint j: after token n + j
+        EXPECT_TRUE(j >= 0 && j < count) << step.snapshot_at;
+        if (j < 0 || j >= count) continue;
+        copy_state(l, BlockId(static_cast<std::int32_t>(outs[static_cast<std::size_t>(j)])),
+                   step.snapshot);
+      }
+    }
+    computed_[id.value()] += count;
+  }
+
   void add_layer(const model::LayerDesc& desc, const layout::LayerGeometry& geo,
                  const plan::CachePlan& plan, std::size_t index) {
     Layer l;
@@ -351,10 +418,13 @@ class Engine {
 
   int k_;
   KvCacheManager manager_;
+  sched::Scheduler sched_;
   layout::Geometry geometry_;
   std::vector<Layer> layers_;
-  std::vector<std::vector<std::byte>> tensors_;  // empty: no run layer lives there
-  std::map<std::int64_t, std::vector<TokenId>> tokens_;
+  std::vector<std::vector<std::byte>> tensors_;    // empty: no run layer lives there
+  std::map<std::int64_t, std::size_t> index_;      // the test's id -> the scheduler's request
+  std::map<std::size_t, std::int64_t> test_id_;    // and back
+  std::map<std::size_t, Script> script_;           // the step's scripted requests
   std::map<std::int64_t, std::int64_t> computed_;  // tokens run through the recurrent layers
   std::map<OutputKey, Output> outputs_;
   bool keep_values_ = false;
@@ -368,7 +438,7 @@ bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
 // states byte for byte, and every output `x` computed equal to `y`'s at the same layer and
 // position. Returns how many outputs were compared.
 std::int64_t expect_same(const Engine& x, const Engine& y, RequestId id) {
-  EXPECT_EQ(x.manager().num_computed(id), y.manager().num_computed(id));
+  EXPECT_EQ(x.manager().num_computed(x.rid(id)), y.manager().num_computed(y.rid(id)));
   const auto xs = x.live_states(id);
   const auto ys = y.live_states(id);
   EXPECT_EQ(xs.size(), 2 * x.num_layers());
@@ -439,8 +509,9 @@ void run_case(const model::ModelDesc& desc, const plan::CachePlan& plan, int k, 
   b.insert(b.end(), own.begin(), own.end());
   const RequestId ida{1}, idb{2};
 
-  ASSERT_EQ(x.prefill(ida, a, 7), 0);
-  x.manager().free(ida);  // B's hit comes from cached blocks in the free queue
+  // A generates one token and finishes: B's hit comes from cached blocks in the free queue.
+  ASSERT_EQ(x.prefill(ida, a, 7, 1), 0);
+  ASSERT_EQ(x.manager().num_requests(), 0u);
   const std::int64_t hit = x.prefill(idb, b, 8);
   ASSERT_EQ(y.prefill(idb, b, 8), 0);
   // The latest snapshot A kept at or before the shared tokens: A's prefill keeps one per step,
@@ -537,7 +608,7 @@ TEST(RecurrentPrefixHitKernels, SnapshotKeptByDecodeStepsServesAHitWithinRoundin
   // A's prompt ends just before the boundary c: only its decode steps cross it.
   ASSERT_EQ(x.prefill(ida, iota_tokens(c - 3, 1), 5), 0);
   std::mt19937 rng(11);
-  for (int s = 0; x.manager().num_computed(ida) < c + 8; ++s) {
+  for (int s = 0; x.manager().num_computed(x.rid(ida)) < c + 8; ++s) {
     x.decode(ida, {100 + s, 200 + s}, static_cast<int>(rng() % (k + 1)), 400 + s);
   }
   std::vector<TokenId> b = x.tokens(ida);

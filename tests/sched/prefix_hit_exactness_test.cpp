@@ -3,7 +3,8 @@
 // the same request recomputed from scratch in a second manager and cache, and paged attention
 // over both gives bit-identical outputs. The "model" is deterministic: K/V of a token are a
 // function of (layer, position, token), a recurrent state is a fold over the tokens (the real
-// recurrent kernels come later; what is tested here is where the manager says states live).
+// recurrent kernels come later; what is tested here is where the manager says states live). The
+// one scheduler drives both managers, with the test's engine as its model and drafter.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
 #include "mixkv/layout/geometry.hpp"
+#include "mixkv/sched/scheduler.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::cache {
@@ -34,11 +36,14 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
 // A state of eight lanes; its bytes in a block are the lanes, repeated.
 using Lanes = std::array<std::uint64_t, 8>;
 
-// A manager over a real cache of the plan's tensors, driven like an engine drives it.
-class Engine {
+// A manager over a real cache of the plan's tensors, driven by the one scheduler: the engine is
+// its model (it writes K/V and folds states as a model would) and its drafter, and the test
+// scripts each step's drafts, how many are accepted and the token sampled. Requests are named by
+// the test's ids; rid() gives the manager's.
+class Engine final : public sched::Model, public spec::Drafter {
  public:
   Engine(const model::ModelDesc& desc, const plan::CachePlan& plan, int k)
-      : desc_(desc), plan_(plan), k_(k), manager_(plan, k) {
+      : desc_(desc), plan_(plan), k_(k), manager_(plan, k), sched_(manager_, plan, options(k)) {
     groups_ = attn::build_attention_groups(desc_, plan_);
     geometry_ = layout::make_geometry(desc_, plan_, groups_);
     for (const auto& t : plan_.tensors) {
@@ -47,41 +52,63 @@ class Engine {
     }
   }
 
-  KvCacheManager& manager() { return manager_; }
   const KvCacheManager& manager() const { return manager_; }
-  const std::vector<TokenId>& tokens(RequestId id) const { return tokens_.at(id.value()); }
+  RequestId rid(RequestId id) const {
+    return RequestId{static_cast<std::int64_t>(index_.at(id.value()))};
+  }
+  std::vector<TokenId> tokens(RequestId id) const {
+    const auto t = sched_.tokens(index_.at(id.value()));
+    return {t.begin(), t.end()};
+  }
   const layout::Geometry& geometry() const { return geometry_; }
 
-  // Admits `prompt`, computes what the hit does not cover and commits it with `first` sampled.
-  std::int64_t prefill(RequestId id, const std::vector<TokenId>& prompt, TokenId first) {
-    manager_.add_request(id, prompt);
-    const auto hit = manager_.admit(id, k_);
-    EXPECT_TRUE(hit.has_value());
-    if (!hit) return -1;
-    tokens_[id.value()] = prompt;
-    const auto len = static_cast<std::int64_t>(prompt.size());
-    compute(id, *hit, std::span<const TokenId>(prompt).subspan(static_cast<std::size_t>(*hit)),
-            /*drafts=*/0);
-    manager_.commit(id, len - *hit, std::span<const TokenId>(&first, 1));
-    tokens_[id.value()].push_back(first);
-    return *hit;
+  // Queues `prompt`; one step admits it, computes what the hit does not cover and commits it
+  // with `first` sampled. A request of one token to generate finishes there (its blocks go to
+  // the free queue, cached). Returns the hit.
+  std::int64_t prefill(RequestId id, const std::vector<TokenId>& prompt, TokenId first,
+                       std::int64_t max_tokens = 1 << 20) {
+    const std::size_t i = sched_.add({prompt, max_tokens, fmt_id(id)});
+    index_[id.value()] = i;
+    script_[i] = {{}, 0, first};
+    sched_.step(*this, this);
+    return sched_.stats(i).prefix_hit_tokens;
   }
 
-  // One speculative step: the last known token plus `drafts`, of which `accepted` are accepted,
-  // then `bonus` is sampled.
+  // One speculative step of every running request: request `id` verifies its last token plus
+  // `drafts`, of which `accepted` are accepted, then `bonus` is sampled.
   void decode(RequestId id, const std::vector<TokenId>& drafts, int accepted, TokenId bonus) {
     ASSERT_EQ(static_cast<int>(drafts.size()), k_);
-    ASSERT_TRUE(manager_.allocate(id, 1, k_));
-    auto& tokens = tokens_[id.value()];
-    const std::int64_t n = manager_.num_computed(id);
-    ASSERT_EQ(n + 1, static_cast<std::int64_t>(tokens.size()));
-    std::vector<TokenId> seq = {tokens.back()};
-    seq.insert(seq.end(), drafts.begin(), drafts.end());
-    compute(id, n, seq, k_);
-    std::vector<TokenId> verified(drafts.begin(), drafts.begin() + accepted);
-    verified.push_back(bonus);
-    manager_.commit(id, accepted + 1, verified, accepted);
-    tokens.insert(tokens.end(), verified.begin(), verified.end());
+    script_[index_.at(id.value())] = {drafts, accepted, bonus};
+    sched_.step(*this, this);
+  }
+
+  // spec::Drafter: the scripted drafts (none for a request the step does not script).
+  std::string name() const override { return "scripted"; }
+  std::vector<TokenId> propose(const spec::DraftContext& ctx, int) override {
+    const auto it = script_.find(ctx.request);
+    return it == script_.end() ? std::vector<TokenId>{} : it->second.drafts;
+  }
+
+  // sched::Model: computes every work, picks the scripted tokens.
+  std::int64_t vocab_size() const override { return std::int64_t{1} << 30; }
+  sched::ModelOutput forward(std::span<const sched::Work> batch) override {
+    sched::ModelOutput out;
+    for (const sched::Work& w : batch) {
+      compute(w, w.prefill ? 0 : k_);
+      const auto n = static_cast<std::int64_t>(w.tokens.size());
+      const auto it = script_.find(w.request);
+      const Script s = it == script_.end() ? Script{{}, 0, 1} : it->second;
+      if (it != script_.end()) script_.erase(it);
+      for (std::int64_t i = 0; i < n; ++i) {
+        if (w.prefill) {
+          out.picks.push_back(i + 1 == n ? s.sampled : 0);
+        } else {
+          out.picks.push_back(i < s.accepted ? w.tokens[static_cast<std::size_t>(i + 1)]
+                                             : s.sampled);
+        }
+      }
+    }
+    return out;
   }
 
   std::vector<std::int64_t> blocks(RequestId id, int group) const {
@@ -164,13 +191,18 @@ class Engine {
   // mapping; recurrent states folded from the live state (restored first after a hit) into the
   // live slot and the checkpoints, and copied into the snapshot block at the boundary the manager
   // asks for. `drafts` > 0: a speculative step (checkpoint j = state after seq[j]).
-  void compute(RequestId id, std::int64_t first, std::span<const TokenId> seq, int drafts) {
+  void compute(const sched::Work& w, int drafts) {
+    const std::int64_t first = w.start;
+    const std::span<const TokenId> seq = w.tokens;
     const auto count = static_cast<std::int64_t>(seq.size());
+    const auto group_of = [](const layout::LayerGeometry& l) {
+      return static_cast<std::size_t>(l.kv_cache_group);
+    };
     for (std::size_t li = 0; li < geometry_.layers.size(); ++li) {
       const layout::LayerGeometry& l = geometry_.layers[li];
       if (l.recurrent) {
-        const RecurrentStep step = manager_.recurrent_step(id, l.kv_cache_group);
-        const auto table = manager_.block_table(id, l.kv_cache_group);
+        const RecurrentStep step = w.recurrent.at(group_of(l));
+        const auto table = w.block_tables.at(group_of(l));
         const BlockId live = table[0];
         Lanes s{};
         if (!step.restore_from.is_null()) {
@@ -190,7 +222,8 @@ class Engine {
       }
       const auto& g = groups_[static_cast<std::size_t>(l.attention_group)];
       const kernels::AttentionSpec spec = kernels::attention_spec(g.params, layer_desc(l.layer));
-      const auto table = blocks(id, l.kv_cache_group);
+      std::vector<std::int64_t> table;
+      for (BlockId b : w.block_tables.at(group_of(l))) table.push_back(b.value());
       // A sliding group may have dropped blocks the prefill would write to: write only those
       // held (the kernels never read the others).
       std::vector<std::int64_t> slots;
@@ -209,14 +242,30 @@ class Engine {
     }
   }
 
+  struct Script {
+    std::vector<TokenId> drafts;
+    int accepted = 0;
+    TokenId sampled = 0;
+  };
+  static sched::SchedulerOptions options(int k) {
+    sched::SchedulerOptions o;
+    o.num_spec_tokens = k;
+    o.prefill_chunk = 0;  // whole prompts, as the test computes them
+    o.cap_drafts = false;
+    return o;
+  }
+  static std::string fmt_id(RequestId id) { return "request " + std::to_string(id.value()); }
+
   model::ModelDesc desc_;
   plan::CachePlan plan_;
   int k_;
   KvCacheManager manager_;
+  sched::Scheduler sched_;
   std::vector<attn::AttentionGroup> groups_;
   layout::Geometry geometry_;
   std::vector<std::vector<std::byte>> tensors_;
-  std::map<std::int64_t, std::vector<TokenId>> tokens_;
+  std::map<std::int64_t, std::size_t> index_;  // the test's id -> the scheduler's request
+  std::map<std::size_t, Script> script_;       // the step's scripted requests
 };
 
 bool same_bytes(std::span<const std::byte> a, std::span<const std::byte> b) {
@@ -312,14 +361,15 @@ void run_shared_prefix_case(const model::ModelDesc& desc, const plan::CachePlan&
   auto b = std::vector<TokenId>(a.begin(), a.begin() + shared);
   const auto own = iota_tokens(37, 50000);
   b.insert(b.end(), own.begin(), own.end());
-  ASSERT_EQ(x.prefill(RequestId{1}, a, 7), 0);
-  // A finishes: B's hit comes from blocks waiting, cached, in the free queue.
-  x.manager().free(RequestId{1});
+  // A generates one token and finishes: B's hit comes from blocks waiting, cached, in the free
+  // queue.
+  ASSERT_EQ(x.prefill(RequestId{1}, a, 7, 1), 0);
+  ASSERT_EQ(x.manager().num_requests(), 0u);
   const std::int64_t hit = x.prefill(RequestId{2}, b, 8);
   ASSERT_EQ(y.prefill(RequestId{2}, b, 8), 0);
   EXPECT_GT(hit, 0);
   *hit_out = hit;
-  expect_same_cache(x, RequestId{2}, y, RequestId{2});
+  expect_same_cache(x, x.rid(RequestId{2}), y, y.rid(RequestId{2}));
   std::mt19937 rng(3);
   for (int s = 0; s < steps; ++s) {
     std::vector<TokenId> drafts;
@@ -328,7 +378,7 @@ void run_shared_prefix_case(const model::ModelDesc& desc, const plan::CachePlan&
     x.decode(RequestId{2}, drafts, accepted, 70000 + s);
     y.decode(RequestId{2}, drafts, accepted, 70000 + s);
   }
-  expect_same_cache(x, RequestId{2}, y, RequestId{2});
+  expect_same_cache(x, x.rid(RequestId{2}), y, y.rid(RequestId{2}));
   EXPECT_EQ(x.manager().check_invariants(), "");
   EXPECT_EQ(y.manager().check_invariants(), "");
 }
@@ -382,7 +432,7 @@ TEST(PrefixHitExactness, SnapshotKeptByDecodeStepsServesALaterHit) {
   const auto prompt = iota_tokens(c - 3, 1);
   ASSERT_EQ(x.prefill(RequestId{1}, prompt, 5), 0);
   std::mt19937 rng(11);
-  for (int s = 0; x.manager().num_computed(RequestId{1}) < c + 8; ++s) {
+  for (int s = 0; x.manager().num_computed(x.rid(RequestId{1})) < c + 8; ++s) {
     std::vector<TokenId> drafts = {100 + s, 200 + s, 300 + s};
     x.decode(RequestId{1}, drafts, static_cast<int>(rng() % 4), 400 + s);
   }
@@ -392,7 +442,7 @@ TEST(PrefixHitExactness, SnapshotKeptByDecodeStepsServesALaterHit) {
   const std::int64_t hit = x.prefill(RequestId{2}, b, 9);
   EXPECT_EQ(hit, c);
   ASSERT_EQ(y.prefill(RequestId{2}, b, 9), 0);
-  expect_same_cache(x, RequestId{2}, y, RequestId{2});
+  expect_same_cache(x, x.rid(RequestId{2}), y, y.rid(RequestId{2}));
 }
 
 }  // namespace

@@ -1,0 +1,193 @@
+// The reference model runner: a decoder-only model on the CPU whose attention and recurrent
+// layers live in mixkv's paged cache (plan -> attention groups -> geometry -> allocated tensors
+// -> write_kv through slot mappings -> paged_attention; recurrent states through the same
+// geometry). Each architecture family is one small file composed from shared blocks
+// (src/runner/); every weight name is in one table per family. docs/engine.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/cache/block_hash.hpp"
+#include "mixkv/cache/block_pool.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/layout/geometry.hpp"
+#include "mixkv/model/architecture.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/plan/plan.hpp"
+#include "mixkv/weights/safetensors.hpp"
+
+namespace mixkv::runner {
+
+using cache::TokenId;
+using weights::Tensor;
+using weights::TensorMap;
+
+using WeightShapes = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
+
+// Which spelling of the family's name table: HuggingFace checkpoints' or GGUF files' (llama.cpp's
+// token_embd.weight, blk.{i}.attn_q.weight, ...). Shapes are row-major, outermost first, in both.
+enum class WeightNaming { kHuggingFace, kGguf };
+
+// The names (from the family's table: Llama's model.layers.{i}.self_attn.q_proj.weight, ...;
+// Qwen3-Next's linear_attn.*, Nemotron-H's backbone.layers.{i}.mixer.*, Gemma 2's extra norms;
+// docs/engine.md) and shapes of every weight the runner reads for `desc`'s target, in
+// checkpoint order.
+WeightShapes weight_shapes(const model::Architecture& arch, const model::ModelDesc& desc,
+                           WeightNaming naming = WeightNaming::kHuggingFace);
+
+// Seeded, deterministic float32 weights of those shapes.
+TensorMap generate_weights(const model::Architecture& arch, const model::ModelDesc& desc,
+                           std::uint64_t seed);
+
+// A drafter's own weights (it shares the target's embedding and LM head): EAGLE-style
+// draft.fc.weight [hidden, 2 hidden], draft.layers.{j}.*, draft.norm.weight; the target's MTP
+// layers (`desc` from model::describe_mtp) under mtp.* with mtp.pre_fc_norm_embedding and
+// mtp.pre_fc_norm_hidden; a DFlash drafter's draft.fc.weight [hidden, n hidden] over the n target
+// layers it reads, draft.hidden_norm.weight and Qwen3's per-head q_norm/k_norm in its layers.
+WeightShapes draft_weight_shapes(const model::Architecture& draft, const model::ModelDesc& desc);
+TensorMap generate_draft_weights(const model::Architecture& draft, const model::ModelDesc& desc,
+                                 std::uint64_t seed);
+
+// A drafter checkpoint's tensors under the names the runner reads: a drafter's own checkpoint
+// names them without the "draft." prefix (z-lab's DFlash: fc.weight, hidden_norm.weight,
+// layers.0.self_attn.q_proj.weight, ..., norm.weight), so each gets it. Throws Error naming a
+// tensor that already carries it.
+TensorMap as_draft_weights(TensorMap checkpoint, const std::string& origin);
+
+struct RunnerOptions {
+  std::int64_t memory_bytes = 64ll << 20;  // KV cache bytes
+  std::int64_t block_size = 16;            // attention manager block (tokens)
+  std::int64_t max_model_len = 0;          // 0: the config's max_position_embeddings
+  int num_spec_tokens = 0;                 // planned speculative tokens
+  plan::Policy policy = plan::Policy::kMixkv;
+  // A drafter fed by target hidden states: EAGLE-style (decoder layers chained token by token)
+  // or DFlash (a non-causal block drafter reading chosen target layers). Described with the
+  // target, so its layers are planned into the same cache and the manager's block tables cover
+  // them. Its weights come with the target's (draft_weight_shapes).
+  std::optional<model::ModelSource> draft = std::nullopt;
+  // Draft with the target config's own MTP layers (num_nextn_predict_layers) instead: planned
+  // like an EAGLE drafter's (model::describe_mtp), weights under mtp.* with the target's.
+  bool mtp = false;
+  // Recurrent states' dtype (model::DescribeOptions::ssm_dtype); nullopt: the config's.
+  std::optional<DType> ssm_dtype = std::nullopt;
+};
+
+// One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),
+// with the request's manager block table of every KV-cache group (the blocks must hold those
+// positions; earlier positions' K/V must already be in the cache).
+//
+// Recurrent groups: table[0] is the live state. With `checkpoints` (a decode or verify step) the
+// state after token i goes to table[i], which must then hold every token; without (a prefill
+// chunk) every token updates table[0]. `recurrent[g]`, when given, is the manager's
+// RecurrentStep for group g: a prefix hit's state to copy into table[0] first, and the snapshot
+// block to copy the state after `snapshot_at` tokens into.
+struct SequenceInput {
+  std::span<const TokenId> tokens;
+  std::int64_t start = 0;
+  std::vector<std::span<const cache::BlockId>> block_tables;  // per KV-cache group
+  bool checkpoints = false;
+  std::vector<cache::RecurrentStep> recurrent = {};  // per KV-cache group, or empty
+};
+
+struct ForwardOutput {
+  std::vector<float> logits;  // [tokens, vocab], batch order
+  std::vector<float> hidden;  // [tokens, hidden]: the last layer's output before the final norm
+  // Target forward with a DFlash drafter: [tokens, n hidden], the outputs of the n target layers
+  // the drafter reads (DraftInfo::target_layer_ids), concatenated in that order. Else empty.
+  std::vector<float> layer_hidden;
+};
+
+struct Network;  // the loaded blocks (src/runner/family.hpp)
+
+class ModelRunner {
+ public:
+  // Throws Error when a layer kind is not served (Mamba2 outside nemotron_h, MLA, chunked, KDA,
+  // Mamba1), a weight is missing or misshapen, a DFlash drafter's target layers or mask token do
+  // not fit the target, or the cache cannot be planned.
+  ModelRunner(const model::ModelSource& config, const TensorMap& weights,
+              const RunnerOptions& options = {});
+  ModelRunner(ModelRunner&&) noexcept;
+  ModelRunner& operator=(ModelRunner&&) noexcept;
+  ~ModelRunner();
+
+  // Writes every input token's K/V into the cache, then attends. Each query attends through its
+  // own one-query kernel call, so a token's logits are bit-identical whatever the batch, chunking
+  // or speculation around it (docs/engine.md, determinism).
+  ForwardOutput forward(std::span<const SequenceInput> batch);
+
+  // The drafter's layers over `batch` (its cache slots as the target's), fed per token with
+  // features[t] (hidden wide): the previous position's target hidden state, or the drafter's own
+  // output standing in for it. Returns the drafter's logits (through the target's LM head) and
+  // its hidden states. Throws when the runner has no drafter.
+  ForwardOutput draft_forward(std::span<const SequenceInput> batch,
+                              std::span<const float> features);
+  bool has_drafter() const;
+
+  // DFlash (a block drafter, RunnerOptions::draft of DraftKind::kDflash). The drafter's cache
+  // position p holds K/V projected from the target's features at p; block_draft() then drafts
+  // a whole block in one forward.
+  bool has_block_drafter() const { return has_drafter() && !dflash_layer_ids_.empty(); }
+  // The width of one token's features for the drafter: n hidden for DFlash (ForwardOutput::
+  // layer_hidden), hidden for EAGLE and MTP (ForwardOutput::hidden).
+  std::int64_t draft_feature_width() const;
+  // The features the drafter reads from a target forward's output, [tokens, width].
+  std::span<const float> draft_features(const ForwardOutput& out) const;
+  // Writes, into every drafter layer's cache, the K/V of the batch's positions computed from
+  // `features` ([tokens, draft_feature_width()], batch order): fc, hidden_norm, then each
+  // layer's k_proj, k_norm, RoPE and v_proj. The tokens themselves are not read. Runs no query.
+  void draft_context(std::span<const SequenceInput> batch, std::span<const float> features);
+  // One block per request: tokens[0] is the anchor (the last verified token) at `start`, the
+  // others mask_token(). Writes the block's K/V into the drafter's cache (look-ahead slots the
+  // next draft_context() overwrites), then every block query attends non-causally to the
+  // context before `start` and the whole block. Returns logits and hidden states of every
+  // block position (row i + 1 of a block predicts its i-th draft).
+  ForwardOutput block_draft(std::span<const SequenceInput> batch);
+  TokenId mask_token() const { return mask_token_; }
+  // The largest block a DFlash drafter was built for (its config's block_size).
+  int block_size() const { return block_size_; }
+
+  const model::Architecture& config() const { return config_; }
+  const model::ModelDesc& desc() const { return desc_; }
+  const plan::CachePlan& plan() const { return plan_; }
+  const layout::Geometry& geometry() const { return geometry_; }
+  std::span<const std::byte> cache_tensor(int tensor) const;
+  std::int64_t vocab_size() const { return config_.vocab_size; }
+  // The kernel spec of attention layer `layer` (e.g. "layers.0") as forward() runs it: window,
+  // soft cap, scale, sinks. Throws Error for a name that is not an attention layer of the target.
+  const kernels::AttentionSpec& attention_spec(std::string_view layer) const;
+
+ private:
+  void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
+                   std::vector<float>& x) const;
+  // `capture` (optional): the ids of layers whose outputs go to captured, [tokens, ids x hidden].
+  void run_blocks(bool draft, std::span<const SequenceInput> batch,
+                  const std::vector<std::int64_t>& positions, std::vector<float>& x,
+                  std::span<const int> capture = {}, std::vector<float>* captured = nullptr);
+  ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps) const;
+
+  model::Architecture config_;
+  model::ModelDesc desc_;
+  plan::CachePlan plan_;
+  std::vector<attn::AttentionGroup> groups_;
+  layout::Geometry geometry_;
+  std::vector<std::vector<std::byte>> tensors_;
+  std::unique_ptr<Network> net_;
+  // DFlash only.
+  std::vector<int> dflash_layer_ids_;
+  TokenId mask_token_ = 0;
+  int block_size_ = 0;
+};
+
+// Greedy sampling: the index of the largest logit, the lowest one on ties.
+TokenId argmax(std::span<const float> logits);
+
+}  // namespace mixkv::runner

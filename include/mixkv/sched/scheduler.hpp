@@ -1,0 +1,163 @@
+// The one scheduler: continuous batching over a KvCacheManager with all-or-nothing admission,
+// prefix caching, chunked prefill, preemption by recompute, and speculative steps (drafts
+// proposed, verified in one model step, the longest matching prefix plus the bonus token
+// committed). `generate` (the reference runner), `simulate` (a trace with a stand-in model) and
+// the tests all drive it; they differ only in the Model and the Drafter they plug in.
+// docs/engine.md, "Scheduler and speculation".
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/plan/plan.hpp"
+#include "mixkv/spec/drafter.hpp"
+
+namespace mixkv::sched {
+
+using cache::TokenId;
+
+// One request's part of a step, as the model computes it: `tokens` at positions [start, start +
+// tokens.size()), with the request's manager block table per KV-cache group.
+struct Work {
+  std::size_t request = 0;
+  std::span<const TokenId> tokens;  // a prefill chunk, or [last verified token, d1..dk]
+  std::int64_t start = 0;
+  std::vector<std::span<const cache::BlockId>> block_tables;  // per KV-cache group
+  // Per KV-cache group, or empty: recurrent groups' restore and snapshot (KvCacheManager::
+  // recurrent_step).
+  std::vector<cache::RecurrentStep> recurrent;
+  bool prefill = true;  // false: a decode or verify step (recurrent checkpoints per token)
+  bool sample = false;  // the rows' picks are read: a decode step, or a prompt's last chunk
+};
+
+// The model's answer for a step.
+struct ModelOutput {
+  // Per token row of the batch (in order): the token the target picks after that row (greedy
+  // argmax for the runner). Only rows of works with `sample` are read.
+  std::vector<TokenId> picks;
+  // Per token row, feature_width values: what a drafter observes (may be empty).
+  std::vector<float> features;
+  std::int64_t feature_width = 0;
+};
+
+// What the scheduler runs each step.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual ModelOutput forward(std::span<const Work> batch) = 0;
+  // Drafted tokens must lie in [0, vocab_size()).
+  virtual std::int64_t vocab_size() const = 0;
+};
+
+struct Request {
+  std::vector<TokenId> prompt;  // not empty
+  std::int64_t max_tokens = 1;  // generated tokens after which the request finishes
+  std::string label;            // names it in errors: "request 3", "trace.jsonl:7"
+};
+
+struct RequestStats {
+  std::int64_t prompt_tokens = 0;
+  std::int64_t generated_tokens = 0;   // committed output tokens (may pass max_tokens: below)
+  std::int64_t prefix_hit_tokens = 0;  // at the (last) admission
+  std::int64_t drafted_tokens = 0;
+  std::int64_t accepted_tokens = 0;
+  std::int64_t decode_steps = 0;  // model steps that verified (or plainly decoded) a token
+  std::int64_t preemptions = 0;
+  double seconds = 0;                   // from the first admission to the last token
+  double acceptance_rate() const;       // accepted / drafted (0 when nothing was drafted)
+  double mean_accepted_length() const;  // tokens per decode step, the bonus token included
+  double tokens_per_second() const;
+};
+
+// Whole-run counters.
+struct Counters {
+  std::int64_t steps = 0;          // model steps
+  std::int64_t request_steps = 0;  // works computed: prefill chunks and decode steps
+  std::int64_t decode_steps = 0;   // decode works
+  std::int64_t decode_tokens = 0;  // tokens committed by decode works (accepted + bonus)
+  std::int64_t generated_tokens = 0;
+  std::int64_t preemptions = 0;
+  std::int64_t peak_running = 0;
+  std::int64_t prompt_tokens = 0;  // over every admission, re-admissions after preemption too
+  std::int64_t hit_tokens = 0;     // prefix hits over every admission
+  double manager_seconds = 0;      // inside KvCacheManager calls only
+};
+
+struct SchedulerOptions {
+  int num_spec_tokens = 0;          // k: drafts per decode step (0 or no drafter: plain)
+  std::int64_t max_batch = 16;      // requests running at once
+  std::int64_t prefill_chunk = 32;  // prompt tokens one request computes per step; 0: all
+  // Drafts stop at a request's max_tokens (generate knows each request's length). The simulator
+  // turns it off: a server does not know where a request will stop, so it drafts k every step.
+  bool cap_drafts = true;
+  // Called for each finished request just before its blocks are freed (tests inspect the cache).
+  std::function<void(const cache::KvCacheManager&, cache::RequestId, std::size_t request)>
+      before_free;
+};
+
+// Drives one KvCacheManager, built from `plan` for num_spec_tokens look-ahead tokens. Requests
+// are identified by the index add() returns (their RequestId in the manager).
+class Scheduler {
+ public:
+  Scheduler(cache::KvCacheManager& manager, const plan::CachePlan& plan,
+            const SchedulerOptions& options);
+
+  // Queues a request (FIFO behind the others). Throws Error for an empty prompt or max_tokens < 1.
+  std::size_t add(Request request);
+  // One step: admission, allocation (preempting the newest running request when the pool is
+  // dry), drafts, one model forward over every running request, verification and commit, and
+  // retirement of finished requests. `drafter` may be null (plain decoding). Throws Error when
+  // a request does not fit the cache even alone, or the drafter misbehaves.
+  void step(Model& model, spec::Drafter* drafter);
+  // Steps until every queued request has finished.
+  void run(Model& model, spec::Drafter* drafter);
+
+  bool idle() const { return running_.empty() && waiting_.empty(); }
+  std::size_t num_requests() const { return reqs_.size(); }
+  std::size_t num_running() const { return running_.size(); }
+  std::size_t num_waiting() const { return waiting_.size(); }
+  std::size_t num_finished() const { return finished_; }
+  // Prompt and committed outputs of request `i` (finished or not).
+  std::span<const TokenId> tokens(std::size_t i) const { return reqs_.at(i).tokens; }
+  std::span<const TokenId> outputs(std::size_t i) const;
+  const RequestStats& stats(std::size_t i) const { return reqs_.at(i).stats; }
+  bool finished(std::size_t i) const { return reqs_.at(i).finished; }
+  const Counters& counters() const { return counters_; }
+  const cache::KvCacheManager& manager() const { return manager_; }
+
+ private:
+  void admit();
+  void allocate(spec::Drafter* drafter);
+  void preempt(std::size_t i, spec::Drafter* drafter);
+  void retire(std::size_t i, spec::Drafter* drafter);
+
+  struct Req {
+    std::vector<TokenId> tokens;  // prompt, then verified outputs
+    std::size_t prompt_len = 0;
+    std::int64_t max_tokens = 1;
+    std::string label;
+    std::int64_t computed = 0;  // mirrors the manager's num_computed
+    bool prefilling = true;     // false once tokens.back() is a sampled, uncomputed token
+    bool started = false;
+    bool finished = false;
+    std::int64_t admitted_at_ns = 0;
+    std::vector<TokenId> step_input;  // decode: last token + drafts
+    RequestStats stats;
+  };
+  cache::KvCacheManager& manager_;
+  std::vector<bool> recurrent_;  // per KV-cache group
+  SchedulerOptions options_;
+  int k_ = 0;
+  std::vector<Req> reqs_;
+  std::deque<std::size_t> waiting_;
+  std::vector<std::size_t> running_;  // in admission order: the back is the newest
+  std::size_t finished_ = 0;
+  Counters counters_;
+};
+
+}  // namespace mixkv::sched

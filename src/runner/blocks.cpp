@@ -1,0 +1,370 @@
+#include "runner/blocks.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "mixkv/core/error.hpp"
+#include "runner/ops.hpp"
+
+namespace mixkv::runner {
+namespace {
+
+std::span<std::byte> tensor_of(const Step& step, const layout::LayerGeometry& geo) {
+  return step.tensors->at(static_cast<std::size_t>(geo.tensor));
+}
+
+std::vector<float> rows(std::int64_t n, std::int64_t width) {
+  return std::vector<float>(static_cast<std::size_t>(n * width));
+}
+
+}  // namespace
+
+Attention::Attention(std::string name, kernels::AttentionSpec spec, layout::LayerGeometry geometry,
+                     Weights w, bool rope, double rope_theta, double eps)
+    : name_(std::move(name)),
+      spec_(spec),
+      geometry_(std::move(geometry)),
+      w_(std::move(w)),
+      rope_(rope),
+      rope_theta_(rope_theta),
+      eps_(eps) {}
+
+void Attention::project_kv(std::span<const float> normed, std::span<const std::int64_t> positions,
+                           std::int64_t hidden, std::vector<float>& k,
+                           std::vector<float>& v) const {
+  const auto total = static_cast<std::int64_t>(positions.size());
+  const std::int64_t kw = kernels::k_row_elements(spec_);
+  const std::int64_t vw = kernels::v_row_elements(spec_);
+  k.assign(static_cast<std::size_t>(total * kw), 0.0f);
+  v.assign(static_cast<std::size_t>(total * vw), 0.0f);
+  ops::matmul(w_.k, normed.data(), total, hidden, kw, k.data());
+  ops::matmul(w_.v, normed.data(), total, hidden, vw, v.data());
+  for (std::int64_t t = 0; t < total; ++t) {
+    float* kt = k.data() + t * kw;
+    if (!w_.k_norm.empty()) {
+      ops::norm_heads(kt, spec_.params.num_kv_heads, spec_.head_size, w_.k_norm, eps_);
+    }
+    if (rope_) {
+      ops::rope(kt, spec_.params.num_kv_heads, spec_.head_size,
+                positions[static_cast<std::size_t>(t)], rope_theta_);
+    }
+  }
+}
+
+// The batch's K/V rows into the layer's cache through each request's slot mapping.
+void Attention::write_kv(const Step& step, std::span<const float> k,
+                         std::span<const float> v) const {
+  std::span<std::byte> tensor = tensor_of(step, geometry_);
+  const std::int64_t kw = kernels::k_row_elements(spec_);
+  const std::int64_t vw = kernels::v_row_elements(spec_);
+  std::int64_t row = 0;
+  for (const SequenceInput& s : step.batch) {
+    const std::vector<std::int64_t> blocks =
+        ops::block_ids(s.block_tables.at(static_cast<std::size_t>(geometry_.kv_cache_group)));
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    const auto slots = kernels::slot_mapping(geometry_, blocks, s.start, n);
+    kernels::write_kv(
+        spec_, geometry_, {}, tensor, slots,
+        k.subspan(static_cast<std::size_t>(row * kw), static_cast<std::size_t>(n * kw)),
+        v.subspan(static_cast<std::size_t>(row * vw), static_cast<std::size_t>(n * vw)));
+    row += n;
+  }
+}
+
+void Attention::run(const Step& step, std::span<const float> normed, std::span<float> out) const {
+  const std::int64_t h = step.hidden;
+  const std::int64_t total = step.rows();
+  const std::int64_t hq = spec_.params.num_q_heads;
+  const std::int64_t qw = hq * spec_.head_size;
+  std::vector<float> q = rows(total, qw), k, v;
+  ops::matmul(w_.q, normed.data(), total, h, qw, q.data());
+  for (std::int64_t t = 0; t < total; ++t) {
+    float* qt = q.data() + t * qw;
+    if (!w_.q_norm.empty()) ops::norm_heads(qt, hq, spec_.head_size, w_.q_norm, eps_);
+    if (rope_) {
+      ops::rope(qt, hq, spec_.head_size, step.positions[static_cast<std::size_t>(t)], rope_theta_);
+    }
+  }
+  project_kv(normed, step.positions, h, k, v);
+  write_kv(step, k, v);
+
+  // The attention metadata of the layer's group. Causal: one query per kernel sequence (its
+  // own position + 1 keys; docs/engine.md, determinism). Non-causal (a DFlash block): each
+  // request's block is one sequence whose every query sees all keys up to the block's end.
+  std::span<std::byte> tensor = tensor_of(step, geometry_);
+  std::vector<std::vector<std::int64_t>> pages;
+  std::vector<kernels::PagedSequence> seqs;
+  for (const SequenceInput& s : step.batch) {
+    pages.push_back(layout::kernel_block_table(
+        geometry_,
+        ops::block_ids(s.block_tables.at(static_cast<std::size_t>(geometry_.kv_cache_group)))));
+  }
+  std::int64_t row = 0;
+  for (std::size_t r = 0; r < step.batch.size(); ++r) {
+    const auto n = static_cast<std::int64_t>(step.batch[r].tokens.size());
+    if (!spec_.params.causal) {
+      if (n > 0) seqs.push_back({pages[r], step.batch[r].start + n, n});
+      row += n;
+      continue;
+    }
+    for (std::int64_t i = 0; i < n; ++i, ++row) {
+      seqs.push_back({pages[r], step.positions[static_cast<std::size_t>(row)] + 1, 1});
+    }
+  }
+  const std::int64_t ow = hq * spec_.head_size_v;
+  std::vector<float> attn = rows(total, ow);
+  kernels::paged_attention(spec_, geometry_, {tensor, seqs, q, w_.sinks, {}}, attn);
+  ops::matmul(w_.o, attn.data(), total, ow, h, out.data());
+}
+
+void step_recurrent(const std::string& layer, const layout::LayerGeometry& geo, const Step& step,
+                    const std::function<void(std::int64_t, const kernels::StateSequence&)>& fn) {
+  std::span<std::byte> tensor = tensor_of(step, geo);
+  const auto group = static_cast<std::size_t>(geo.kv_cache_group);
+  // The layer's state in block b (its tensors are one contiguous run there: docs/kernels.md).
+  auto state_of = [&](cache::BlockId b) {
+    const std::int64_t at = geo.offset + std::int64_t{b.value()} * geo.kernel_page_stride;
+    if (b.is_null() || at < 0 || at + geo.state_bytes > static_cast<std::int64_t>(tensor.size())) {
+      throw_invalid(fmt::format("layer {}: state block {} is null or outside the cache tensor",
+                                layer, b.value()));
+    }
+    return tensor.subspan(static_cast<std::size_t>(at), static_cast<std::size_t>(geo.state_bytes));
+  };
+  auto copy_state = [&](cache::BlockId from, cache::BlockId to) {
+    const std::span<std::byte> src = state_of(from);
+    std::memmove(state_of(to).data(), src.data(), src.size());
+  };
+  std::int64_t row = 0;
+  for (std::size_t r = 0; r < step.batch.size(); ++r) {
+    const SequenceInput& s = step.batch[r];
+    const std::span<const cache::BlockId> table = s.block_tables.at(group);
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    const std::int64_t needed = s.checkpoints ? n : 1;
+    if (n > 0 && (static_cast<std::int64_t>(table.size()) < needed || table[0].is_null())) {
+      throw_invalid(fmt::format(
+          "forward: request {} gives layer {} (KV-cache group {}) {} state blocks; {} tokens {} "
+          "need {}",
+          r, layer, group, table.size(), n, s.checkpoints ? "with checkpoints" : "of a prefill",
+          needed));
+    }
+    cache::RecurrentStep snapshot;
+    if (group < s.recurrent.size()) snapshot = s.recurrent[group];
+    if (!snapshot.restore_from.is_null() && n > 0) copy_state(snapshot.restore_from, table[0]);
+    if (s.start == 0 && n > 0) std::ranges::fill(state_of(table[0]), std::byte{0});
+    const std::int64_t snap = snapshot.snapshot.is_null() ? 0 : snapshot.snapshot_at - s.start;
+    for (std::int64_t i = 0; i < n; ++i, ++row) {
+      const auto at = static_cast<std::size_t>(i);
+      const std::int64_t in = (s.checkpoints && i > 0 ? table[at - 1] : table[0]).value();
+      const std::int64_t out_slot = (s.checkpoints ? table[at] : table[0]).value();
+      fn(row, kernels::StateSequence{in, 1, std::span(&out_slot, 1)});
+      if (i + 1 == snap) {
+        copy_state(cache::BlockId(static_cast<std::int32_t>(out_slot)), snapshot.snapshot);
+      }
+    }
+  }
+}
+
+GatedDeltaNet::GatedDeltaNet(std::string name, kernels::GdnLayerSpec spec,
+                             layout::LayerGeometry geometry, Weights w, double eps)
+    : name_(std::move(name)),
+      spec_(spec),
+      geometry_(std::move(geometry)),
+      w_(std::move(w)),
+      eps_(eps) {}
+
+// Qwen3-Next's layout and formulas. The conv and the delta rule run one token per kernel call,
+// the state stored to the cache after every token: a token's output and state are then the same
+// bytes whether it came in a prefill chunk, alone, or inside a verify block, for any state dtype
+// (one call over several tokens would keep the state in float between them and round it only at
+// the end). The chunked prefill kernel is not used for the same reason; docs/engine.md.
+void GatedDeltaNet::run(const Step& step, std::span<const float> normed,
+                        std::span<float> out) const {
+  const kernels::GdnSpec& g = spec_.gdn;
+  const kernels::ConvSpec& cs = spec_.conv;
+  const std::int64_t h = step.hidden;
+  const std::int64_t total = step.rows();
+  const std::int64_t hk = g.num_k_heads, hv = g.num_v_heads, dk = g.k_dim, dv = g.v_dim;
+  const std::int64_t per = hv / hk;  // value heads per key head
+  const std::int64_t key = hk * dk, value = hv * dv;
+  const std::int64_t width = 2 * key + 2 * value;
+  const std::int64_t channels = cs.channels;  // 2 key + value
+
+  std::vector<float> qkvz(static_cast<std::size_t>(total * width));
+  std::vector<float> ba(static_cast<std::size_t>(total * 2 * hv));
+  ops::matmul(w_.in_qkvz, normed.data(), total, h, width, qkvz.data());
+  ops::matmul(w_.in_ba, normed.data(), total, h, 2 * hv, ba.data());
+  // Rows are grouped per key head j: [q_j (dk), k_j (dk), v_j (per dv), z_j (per dv)] and
+  // [b_j (per), a_j (per)]; the conv reads [all q; all k; all v].
+  std::vector<float> mixed(static_cast<std::size_t>(total * channels));
+  std::vector<float> z(static_cast<std::size_t>(total * value));
+  std::vector<float> beta(static_cast<std::size_t>(total * hv));
+  std::vector<float> decay(beta.size());
+  for (std::int64_t t = 0; t < total; ++t) {
+    const float* src = qkvz.data() + t * width;
+    float* m = mixed.data() + t * channels;
+    for (std::int64_t j = 0; j < hk; ++j) {
+      const float* grp = src + j * (2 * dk + 2 * per * dv);
+      std::copy_n(grp, dk, m + j * dk);
+      std::copy_n(grp + dk, dk, m + key + j * dk);
+      std::copy_n(grp + 2 * dk, per * dv, m + 2 * key + j * per * dv);
+      std::copy_n(grp + 2 * dk + per * dv, per * dv, z.data() + t * value + j * per * dv);
+      for (std::int64_t i = 0; i < per; ++i) {
+        const std::int64_t head = j * per + i;
+        const float b = ba[static_cast<std::size_t>(t * 2 * hv + j * 2 * per + i)];
+        const float a = ba[static_cast<std::size_t>(t * 2 * hv + j * 2 * per + per + i)];
+        beta[static_cast<std::size_t>(t * hv + head)] = 1.0f / (1.0f + std::exp(-b));
+        decay[static_cast<std::size_t>(t * hv + head)] =
+            w_.a_neg[static_cast<std::size_t>(head)] *
+            ops::softplus(a + w_.dt_bias[static_cast<std::size_t>(head)]);
+      }
+    }
+  }
+
+  std::span<std::byte> tensor = tensor_of(step, geometry_);
+  std::vector<float> conv_out(mixed.size());
+  std::vector<float> o(static_cast<std::size_t>(total * value));
+  step_recurrent(name_, geometry_, step, [&](std::int64_t row, const kernels::StateSequence& seq) {
+    const auto rows_of = [&](const std::vector<float>& v, std::int64_t w) {
+      return std::span<const float>(v).subspan(static_cast<std::size_t>(row * w),
+                                               static_cast<std::size_t>(w));
+    };
+    std::span<float> c_out = std::span(conv_out).subspan(static_cast<std::size_t>(row * channels),
+                                                         static_cast<std::size_t>(channels));
+    // Conv and delta rule each read their own tensor of the input slot and write it into the
+    // output slot.
+    kernels::conv_update(cs, geometry_, tensor, std::span(&seq, 1),
+                         {rows_of(mixed, channels), w_.conv, {}}, c_out);
+    ops::l2_normalise(c_out.data(), hk, dk);
+    ops::l2_normalise(c_out.data() + key, hk, dk);
+    kernels::gdn_step(
+        g, geometry_, tensor, std::span(&seq, 1),
+        {c_out.subspan(0, static_cast<std::size_t>(key)),
+         c_out.subspan(static_cast<std::size_t>(key), static_cast<std::size_t>(key)),
+         c_out.subspan(static_cast<std::size_t>(2 * key), static_cast<std::size_t>(value)),
+         rows_of(decay, hv), rows_of(beta, hv)},
+        std::span(o).subspan(static_cast<std::size_t>(row * value),
+                             static_cast<std::size_t>(value)));
+  });
+
+  // Gated RMSNorm per value head (Qwen3NextRMSNormGated): norm(o) * w * SiLU(z); out_proj.
+  for (std::int64_t t = 0; t < total; ++t) {
+    for (std::int64_t head = 0; head < hv; ++head) {
+      float* oh = o.data() + t * value + head * dv;
+      ops::rms_norm(oh, w_.norm, dv, eps_, oh);
+      const float* zh = z.data() + t * value + head * dv;
+      for (std::int64_t i = 0; i < dv; ++i) oh[i] *= ops::silu(zh[i]);
+    }
+  }
+  ops::matmul(w_.out, o.data(), total, value, h, out.data());
+}
+
+Mamba2::Mamba2(std::string name, kernels::Mamba2LayerSpec spec, layout::LayerGeometry geometry,
+               Weights w, double eps)
+    : name_(std::move(name)),
+      spec_(spec),
+      geometry_(std::move(geometry)),
+      w_(std::move(w)),
+      eps_(eps) {}
+
+// in_proj to [z; x, B, C; dt]; the depthwise causal conv with SiLU over x, B, C; the SSM step
+// (dt = softplus(dt + dt_bias), A = -exp(A_log), D skip); y * SiLU(z) RMS-normalised per group
+// of heads (n_groups) times norm.weight; out_proj. State discipline as GatedDeltaNet's.
+void Mamba2::run(const Step& step, std::span<const float> normed, std::span<float> out) const {
+  const kernels::Mamba2Spec& m = spec_.ssm;
+  const kernels::ConvSpec& cs = spec_.conv;
+  const std::int64_t h = step.hidden;
+  const std::int64_t total = step.rows();
+  const std::int64_t inner = m.heads * m.head_dim;
+  const std::int64_t bc = m.groups * m.state_size;
+  const std::int64_t channels = cs.channels;  // inner + 2 bc
+  const std::int64_t width = inner + channels + m.heads;
+  std::vector<float> proj(static_cast<std::size_t>(total * width));
+  ops::matmul(w_.in_proj, normed.data(), total, h, width, proj.data());
+
+  std::span<std::byte> tensor = tensor_of(step, geometry_);
+  std::vector<float> conv_out(static_cast<std::size_t>(channels));
+  std::vector<float> y(static_cast<std::size_t>(total * inner));
+  step_recurrent(name_, geometry_, step, [&](std::int64_t row, const kernels::StateSequence& seq) {
+    const std::span<const float> p = std::span<const float>(proj).subspan(
+        static_cast<std::size_t>(row * width), static_cast<std::size_t>(width));
+    const auto part = [](std::span<const float> v, std::int64_t from, std::int64_t count) {
+      return v.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(count));
+    };
+    kernels::conv_update(cs, geometry_, tensor, std::span(&seq, 1),
+                         {part(p, inner, channels), w_.conv, w_.conv_bias}, conv_out);
+    const std::span<const float> c(conv_out);
+    kernels::mamba2_step(m, geometry_, tensor, std::span(&seq, 1),
+                         {part(c, 0, inner), part(p, inner + channels, m.heads), part(c, inner, bc),
+                          part(c, inner + bc, bc), w_.a_neg, w_.d_skip, w_.dt_bias},
+                         std::span(y).subspan(static_cast<std::size_t>(row * inner),
+                                              static_cast<std::size_t>(inner)));
+  });
+
+  // Gated RMSNorm (MambaRMSNormGated, gate applied before the norm): per group of
+  // inner / n_groups channels.
+  const std::int64_t per_group = inner / m.groups;
+  for (std::int64_t t = 0; t < total; ++t) {
+    float* yt = y.data() + t * inner;
+    const float* z = proj.data() + t * width;
+    for (std::int64_t i = 0; i < inner; ++i) yt[i] *= ops::silu(z[i]);
+    for (std::int64_t g = 0; g < m.groups; ++g) {
+      float* v = yt + g * per_group;
+      float ss = 0.0f;
+      for (std::int64_t i = 0; i < per_group; ++i) ss += v[i] * v[i];
+      const float inv =
+          1.0f / std::sqrt(ss / static_cast<float>(per_group) + static_cast<float>(eps_));
+      const float* w = w_.norm.data() + g * per_group;
+      for (std::int64_t i = 0; i < per_group; ++i) v[i] = v[i] * inv * w[i];
+    }
+  }
+  ops::matmul(w_.out, y.data(), total, inner, h, out.data());
+}
+
+void Mlp::run(std::span<const float> normed, std::int64_t total, std::int64_t h,
+              std::span<float> out) const {
+  std::vector<float> u(static_cast<std::size_t>(total * intermediate));
+  ops::matmul(up, normed.data(), total, h, intermediate, u.data());
+  if (activation == Activation::kRelu2) {
+    for (float& v : u) v = v > 0.0f ? v * v : 0.0f;
+  } else {
+    std::vector<float> g(u.size());
+    ops::matmul(gate, normed.data(), total, h, intermediate, g.data());
+    const bool gelu = activation == Activation::kGeluTanhGated;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
+  }
+  ops::matmul(down, u.data(), total, intermediate, h, out.data());
+}
+
+void Block::run(const Step& step, std::vector<float>& x, std::vector<float>& normed,
+                std::vector<float>& tmp) const {
+  const std::int64_t h = step.hidden;
+  const std::int64_t total = step.rows();
+  const auto residual = [&](const std::vector<float>& out_norm) {
+    for (std::int64_t t = 0; t < total; ++t) {
+      float* mt = tmp.data() + t * h;
+      if (!out_norm.empty()) ops::rms_norm(mt, out_norm, h, eps, mt);
+      float* xt = x.data() + t * h;
+      for (std::int64_t i = 0; i < h; ++i) xt[i] += mt[i];
+    }
+  };
+  if (mixer) {
+    for (std::int64_t t = 0; t < total; ++t) {
+      ops::rms_norm(x.data() + t * h, mixer_norm, h, eps, normed.data() + t * h);
+    }
+    mixer->run(step, normed, tmp);
+    residual(mixer_out_norm);
+  }
+  if (mlp) {
+    for (std::int64_t t = 0; t < total; ++t) {
+      ops::rms_norm(x.data() + t * h, mlp_norm, h, eps, normed.data() + t * h);
+    }
+    mlp->run(normed, total, h, tmp);
+    residual(mlp_out_norm);
+  }
+}
+
+}  // namespace mixkv::runner

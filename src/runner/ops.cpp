@@ -1,0 +1,86 @@
+#include "runner/ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace mixkv::runner::ops {
+
+// The order depends only on `in`, never on how many tokens share the call, so a token's result
+// is bit-identical alone or in any batch. Sharing each weight row across four tokens measured
+// slower on the tiny models (their weights sit in L2; the loop is compute bound), so the cost is
+// linear in tokens: see docs/engine.md on what speculation can gain on a CPU.
+float dot(const float* row, const float* x, std::int64_t in) {
+  constexpr std::int64_t kLanes = 8;
+  const std::int64_t body = in / kLanes * kLanes;
+  float lane[kLanes] = {};
+  for (std::int64_t i = 0; i < body; i += kLanes) {
+    for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += row[i + j] * x[i + j];
+  }
+  for (std::int64_t i = body; i < in; ++i) lane[i - body] += row[i] * x[i];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+void matmul(std::span<const float> w, const float* x, std::int64_t tokens, std::int64_t in,
+            std::int64_t out, float* y) {
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t o = 0; o < out; ++o) y[t * out + o] = dot(w.data() + o * in, x + t * in, in);
+  }
+}
+
+void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y) {
+  float ss = 0.0f;
+  for (std::int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[static_cast<std::size_t>(i)];
+}
+
+void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w,
+                double eps) {
+  for (std::int64_t hh = 0; hh < heads; ++hh) rms_norm(v + hh * d, w, d, eps, v + hh * d);
+}
+
+// Dimension i pairs with i + d/2 and turns by position * theta^(-2i/d); the angles are computed
+// in double from the position alone.
+void rope(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta) {
+  const std::int64_t half = d / 2;
+  for (std::int64_t i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(position) *
+                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const auto c = static_cast<float>(std::cos(angle));
+    const auto s = static_cast<float>(std::sin(angle));
+    for (std::int64_t h = 0; h < heads; ++h) {
+      float* v = x + h * d;
+      const float a = v[i], b = v[i + half];
+      v[i] = a * c - b * s;
+      v[i + half] = b * c + a * s;
+    }
+  }
+}
+
+void l2_normalise(float* v, std::int64_t heads, std::int64_t d) {
+  for (std::int64_t hh = 0; hh < heads; ++hh) {
+    float* x = v + hh * d;
+    float ss = 0.0f;
+    for (std::int64_t i = 0; i < d; ++i) ss += x[i] * x[i];
+    const float inv = 1.0f / std::sqrt(ss + 1e-6f);
+    for (std::int64_t i = 0; i < d; ++i) x[i] *= inv;
+  }
+}
+
+float silu(float v) { return v / (1.0f + std::exp(-v)); }
+
+float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
+
+float gelu_tanh(float g) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * (g + 0.044715f * g * g * g)));
+}
+
+std::vector<std::int64_t> block_ids(std::span<const cache::BlockId> table) {
+  std::vector<std::int64_t> blocks(table.size());
+  std::transform(table.begin(), table.end(), blocks.begin(),
+                 [](cache::BlockId b) { return std::int64_t{b.value()}; });
+  return blocks;
+}
+
+}  // namespace mixkv::runner::ops

@@ -1,0 +1,327 @@
+#include "mixkv/sched/scheduler.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "mixkv/core/error.hpp"
+#include "mixkv/spec/acceptance.hpp"
+
+namespace mixkv::sched {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+cache::RequestId id_of(std::size_t i) { return cache::RequestId{static_cast<std::int64_t>(i)}; }
+
+// Adds the time since `t0` to `total`, in seconds.
+void charge(double& total, Clock::time_point t0) {
+  total += std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+double RequestStats::acceptance_rate() const {
+  return drafted_tokens > 0
+             ? static_cast<double>(accepted_tokens) / static_cast<double>(drafted_tokens)
+             : 0.0;
+}
+double RequestStats::mean_accepted_length() const {
+  return decode_steps > 0 ? static_cast<double>(accepted_tokens + decode_steps) /
+                                static_cast<double>(decode_steps)
+                          : 0.0;
+}
+double RequestStats::tokens_per_second() const {
+  return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0;
+}
+
+Scheduler::Scheduler(cache::KvCacheManager& manager, const plan::CachePlan& plan,
+                     const SchedulerOptions& options)
+    : manager_(manager), options_(options), k_(options.num_spec_tokens) {
+  for (const plan::KvCacheGroup& g : plan.groups) {
+    recurrent_.push_back(g.behaviour == plan::Behaviour::kRecurrent);
+  }
+  if (options.num_spec_tokens < 0 || options.num_spec_tokens > 32) {
+    throw_invalid(
+        fmt::format("--num-spec-tokens {} is out of range; use 0 to 32", options.num_spec_tokens));
+  }
+  if (options.max_batch < 1 || options.prefill_chunk < 0) {
+    throw_invalid(fmt::format(
+        "scheduler: max_batch ({}) must be positive and prefill_chunk ({}) not negative",
+        options.max_batch, options.prefill_chunk));
+  }
+}
+
+std::size_t Scheduler::add(Request request) {
+  if (request.prompt.empty()) throw_invalid(fmt::format("{}: the prompt is empty", request.label));
+  if (request.max_tokens < 1) {
+    throw_invalid(fmt::format("{}: {} tokens to generate is not positive", request.label,
+                              request.max_tokens));
+  }
+  Req r;
+  r.prompt_len = request.prompt.size();
+  r.stats.prompt_tokens = static_cast<std::int64_t>(request.prompt.size());
+  r.tokens = std::move(request.prompt);
+  r.max_tokens = request.max_tokens;
+  r.label = std::move(request.label);
+  reqs_.push_back(std::move(r));
+  waiting_.push_back(reqs_.size() - 1);
+  return reqs_.size() - 1;
+}
+
+std::span<const TokenId> Scheduler::outputs(std::size_t i) const {
+  const Req& r = reqs_.at(i);
+  return std::span<const TokenId>(r.tokens).subspan(r.prompt_len);
+}
+
+// FIFO, all or nothing in every group; the prefix hit skips computed blocks.
+void Scheduler::admit() {
+  while (!waiting_.empty() && static_cast<std::int64_t>(running_.size()) < options_.max_batch) {
+    const std::size_t i = waiting_.front();
+    Req& r = reqs_[i];
+    const auto t0 = Clock::now();
+    manager_.add_request(id_of(i), r.tokens);
+    const auto hit = manager_.admit(id_of(i), k_);
+    if (!hit) manager_.free(id_of(i));
+    charge(counters_.manager_seconds, t0);
+    if (!hit) {
+      if (running_.empty()) {
+        throw_invalid(fmt::format(
+            "{}: {} tokens plus {} look-ahead do not fit the KV cache ({} blocks) even alone; "
+            "give more cache memory",
+            r.label, r.tokens.size(), k_, manager_.pool().num_blocks()));
+      }
+      break;
+    }
+    waiting_.pop_front();
+    r.computed = *hit;
+    r.stats.prefix_hit_tokens = *hit;
+    counters_.prompt_tokens += static_cast<std::int64_t>(r.tokens.size());
+    counters_.hit_tokens += *hit;
+    if (!r.started) r.started = true, r.admitted_at_ns = now_ns();
+    running_.push_back(i);
+  }
+  counters_.peak_running =
+      std::max(counters_.peak_running, static_cast<std::int64_t>(running_.size()));
+}
+
+void Scheduler::preempt(std::size_t i, spec::Drafter* drafter) {
+  if (drafter != nullptr) drafter->forget(i);
+  const auto t0 = Clock::now();
+  manager_.free(id_of(i));
+  charge(counters_.manager_seconds, t0);
+  Req& r = reqs_[i];
+  r.computed = 0;
+  r.prefilling = true;
+  ++r.stats.preemptions;
+  ++counters_.preemptions;
+  waiting_.push_front(i);
+}
+
+// Room for each decoding request's token plus k look-ahead; preempt the newest on failure, by
+// recompute (its verified tokens become its prompt; its cached blocks stay in the prefix map). A
+// prefill chunk's blocks came with admit(), but allocate() also picks the step's recurrent
+// snapshot boundary (the manager drops it at every commit), so prefills ask too.
+void Scheduler::allocate(spec::Drafter* drafter) {
+  const auto t0 = Clock::now();
+  for (std::size_t j = 0; j < running_.size(); ++j) {
+    const std::size_t i = running_[j];
+    const Req& req = reqs_[i];
+    const auto left = static_cast<std::int64_t>(req.tokens.size()) - req.computed;
+    const std::int64_t num_new =
+        req.prefilling
+            ? (options_.prefill_chunk > 0 ? std::min(options_.prefill_chunk, left) : left)
+            : 1;
+    if (req.prefilling && manager_.snapshot_interval() == 0) continue;
+    while (!manager_.allocate(id_of(i), num_new, k_)) {
+      if (running_.size() == 1) {
+        throw_invalid(
+            fmt::format("{} no longer fits the KV cache alone ({} blocks); give more cache memory",
+                        req.label, manager_.pool().num_blocks()));
+      }
+      const std::size_t victim = running_.back();
+      running_.pop_back();
+      charge(counters_.manager_seconds, t0);
+      preempt(victim, drafter);
+      if (victim == i) break;
+    }
+  }
+  charge(counters_.manager_seconds, t0);
+}
+
+void Scheduler::retire(std::size_t i, spec::Drafter* drafter) {
+  Req& r = reqs_[i];
+  r.finished = true;
+  r.stats.seconds = static_cast<double>(now_ns() - r.admitted_at_ns) * 1e-9;
+  if (options_.before_free) options_.before_free(manager_, id_of(i), i);
+  if (drafter != nullptr) drafter->forget(i);
+  const auto t0 = Clock::now();
+  manager_.free(id_of(i));
+  charge(counters_.manager_seconds, t0);
+  ++finished_;
+}
+
+void Scheduler::run(Model& model, spec::Drafter* drafter) {
+  while (!idle()) step(model, drafter);
+}
+
+void Scheduler::step(Model& model, spec::Drafter* drafter) {
+  if (k_ == 0) drafter = nullptr;  // nothing to draft: plain decoding
+  admit();
+  allocate(drafter);
+  if (running_.empty()) return;
+
+  // The step's works: a prefill chunk, or the last token and the drafts, per running request.
+  std::vector<Work> batch;
+  batch.reserve(running_.size());
+  for (const std::size_t i : running_) {
+    Req& r = reqs_[i];
+    Work w;
+    w.request = i;
+    w.start = r.computed;
+    w.prefill = r.prefilling;
+    for (std::size_t g = 0; g < recurrent_.size(); ++g) {
+      w.block_tables.push_back(manager_.block_table(id_of(i), static_cast<int>(g)));
+      // Recurrent groups: the prefix hit's state to restore, the snapshot to keep.
+      if (recurrent_[g]) {
+        w.recurrent.resize(recurrent_.size());
+        w.recurrent[g] = manager_.recurrent_step(id_of(i), static_cast<int>(g));
+      }
+    }
+    if (r.prefilling) {
+      const auto left = static_cast<std::int64_t>(r.tokens.size()) - r.computed;
+      const std::int64_t n =
+          options_.prefill_chunk > 0 ? std::min(options_.prefill_chunk, left) : left;
+      w.tokens = std::span<const TokenId>(r.tokens).subspan(static_cast<std::size_t>(r.computed),
+                                                            static_cast<std::size_t>(n));
+      w.sample = n == left;
+    } else {
+      r.step_input.assign(1, r.tokens.back());
+      w.sample = true;
+    }
+    batch.push_back(std::move(w));
+  }
+  // Drafts for every decoding request, in one call (a batched drafter runs one forward).
+  if (drafter != nullptr) {
+    std::vector<spec::DraftContext> ctxs;
+    std::vector<std::size_t> rows;
+    for (std::size_t j = 0; j < batch.size(); ++j) {
+      const Req& r = reqs_[batch[j].request];
+      if (r.prefilling) continue;
+      ctxs.push_back({batch[j].request, r.tokens, r.computed, batch[j].block_tables});
+      rows.push_back(j);
+    }
+    const std::vector<std::vector<TokenId>> proposed =
+        ctxs.empty() ? std::vector<std::vector<TokenId>>{} : drafter->propose_batch(ctxs, k_);
+    if (proposed.size() != ctxs.size()) {
+      throw_invalid(fmt::format("drafter {} answered {} of {} requests", drafter->name(),
+                                proposed.size(), ctxs.size()));
+    }
+    const std::int64_t vocab = model.vocab_size();
+    for (std::size_t c = 0; c < ctxs.size(); ++c) {
+      Req& r = reqs_[ctxs[c].request];
+      std::size_t n = std::min(proposed[c].size(), static_cast<std::size_t>(k_));
+      if (options_.cap_drafts) {
+        const auto left =
+            r.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
+        n = std::min(n, static_cast<std::size_t>(std::max<std::int64_t>(0, left)));
+      }
+      for (std::size_t d = 0; d < n; ++d) {
+        const TokenId t = proposed[c][d];
+        if (t < 0 || t >= vocab) {
+          throw_invalid(fmt::format("drafter {} proposed token {} outside the vocabulary of {}",
+                                    drafter->name(), t, vocab));
+        }
+        r.step_input.push_back(t);
+      }
+    }
+  }
+  for (Work& w : batch) {
+    if (!w.prefill) w.tokens = reqs_[w.request].step_input;
+  }
+  const ModelOutput out = model.forward(batch);
+  ++counters_.steps;
+  std::size_t rows = 0;
+  for (const Work& w : batch) rows += w.tokens.size();
+  if (out.picks.size() != rows) {
+    throw_internal(
+        fmt::format("model answered {} picks for {} token rows", out.picks.size(), rows));
+  }
+
+  // Verify: first every request's verdict; then the drafter sees the verified positions'
+  // features (one batched call) before the manager commits them.
+  struct Verdict {
+    std::int64_t verified = 0;     // positions the step made part of the request
+    std::vector<TokenId> sampled;  // new tokens: accepted drafts and the bonus, or the first
+    int accepted = 0;
+  };
+  std::vector<Verdict> verdicts(batch.size());
+  std::vector<spec::Observation> observations;
+  const auto width = static_cast<std::size_t>(out.feature_width);
+  const std::span<const float> features(out.features);
+  std::size_t at = 0;
+  for (std::size_t j = 0; j < batch.size(); ++j) {
+    const Work& w = batch[j];
+    Req& r = reqs_[w.request];
+    const std::size_t n = w.tokens.size();
+    Verdict& v = verdicts[j];
+    const std::span<const TokenId> picks = std::span(out.picks).subspan(at, n);
+    if (w.prefill) {
+      v.verified = static_cast<std::int64_t>(n);
+      if (w.sample) {
+        v.sampled.push_back(picks.back());
+        r.prefilling = false;
+      }
+    } else {
+      spec::Verdict a = spec::accept_greedy(w.tokens.subspan(1), picks);
+      v.accepted = a.accepted;
+      v.verified = a.accepted + 1;
+      v.sampled = std::move(a.tokens);
+      r.stats.drafted_tokens += static_cast<std::int64_t>(n - 1);
+      r.stats.accepted_tokens += a.accepted;
+      ++r.stats.decode_steps;
+      ++counters_.decode_steps;
+      counters_.decode_tokens += v.verified;
+    }
+    ++counters_.request_steps;
+    r.computed += v.verified;
+    r.tokens.insert(r.tokens.end(), v.sampled.begin(), v.sampled.end());
+    r.stats.generated_tokens += static_cast<std::int64_t>(v.sampled.size());
+    counters_.generated_tokens += static_cast<std::int64_t>(v.sampled.size());
+    if (drafter != nullptr) {
+      const std::span<const float> f =
+          width == 0 ? std::span<const float>{}
+                     : features.subspan(at * width, static_cast<std::size_t>(v.verified) * width);
+      observations.push_back({{w.request, r.tokens, r.computed, w.block_tables}, w.start, f});
+    }
+    at += n;
+  }
+  if (drafter != nullptr) drafter->observe_batch(observations);
+
+  // Commit only what the target confirmed; retire finished requests.
+  const auto t0 = Clock::now();
+  for (std::size_t j = 0; j < batch.size(); ++j) {
+    const Verdict& v = verdicts[j];
+    manager_.commit(id_of(batch[j].request), v.verified, v.sampled, v.accepted);
+  }
+  charge(counters_.manager_seconds, t0);
+  std::size_t kept = 0;
+  for (const std::size_t i : running_) {
+    const Req& r = reqs_[i];
+    if (!r.prefilling &&
+        static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) >= r.max_tokens) {
+      retire(i, drafter);
+    } else {
+      running_[kept++] = i;
+    }
+  }
+  running_.resize(kept);
+}
+
+}  // namespace mixkv::sched

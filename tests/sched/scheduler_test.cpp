@@ -1,0 +1,185 @@
+// The one scheduler on a stand-in model whose "greedy" token is a function of the position: a
+// plain run and speculative runs (always right, always wrong, half right) commit the same
+// tokens; chunked prefill, admission limits, preemption and prefix hits follow the manager.
+#include "mixkv/sched/scheduler.hpp"
+
+#include <gtest/gtest.h>
+
+#include "mixkv/plan/plan.hpp"
+#include "test_support.hpp"
+
+namespace mixkv::sched {
+namespace {
+
+constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+
+// The target's pick after position p of request i: a fixed stream, so plain decoding gives
+// tokens known in advance.
+TokenId truth(std::size_t request, std::int64_t position) {
+  return static_cast<TokenId>(1000 + 7 * request + 3 * position % 101);
+}
+
+// Picks truth() after every row and records the largest chunk and batch it was given.
+class StreamModel final : public Model {
+ public:
+  ModelOutput forward(std::span<const Work> batch) override {
+    ModelOutput out;
+    ++steps;
+    for (const Work& w : batch) {
+      for (std::size_t i = 0; i < w.tokens.size(); ++i) {
+        out.picks.push_back(truth(w.request, w.start + static_cast<std::int64_t>(i) + 1));
+      }
+      if (w.prefill) max_chunk = std::max<std::int64_t>(max_chunk, std::ssize(w.tokens));
+    }
+    max_batch = std::max<std::int64_t>(max_batch, std::ssize(batch));
+    return out;
+  }
+  std::int64_t vocab_size() const override { return 1 << 20; }
+  std::int64_t steps = 0, max_chunk = 0, max_batch = 0;
+};
+
+// Proposes the truth for the first `right` drafts, then wrong tokens.
+class FixedDrafter final : public spec::Drafter {
+ public:
+  explicit FixedDrafter(int right) : right_(right) {}
+  std::string name() const override { return "fixed"; }
+  std::vector<TokenId> propose(const spec::DraftContext& ctx, int k) override {
+    std::vector<TokenId> out;
+    for (int t = 0; t < k; ++t) {
+      const std::int64_t position = ctx.num_computed + 1 + t;
+      out.push_back(t < right_ ? truth(ctx.request, position) : 7);
+    }
+    return out;
+  }
+
+ private:
+  int right_;
+};
+
+plan::CachePlan small_plan(std::int64_t memory, int k) {
+  model::DescribeOptions d;
+  d.num_spec_tokens = k;
+  const auto desc = testing::describe_builtin("llama-3.1-8b", std::nullopt, d);
+  plan::PlanOptions o;
+  o.memory_bytes = memory;
+  o.block_size = 16;
+  o.max_model_len = 1024;
+  o.request_len = 512;
+  return plan::make_plan(desc, o);
+}
+
+std::vector<Request> requests(int n) {
+  std::vector<Request> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<TokenId> prompt;
+    // Half share a 64-token prefix.
+    for (int j = 0; j < 40 + 13 * i; ++j) prompt.push_back(i % 2 == 0 && j < 64 ? j + 1 : 500 + i);
+    out.push_back({prompt, 20 + i, "request " + std::to_string(i)});
+  }
+  return out;
+}
+
+struct Outcome {
+  std::vector<std::vector<TokenId>> outputs;
+  Counters counters;
+  std::int64_t max_chunk = 0, max_batch = 0;
+  std::vector<RequestStats> stats;
+};
+
+Outcome run(const plan::CachePlan& plan, int k, spec::Drafter* drafter, SchedulerOptions o = {}) {
+  cache::KvCacheManager manager(plan, k);
+  o.num_spec_tokens = k;
+  Scheduler s(manager, plan, o);
+  const auto reqs = requests(8);
+  for (const Request& r : reqs) s.add(r);
+  StreamModel model;
+  s.run(model, drafter);
+  Outcome out;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_TRUE(s.finished(i));
+    const auto o2 = s.outputs(i);
+    out.outputs.emplace_back(o2.begin(), o2.end());
+    out.stats.push_back(s.stats(i));
+  }
+  out.counters = s.counters();
+  out.max_chunk = model.max_chunk;
+  out.max_batch = model.max_batch;
+  EXPECT_EQ(manager.check_invariants(), "");
+  EXPECT_EQ(manager.pool().num_used(), 0);
+  return out;
+}
+
+TEST(Scheduler, PlainDecodingCommitsTheModelsPicksInChunksAndBatches) {
+  const auto plan = small_plan(256 * kMiB, 0);
+  SchedulerOptions o;
+  o.max_batch = 3;
+  o.prefill_chunk = 16;
+  const Outcome r = run(plan, 0, nullptr, o);
+  for (std::size_t i = 0; i < r.outputs.size(); ++i) {
+    const auto len = static_cast<std::int64_t>(requests(8)[i].prompt.size());
+    ASSERT_EQ(std::ssize(r.outputs[i]), 20 + static_cast<std::int64_t>(i));
+    for (std::size_t t = 0; t < r.outputs[i].size(); ++t) {
+      EXPECT_EQ(r.outputs[i][t], truth(i, len + static_cast<std::int64_t>(t))) << i << " " << t;
+    }
+    EXPECT_EQ(r.stats[i].decode_steps, 19 + static_cast<std::int64_t>(i));
+  }
+  EXPECT_EQ(r.max_chunk, 16);
+  EXPECT_EQ(r.max_batch, 3);
+  EXPECT_GT(r.counters.hit_tokens, 0);  // the shared 64-token prefix, in 16-token blocks
+}
+
+TEST(Scheduler, SpeculationCommitsExactlyThePlainTokens) {
+  const auto plan = small_plan(256 * kMiB, 4);
+  const Outcome plain = run(plan, 0, nullptr);
+  for (int right : {0, 2, 4}) {
+    FixedDrafter d(right);
+    const Outcome fast = run(plan, 4, &d);
+    EXPECT_EQ(fast.outputs, plain.outputs) << right << " right";
+    for (const RequestStats& s : fast.stats) {
+      EXPECT_GT(s.drafted_tokens, 0);
+      // Only the first `right` drafts of a step can be accepted.
+      EXPECT_LE(s.accepted_tokens, s.decode_steps * right);
+      if (right == 0) {
+        EXPECT_EQ(s.accepted_tokens, 0);
+      }
+    }
+    if (right == 4) {
+      EXPECT_LT(fast.counters.steps, plain.counters.steps);
+    }
+  }
+}
+
+TEST(Scheduler, ATightPoolPreemptsAndStillFinishesWithThePlainTokens) {
+  const auto roomy = small_plan(256 * kMiB, 2);
+  auto tight = roomy;
+  tight.pools[0].num_blocks = 14;  // the largest request alone needs 10 blocks of 16
+  const Outcome plain = run(roomy, 0, nullptr);
+  FixedDrafter d(1);
+  SchedulerOptions o;
+  o.max_batch = 8;
+  const Outcome squeezed = run(tight, 2, &d, o);
+  EXPECT_GT(squeezed.counters.preemptions, 0);
+  EXPECT_EQ(squeezed.outputs, plain.outputs);
+}
+
+TEST(Scheduler, RefusesWhatCanNeverRun) {
+  const auto plan = small_plan(256 * kMiB, 0);
+  cache::KvCacheManager manager(plan, 0);
+  Scheduler s(manager, plan, {});
+  EXPECT_THROW(s.add({{}, 4, "empty"}), Error);
+  EXPECT_THROW(s.add({{1, 2}, 0, "nothing to generate"}), Error);
+  auto tiny = plan;
+  tiny.pools[0].num_blocks = 3;
+  cache::KvCacheManager small(tiny, 0);
+  Scheduler t(small, tiny, {});
+  t.add({std::vector<TokenId>(200, 5), 4, "big.jsonl:3"});
+  StreamModel model;
+  testing::expect_error([&] { t.step(model, nullptr); }, ErrorCode::kInvalidInput,
+                        {"big.jsonl:3", "do not fit"});
+  SchedulerOptions too_many;
+  too_many.num_spec_tokens = 33;
+  EXPECT_THROW(Scheduler(manager, plan, too_many), Error);
+}
+
+}  // namespace
+}  // namespace mixkv::sched
