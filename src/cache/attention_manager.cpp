@@ -83,8 +83,9 @@ std::string AttentionManager::check_table(const SequenceView& seq, const BlockPo
   }
   // The kind never drops a block its next query sees.
   for (auto i = static_cast<std::size_t>(first_needed_block); i < table.size(); ++i) {
-    if (table[i].is_null())
+    if (table[i].is_null()) {
       return fmt::format("request {} group {}: in-window block {} dropped", seq.id, id_.value(), i);
+    }
   }
   // Nothing is cached beyond the verified, computed tokens.
   for (auto i = static_cast<std::size_t>(seq.num_computed / block_size_); i < table.size(); ++i) {

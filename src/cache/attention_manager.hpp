@@ -80,8 +80,9 @@ class AttentionManager : public GroupManagerBase {
   // Caches the full blocks among the first `num_computed` tokens that are not cached yet.
   void cache_full_blocks(Slot& s, std::int64_t num_computed, HashLists lists, BlockPool& pool) {
     // Multiply before dividing: a decode step fills a block only every few steps.
-    if (prefix_caching_ && (s.num_cached + 1) * block_size_ <= num_computed)
+    if (prefix_caching_ && (s.num_cached + 1) * block_size_ <= num_computed) {
       cache_blocks(s, num_computed, hashes_in(lists), pool);
+    }
   }
   // The computed count at which cache_full_blocks() has a block to cache.
   std::int64_t next_cache_event(const Slot& s) const {

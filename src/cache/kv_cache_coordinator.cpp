@@ -68,8 +68,9 @@ KvCacheCoordinator::KvCacheCoordinator(const plan::CachePlan& plan, int num_spec
           if (k.block_size() > 0) {
             auto [it, inserted] =
                 hasher_of_block_size.emplace(k.block_size(), static_cast<int>(hashers_.size()));
-            if (inserted)
+            if (inserted) {
               hashers_.emplace_back(static_cast<std::int32_t>(k.block_size()), options.hash_seed);
+            }
             hasher = it->second;
           }
           k.set_hasher(hasher);
@@ -145,8 +146,9 @@ bool KvCacheCoordinator::admit(RequestSlot slot, std::span<const std::vector<Blo
     std::visit(
         [&](auto& k) {
           k.take_hit(slot, pool, hit);
-          if (k.hasher() >= 0)
+          if (k.hasher() >= 0) {
             k.count_hit_query(k.find_longest_cache_hit(k.hashes_in(hashes), pool, num_tokens - 1));
+          }
         },
         m);
   }
@@ -165,8 +167,9 @@ void KvCacheCoordinator::take_blocks(RequestSlot slot, BlockPool& pool, std::int
   for (auto& m : managers_) {
     std::visit(
         [&](auto& k) {
-          if (const std::int64_t extra = k.extra_blocks(slot, total, snapshot); extra > 0)
+          if (const std::int64_t extra = k.extra_blocks(slot, total, snapshot); extra > 0) {
             k.append(slot, extra, pool);
+          }
         },
         m);
   }
@@ -203,8 +206,9 @@ std::optional<RecurrentStep> KvCacheCoordinator::recurrent_step(const SequenceVi
 std::vector<GroupStats> KvCacheCoordinator::stats(const BlockPool& pool) const {
   std::vector<GroupStats> out;
   out.reserve(managers_.size());
-  for (const auto& m : managers_)
+  for (const auto& m : managers_) {
     out.push_back(std::visit([&](const auto& k) { return k.stats(pool); }, m));
+  }
   return out;
 }
 

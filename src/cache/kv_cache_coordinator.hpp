@@ -60,31 +60,35 @@ class KvCacheCoordinator {
   std::optional<std::int64_t> grow(RequestSlot slot, BlockPool& pool, std::int64_t total,
                                    bool snapshot) {
     std::int64_t needed = 0;
-    for (const auto& m : managers_)
+    for (const auto& m : managers_) {
       needed += std::visit([&](const auto& k) { return k.extra_blocks(slot, total, snapshot); }, m);
+    }
     if (needed > pool.num_free()) return std::nullopt;
     if (needed > 0) take_blocks(slot, pool, total, snapshot);
     return needed;
   }
   void commit(const SequenceView& seq, std::span<const std::vector<BlockHash>> hashes,
               int accepted_drafts, BlockPool& pool) {
-    for (auto& m : managers_)
+    for (auto& m : managers_) {
       std::visit([&](auto& k) { k.commit(seq, hashes, accepted_drafts, pool); }, m);
+    }
   }
 
   // The least capacity over the groups: tokens every table has slots for.
   std::int64_t capacity(RequestSlot slot) const {
     std::int64_t c = std::numeric_limits<std::int64_t>::max();
-    for (const auto& m : managers_)
+    for (const auto& m : managers_) {
       c = std::min(c, std::visit([&](const auto& k) { return k.capacity(slot); }, m));
+    }
     return c;
   }
   // The least computed count at which some group has work in commit().
   std::int64_t next_event(RequestSlot slot) const {
     if (commits_every_step_) return 0;
     std::int64_t e = std::numeric_limits<std::int64_t>::max();
-    for (const auto& m : managers_)
+    for (const auto& m : managers_) {
       e = std::min(e, std::visit([&](const auto& k) { return k.next_event(slot); }, m));
+    }
     return e;
   }
   // A commit of `computed` tokens beyond the capacity: names the group that lacks the slots.

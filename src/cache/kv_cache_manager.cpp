@@ -239,8 +239,9 @@ std::string KvCacheManager::check_invariants() const {
       return fmt::format("request {} in slot {} is indexed at slot {}", r.id, slot,
                          index_.find(r.id));
     }
-    if (r.slot.index() != slot)
+    if (r.slot.index() != slot) {
       return fmt::format("request {} in slot {} names slot {}", r.id, slot, r.slot.value());
+    }
     std::string broken = coordinator_->check(view(r), pool_, refs);
     if (!broken.empty()) return broken;
   }

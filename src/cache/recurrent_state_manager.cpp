@@ -92,9 +92,10 @@ std::string RecurrentStateManager::check(const SequenceView& seq, const BlockPoo
   }
   // States the runner writes to are never shared; the restored one is a kept snapshot.
   for (BlockId b : table) {
-    if (pool.cached_hash(b).has_value())
+    if (pool.cached_hash(b).has_value()) {
       return fmt::format("request {} group {}: state block {} is cached", seq.id, id_.value(),
                          b.value());
+    }
   }
   if (!s.restore.is_null() && pool.cached_group(s.restore) != id_) {
     return fmt::format("request {} group {}: restores from block {}, not a kept snapshot", seq.id,

@@ -65,8 +65,9 @@ class RecurrentStateManager final : public GroupManagerBase {
     // The state after the last accepted draft becomes the live one; the other checkpoints are
     // overwritten by the next step's drafts.
     if (!s.table.empty()) std::swap(s.table[0], s.table[static_cast<std::size_t>(accepted)]);
-    if (seq.snapshot_at > 0 && seq.snapshot_at <= seq.num_computed)
+    if (seq.snapshot_at > 0 && seq.snapshot_at <= seq.num_computed) {
       keep_snapshot(s, seq.snapshot_at, hashes_in(lists), pool);
+    }
     if (!s.restore.is_null()) release_restore(s, pool);  // copied into the live state by now
   }
   std::optional<RecurrentStep> recurrent_step(const SequenceView& seq) const;
