@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "mixkv/thread_pool.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 
 namespace mixkv::bench {
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "mixkv/block_hash.hpp"
-#include "mixkv/block_pool.hpp"
+#include "mixkv/cache/block_hash.hpp"
+#include "mixkv/cache/block_pool.hpp"
 
 namespace {
 

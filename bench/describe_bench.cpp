@@ -2,9 +2,9 @@
 // Engines call this once at start-up; the figure shows it is negligible next to a model load.
 #include <benchmark/benchmark.h>
 
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model_json.hpp"
 
 namespace {
 

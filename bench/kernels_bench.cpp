@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "bench_matmul.hpp"
-#include "mixkv/attention_kernel.hpp"
-#include "mixkv/kernels_convert.hpp"
-#include "mixkv/thread_pool.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/kernels/convert.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <numeric>
 #include <vector>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/kv_cache_manager.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/model/describe.hpp"
 
 namespace {
 

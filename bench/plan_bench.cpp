@@ -2,9 +2,9 @@
 // engine start-up; these figures show what the mixkv policy's search costs next to vLLM's rules.
 #include <benchmark/benchmark.h>
 
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/plan/plan.hpp"
 
 namespace {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/recurrent_kernel.hpp"
+#include "mixkv/kernels/recurrent_kernel.hpp"
+#include "mixkv/model/describe.hpp"
 
 namespace {
 

@@ -6,9 +6,9 @@
 #include <optional>
 #include <string_view>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/model.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -10,10 +10,10 @@
 #include <string_view>
 #include <vector>
 
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/model.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model.hpp"
 
 namespace mixkv::testing {
 

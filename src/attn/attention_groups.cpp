@@ -1,4 +1,4 @@
-#include "mixkv/attention_groups.hpp"
+#include "mixkv/attn/attention_groups.hpp"
 
 #include <algorithm>
 #include <map>
@@ -6,9 +6,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::attn {
+
+using backend::Backend;
+using backend::KernelPageRule;
+using backend::ModelTraits;
+
 namespace {
 
 const std::vector<DType> kAllDtypes = {DType::kBfloat16, DType::kFloat16, DType::kFloat32,
@@ -117,7 +122,7 @@ std::string_view to_string(KvLayout layout) { return layout == KvLayout::kNHD ? 
 const BackendCaps& capabilities(Backend backend) {
   static const std::map<Backend, BackendCaps> table = [] {
     std::map<Backend, BackendCaps> t;
-    for (Backend b : all_backends()) t.emplace(b, make_caps(b));
+    for (Backend b : backend::all_backends()) t.emplace(b, make_caps(b));
     return t;
   }();
   return table.at(backend);
@@ -152,7 +157,7 @@ AttentionParams kernel_params(const AttentionGroup& group, const model::LayerDes
 std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
                                                    const plan::CachePlan& plan) {
   const BackendCaps& caps = capabilities(plan.backend);
-  const ModelTraits traits = model_traits(desc);
+  const ModelTraits traits = backend::model_traits(desc);
   std::map<std::string, const model::LayerDesc*> by_name;
   for (const auto& l : desc.layers) by_name[l.name] = &l;
 
@@ -218,8 +223,8 @@ std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
       g.kernel_path = kernel_path(plan.backend, params);
       // The kernel page comes from this group's own layer (its heads and kind), not the
       // KV-cache group's first layer: an MHA drafter beside a GQA target gets its own.
-      const KernelPageRule rule = kernel_page_rule(plan.backend, layer, traits);
-      auto kernel = select_kernel_page(rule, kv_group.block_size);
+      const KernelPageRule rule = backend::kernel_page_rule(plan.backend, layer, traits);
+      auto kernel = backend::select_kernel_page(rule, kv_group.block_size);
       if (!kernel || (kv_group.kernel_block_size != 0 && kv_group.block_size % *kernel != 0)) {
         throw_invalid(fmt::format(
             "attention group {} (layers {}..., {}) has no kernel page: {} accepts {} tokens "

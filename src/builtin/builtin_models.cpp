@@ -1,4 +1,4 @@
-#include "mixkv/builtin_models.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
 
 #include <array>
 

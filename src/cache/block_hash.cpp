@@ -1,4 +1,4 @@
-#include "mixkv/block_hash.hpp"
+#include "mixkv/cache/block_hash.hpp"
 
 #include <xxhash.h>
 
@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::cache {
 

@@ -1,4 +1,4 @@
-#include "mixkv/block_pool.hpp"
+#include "mixkv/cache/block_pool.hpp"
 
 #include <bit>
 #include <limits>
@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::cache {
 

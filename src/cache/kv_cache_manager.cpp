@@ -1,4 +1,4 @@
-#include "mixkv/kv_cache_manager.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::cache {
 namespace {

@@ -4,7 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <ostream>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::cli {
 

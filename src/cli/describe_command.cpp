@@ -3,7 +3,7 @@
 
 #include "cli.hpp"
 #include "layer_table.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "model_options.hpp"
 
 namespace mixkv::cli {

@@ -9,16 +9,16 @@
 #include <ostream>
 
 #include "cli.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/generator.hpp"
-#include "mixkv/memory_budget.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/generator.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 
 namespace mixkv::cli {
 namespace {
 
 struct Loaded {
   model::ModelSource source;
-  engine::TensorMap weights;
+  weights::TensorMap weights;
 };
 
 std::string checkpoint_file(const std::filesystem::path& dir) {
@@ -58,7 +58,7 @@ Loaded load_model(const std::string& ref) {
                     "holding config.json and model.safetensors",
                     ref, names));
   }
-  return {model::load_model_source(ref), engine::read_safetensors(checkpoint_file(dir))};
+  return {model::load_model_source(ref), weights::read_safetensors(checkpoint_file(dir))};
 }
 
 // Request i of a batch: the prompt, then for i > 0 a suffix repeated 1 to 3 times, so the batch
@@ -144,7 +144,7 @@ Action add_generate_command(CLI::App& app) {
     if (!keyword && tiny_draft == nullptr && !args->draft.empty() && is_directory(args->draft)) {
       ro.draft = model::load_model_source(args->draft);
       loaded.weights.merge(engine::as_draft_weights(
-          engine::read_safetensors(checkpoint_file(args->draft)), args->draft));
+          weights::read_safetensors(checkpoint_file(args->draft)), args->draft));
     }
     if (tiny_draft != nullptr) {
       if (!engine::drafts_for(*tiny_draft, args->model)) {

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "mixkv/model.hpp"
+#include "mixkv/model/model.hpp"
 
 namespace mixkv::cli {
 

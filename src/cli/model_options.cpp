@@ -4,9 +4,9 @@
 #include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/memory_budget.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 
 namespace mixkv::cli {
 namespace {
@@ -88,10 +88,10 @@ void add_plan_options(CLI::App& cmd, PlanArgs& args) {
 plan::PlanOptions plan_options_from_args(const PlanArgs& args, const model::ModelDesc& desc,
                                          std::string* memory_note) {
   plan::PlanOptions options;
-  auto backend = attn::parse_backend(args.backend);
+  auto backend = backend::parse_backend(args.backend);
   if (!backend) {
     throw_invalid(fmt::format("--backend '{}' is unknown; use one of {}", args.backend,
-                              fmt::join(attn::backend_names(), ", ")));
+                              fmt::join(backend::backend_names(), ", ")));
   }
   options.backend = *backend;
   auto policy = plan::parse_policy(args.policy);

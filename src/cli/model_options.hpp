@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "mixkv/model.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/model/model.hpp"
+#include "mixkv/plan/plan.hpp"
 
 namespace CLI {
 class App;

@@ -5,9 +5,9 @@
 #include <ostream>
 
 #include "cli.hpp"
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/describe.hpp"
 
 namespace mixkv::cli {
 namespace {

@@ -3,12 +3,12 @@
 #include <ostream>
 
 #include "cli.hpp"
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/geometry.hpp"
-#include "mixkv/geometry_json.hpp"
-#include "mixkv/plan.hpp"
-#include "mixkv/plan_json.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/layout/geometry.hpp"
+#include "mixkv/layout/geometry_json.hpp"
+#include "mixkv/plan/plan.hpp"
+#include "mixkv/plan/plan_json.hpp"
 #include "model_options.hpp"
 #include "plan_report.hpp"
 

@@ -76,7 +76,7 @@ std::string format_plan(const model::ModelDesc& desc, const plan::CachePlan& pla
   const auto& w = plan.waste_per_request;
   std::string out = header(desc);
   out += fmt::format("policy {}  backend {}  KV memory {} ({} B)  max model len {}\n",
-                     plan::to_string(plan.policy), attn::to_string(plan.backend),
+                     plan::to_string(plan.policy), backend::to_string(plan.backend),
                      gib(plan.memory_bytes), plan.memory_bytes, plan.max_model_len);
   out += fmt::format("pool: {} blocks of {} B ({} tensor{} of {} B per block)\n",
                      plan.pools[0].num_blocks, plan.block_unit_bytes, plan.tensors.size(),
@@ -103,7 +103,7 @@ std::string format_plan_comparison(const model::ModelDesc& desc, const plan::Cac
                                    const plan::CachePlan& mixkv) {
   std::string out = header(desc);
   out += fmt::format("backend {}  KV memory {}  request length {}  max model len {}\n",
-                     attn::to_string(vllm.backend), gib(vllm.memory_bytes), vllm.request_len,
+                     backend::to_string(vllm.backend), gib(vllm.memory_bytes), vllm.request_len,
                      vllm.max_model_len);
   auto row = [](std::string_view what, auto a, auto b, std::string ratio) {
     return fmt::format("  {:<34} {:>16} {:>16} {:>9}\n", what, a, b, ratio);

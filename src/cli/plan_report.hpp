@@ -3,9 +3,9 @@
 
 #include <string>
 
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/model.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/model/model.hpp"
+#include "mixkv/plan/plan.hpp"
 
 namespace mixkv::cli {
 

@@ -7,9 +7,9 @@
 #include <ostream>
 
 #include "cli.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/plan.hpp"
-#include "mixkv/simulate.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/simulate.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "model_options.hpp"
 
 namespace mixkv::cli {

@@ -12,9 +12,9 @@
 #include <ostream>
 
 #include "cli.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/memory_budget.hpp"
-#include "mixkv/verify.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/verify.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 #include "model_options.hpp"
 
 namespace mixkv::cli {
@@ -74,10 +74,10 @@ Action add_verify_command(CLI::App& app) {
   return [args](std::ostream& out) {
     const model::ModelDesc desc = describe_from_args(args->model);
     kernels::VerifyOptions options;
-    auto backend = attn::parse_backend(args->backend);
+    auto backend = backend::parse_backend(args->backend);
     if (!backend) {
       throw_invalid(fmt::format("--backend '{}' is unknown; use one of {}", args->backend,
-                                fmt::join(attn::backend_names(), ", ")));
+                                fmt::join(backend::backend_names(), ", ")));
     }
     options.plan.backend = *backend;
     auto policy = plan::parse_policy(args->policy);
@@ -143,7 +143,7 @@ Action add_verify_command(CLI::App& app) {
       nlohmann::json j = {{"model", desc.model},
                           {"draft", desc.draft ? nlohmann::json(*desc.draft) : nullptr},
                           {"policy", std::string(plan::to_string(report.plan.policy))},
-                          {"backend", std::string(attn::to_string(report.plan.backend))},
+                          {"backend", std::string(backend::to_string(report.plan.backend))},
                           {"memory_bytes", report.plan.memory_bytes},
                           {"max_model_len", report.plan.max_model_len},
                           {"bytes_allocated", report.bytes_allocated},
@@ -156,8 +156,8 @@ Action add_verify_command(CLI::App& app) {
           "verify {}{}: {} policy, {} geometry, scaled plan of {} B (max_model_len {}), {} B "
           "allocated\n",
           desc.model, desc.draft ? " + " + *desc.draft : "", plan::to_string(report.plan.policy),
-          attn::to_string(report.plan.backend), report.plan.memory_bytes, report.plan.max_model_len,
-          report.bytes_allocated);
+          backend::to_string(report.plan.backend), report.plan.memory_bytes,
+          report.plan.max_model_len, report.bytes_allocated);
       std::vector<std::string> lens;
       for (const auto& q : report.requests) {
         lens.push_back(q.shares_prefix_with >= 0

@@ -1,8 +1,8 @@
-#include "mixkv/checked_math.hpp"
+#include "mixkv/core/checked_math.hpp"
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv {
 

@@ -1,11 +1,11 @@
-#include "mixkv/dtype.hpp"
+#include "mixkv/core/dtype.hpp"
 
 #include <array>
 #include <string>
 
-#include "core/enum_names.hpp"
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/enum_names.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv {
 

@@ -1,4 +1,4 @@
-#include "mixkv/generator.hpp"
+#include "mixkv/engine/generator.hpp"
 
 #include <fmt/format.h>
 
@@ -6,8 +6,8 @@
 #include <chrono>
 #include <deque>
 
-#include "mixkv/error.hpp"
-#include "mixkv/kv_cache_manager.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::engine {
 namespace {

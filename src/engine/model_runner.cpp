@@ -1,4 +1,4 @@
-#include "mixkv/model_runner.hpp"
+#include "mixkv/engine/model_runner.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -9,7 +9,7 @@
 #include <map>
 #include <random>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 #include "model/config_reader.hpp"
 
 namespace mixkv::engine {
@@ -147,13 +147,13 @@ TransformerConfig read_transformer_config(const model::ModelSource& source) {
 
 namespace {
 
-TensorMap random_tensors(
+weights::TensorMap random_tensors(
     const std::vector<std::pair<std::string, std::vector<std::int64_t>>>& shapes,
     std::uint64_t seed) {
-  TensorMap out;
+  weights::TensorMap out;
   std::mt19937_64 rng(seed);
   for (const auto& [name, shape] : shapes) {
-    Tensor t;
+    weights::Tensor t;
     t.shape = shape;
     t.values.resize(static_cast<std::size_t>(t.numel()));
     const bool norm = name.ends_with("norm.weight") || name.ends_with("norm_f.weight");
@@ -297,8 +297,8 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> weight_shapes(
   return out;
 }
 
-TensorMap generate_weights(const TransformerConfig& config, const model::ModelDesc& desc,
-                           std::uint64_t seed) {
+weights::TensorMap generate_weights(const TransformerConfig& config, const model::ModelDesc& desc,
+                                    std::uint64_t seed) {
   return random_tensors(weight_shapes(config, desc), seed);
 }
 
@@ -329,13 +329,13 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> draft_weight_shap
   return out;
 }
 
-TensorMap generate_draft_weights(const TransformerConfig& draft, const model::ModelDesc& desc,
-                                 std::uint64_t seed) {
+weights::TensorMap generate_draft_weights(const TransformerConfig& draft,
+                                          const model::ModelDesc& desc, std::uint64_t seed) {
   return random_tensors(draft_weight_shapes(draft, desc), seed);
 }
 
-TensorMap as_draft_weights(TensorMap checkpoint, const std::string& origin) {
-  TensorMap out;
+weights::TensorMap as_draft_weights(weights::TensorMap checkpoint, const std::string& origin) {
+  weights::TensorMap out;
   while (!checkpoint.empty()) {
     auto node = checkpoint.extract(checkpoint.begin());
     if (node.key().starts_with("draft.")) {
@@ -350,7 +350,7 @@ TensorMap as_draft_weights(TensorMap checkpoint, const std::string& origin) {
   return out;
 }
 
-ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weights,
+ModelRunner::ModelRunner(const model::ModelSource& config, const weights::TensorMap& weights,
                          const RunnerOptions& options)
     : config_(read_transformer_config(config)) {
   model::DescribeOptions dopt;
@@ -411,7 +411,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
   }
   plan::PlanOptions popt;
   popt.policy = options.policy;
-  popt.backend = attn::Backend::kCpu;
+  popt.backend = backend::Backend::kCpu;
   popt.memory_bytes = options.memory_bytes;
   popt.block_size = options.block_size;
   popt.max_model_len = options.max_model_len;

@@ -9,8 +9,8 @@
 #include <random>
 #include <span>
 
-#include "mixkv/error.hpp"
-#include "mixkv/simulate.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/simulate.hpp"
 
 namespace mixkv::sim {
 namespace {

@@ -1,4 +1,4 @@
-#include "mixkv/tiny_models.hpp"
+#include "mixkv/engine/tiny_models.hpp"
 
 #include <fmt/format.h>
 

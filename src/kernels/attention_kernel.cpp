@@ -1,4 +1,4 @@
-#include "mixkv/attention_kernel.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "kernels/attention_simd.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/kernels_convert.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 namespace mixkv::kernels {
 namespace {

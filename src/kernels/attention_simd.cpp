@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "kernels/element_load.hpp"
-#include "mixkv/kernels_convert.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_simd.cpp"

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "mixkv/attention_kernel.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
 
 namespace mixkv::kernels::detail {
 

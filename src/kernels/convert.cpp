@@ -1,4 +1,4 @@
-#include "mixkv/kernels_convert.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 #include <array>
 #include <bit>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 
 #include "kernels/element_load.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::kernels {
 namespace {

@@ -1,10 +1,10 @@
-#include "mixkv/dense_reference.hpp"
+#include "mixkv/kernels/dense_reference.hpp"
 
 #include <cmath>
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::kernels {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "mixkv/dtype.hpp"
+#include "mixkv/core/dtype.hpp"
 
 namespace mixkv::kernels::detail {
 

@@ -1,4 +1,4 @@
-#include "mixkv/recurrent_kernel.hpp"
+#include "mixkv/kernels/recurrent_kernel.hpp"
 
 #include <fmt/format.h>
 
@@ -8,9 +8,9 @@
 #include <cstring>
 #include <string>
 
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/kernels_convert.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 namespace mixkv::kernels {
 namespace {

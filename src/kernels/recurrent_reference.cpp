@@ -1,12 +1,12 @@
-#include "mixkv/recurrent_reference.hpp"
+#include "mixkv/kernels/recurrent_reference.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "mixkv/error.hpp"
-#include "mixkv/kernels_convert.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 namespace mixkv::kernels {
 namespace {

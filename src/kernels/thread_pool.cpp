@@ -1,8 +1,8 @@
-#include "mixkv/thread_pool.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::kernels {
 

@@ -1,4 +1,4 @@
-#include "mixkv/verify.hpp"
+#include "mixkv/kernels/verify.hpp"
 
 #include <fmt/format.h>
 
@@ -9,11 +9,11 @@
 #include <random>
 #include <set>
 
-#include "mixkv/dense_reference.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/kernels_convert.hpp"
-#include "mixkv/recurrent_kernel.hpp"
-#include "mixkv/recurrent_reference.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/convert.hpp"
+#include "mixkv/kernels/dense_reference.hpp"
+#include "mixkv/kernels/recurrent_kernel.hpp"
+#include "mixkv/kernels/recurrent_reference.hpp"
 
 namespace mixkv::kernels {
 

@@ -1,11 +1,11 @@
-#include "mixkv/geometry.hpp"
+#include "mixkv/layout/geometry.hpp"
 
 #include <map>
 
 #include <fmt/format.h>
 
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::layout {
 

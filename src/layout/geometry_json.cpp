@@ -1,6 +1,6 @@
-#include "mixkv/geometry_json.hpp"
+#include "mixkv/layout/geometry_json.hpp"
 
-#include "core/json_optional.hpp"
+#include "mixkv/core/json_optional.hpp"
 
 namespace mixkv::layout {
 
@@ -12,7 +12,7 @@ json to_json(const std::vector<attn::AttentionGroup>& groups) {
     const auto& p = g.params;
     out.push_back({{"id", g.id},
                    {"kv_cache_group", g.kv_cache_group},
-                   {"backend", attn::to_string(g.backend)},
+                   {"backend", backend::to_string(g.backend)},
                    {"layers", g.layers},
                    {"kernel_block_size", g.kernel_block_size},
                    {"kv_dtype", to_string(p.kv_dtype)},

@@ -1,6 +1,6 @@
 // Orchestrates describing a target and its drafter: parse the documents, recognise the drafter,
 // resolve cache dtypes and shard everything for one tensor-parallel rank.
-#include "mixkv/describe.hpp"
+#include "mixkv/model/describe.hpp"
 
 #include <fnmatch.h>
 
@@ -15,9 +15,9 @@
 
 #include "config_reader.hpp"
 #include "layer_template.hpp"
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "weight_estimate.hpp"
 
 namespace mixkv::model {

@@ -12,7 +12,7 @@
 
 #include "config_reader.hpp"
 #include "layer_template.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::model {
 namespace {

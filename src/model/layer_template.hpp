@@ -9,8 +9,8 @@
 #include <variant>
 #include <vector>
 
-#include "mixkv/dtype.hpp"
-#include "mixkv/model.hpp"
+#include "mixkv/core/dtype.hpp"
+#include "mixkv/model/model.hpp"
 
 namespace mixkv::model {
 

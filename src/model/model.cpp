@@ -1,4 +1,4 @@
-#include "mixkv/model.hpp"
+#include "mixkv/model/model.hpp"
 
 #include <array>
 #include <cmath>
@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 
 #include "config_reader.hpp"
-#include "core/enum_names.hpp"
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/enum_names.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::model {
 namespace {

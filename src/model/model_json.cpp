@@ -1,8 +1,8 @@
 // The describe/model-file JSON contract (docs/model-file.md). Keys listed there are stable;
 // new keys may be added, never renamed.
-#include "mixkv/model_json.hpp"
+#include "mixkv/model/model_json.hpp"
 
-#include "core/json_optional.hpp"
+#include "mixkv/core/json_optional.hpp"
 
 #include <cmath>
 #include <limits>
@@ -11,7 +11,7 @@
 #include <fmt/ranges.h>
 
 #include "config_reader.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::model {
 namespace {

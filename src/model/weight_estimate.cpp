@@ -13,8 +13,8 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::model {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "config_reader.hpp"
 #include "layer_template.hpp"
-#include "mixkv/model.hpp"
+#include "mixkv/model/model.hpp"
 
 namespace mixkv::model {
 

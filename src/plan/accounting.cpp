@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 
 #include "layout.hpp"
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::plan {
 namespace {

@@ -1,8 +1,8 @@
 #include <algorithm>
 
 #include "layout.hpp"
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::plan {
 

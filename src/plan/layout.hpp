@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "mixkv/plan.hpp"
+#include "mixkv/plan/plan.hpp"
 
 namespace mixkv::plan {
 

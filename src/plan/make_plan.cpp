@@ -2,7 +2,7 @@
 #include <fmt/ranges.h>
 
 #include "layout.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::plan {
 
@@ -34,16 +34,16 @@ CachePlan make_plan(const model::ModelDesc& desc, const PlanOptions& in) {
   for (const auto& layer : desc.layers) specs.push_back(layer_spec(layer));
   if (options.block_size) {
     // A user block size must split into kernel pages every attention layer's backend accepts.
-    const attn::ModelTraits traits = attn::model_traits(desc);
+    const backend::ModelTraits traits = backend::model_traits(desc);
     for (std::size_t i = 0; i < specs.size(); ++i) {
       if (specs[i].behaviour == Behaviour::kRecurrent) continue;
-      const attn::KernelPageRule rule =
-          attn::kernel_page_rule(options.backend, desc.layers[i], traits);
-      if (!attn::select_kernel_page(rule, *options.block_size)) {
+      const backend::KernelPageRule rule =
+          backend::kernel_page_rule(options.backend, desc.layers[i], traits);
+      if (!backend::select_kernel_page(rule, *options.block_size)) {
         throw_invalid(fmt::format(
             "--block-size {}: the {} backend ({}) cannot split it into kernel pages for layer {} "
             "(it accepts {}); choose a multiple of {}",
-            *options.block_size, attn::to_string(options.backend), rule.serving_kernel,
+            *options.block_size, backend::to_string(options.backend), rule.serving_kernel,
             desc.layers[i].name,
             rule.multiple_of > 0 ? fmt::format("multiples of {}", rule.multiple_of)
                                  : fmt::format("{}", fmt::join(rule.sizes, ", ")),

@@ -1,4 +1,4 @@
-#include "mixkv/memory_budget.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 
 #include <array>
 #include <cctype>
@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::plan {
 namespace {

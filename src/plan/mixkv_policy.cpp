@@ -9,8 +9,8 @@
 #include <fmt/format.h>
 
 #include "layout.hpp"
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::plan {
 namespace {
@@ -20,7 +20,7 @@ struct LayerClass {
   Behaviour behaviour = Behaviour::kAllTokens;
   std::int64_t bytes_per_token = 0;
   std::int64_t state_bytes = 0;
-  attn::KernelPageRule rule;
+  backend::KernelPageRule rule;
   std::vector<const LayerSpec*> layers;
   bool attention() const { return behaviour != Behaviour::kRecurrent; }
 };
@@ -42,12 +42,12 @@ struct ClassChoice {
 // can split into uniformly strided kernel pages: kernel page k of a layer sits at k * (B / r)
 // with r kernel pages per block, so B must be a multiple of r.
 std::optional<BlockChoice> best_block(std::int64_t unit, std::int64_t bytes_per_block_token,
-                                      const attn::KernelPageRule& rule,
+                                      const backend::KernelPageRule& rule,
                                       std::optional<std::int64_t> user_block) {
   const std::int64_t max_tokens = unit / bytes_per_block_token;
   if (user_block) {
     if (*user_block > max_tokens) return std::nullopt;
-    auto kernel = attn::select_kernel_page(rule, *user_block);
+    auto kernel = backend::select_kernel_page(rule, *user_block);
     if (!kernel || unit % (*user_block / *kernel) != 0) return std::nullopt;
     return BlockChoice{*user_block, *kernel};
   }
@@ -124,13 +124,13 @@ std::optional<Candidate> evaluate(const std::vector<LayerClass>& classes, std::i
 
 std::vector<LayerClass> classify(const model::ModelDesc& desc, const PlanOptions& options,
                                  const std::vector<LayerSpec>& specs) {
-  const attn::ModelTraits traits = attn::model_traits(desc);
+  const backend::ModelTraits traits = backend::model_traits(desc);
   std::vector<LayerClass> classes;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const LayerSpec& s = specs[i];
-    attn::KernelPageRule rule;
+    backend::KernelPageRule rule;
     if (s.behaviour != Behaviour::kRecurrent)
-      rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
+      rule = backend::kernel_page_rule(options.backend, desc.layers[i], traits);
     auto same = [&](const LayerClass& c) {
       const LayerSpec& f = *c.layers[0];
       return c.behaviour == s.behaviour && c.bytes_per_token == s.bytes_per_token &&
@@ -208,7 +208,7 @@ Layout mixkv_layout(const model::ModelDesc& desc, const PlanOptions& options,
     throw_invalid(fmt::format(
         "--policy mixkv: no block size fits {} B of memory for this model with the {} backend; "
         "give more memory (every group needs at least one block per request)",
-        options.memory_bytes, attn::to_string(options.backend)));
+        options.memory_bytes, backend::to_string(options.backend)));
   }
   // Plans that hold a max_model_len request first; then the most requests. Within kScoreTolerance
   // of the best, prefer fewer blocks per request: the block tables the manager and kernels walk

@@ -1,6 +1,6 @@
-#include "mixkv/plan_json.hpp"
+#include "mixkv/plan/plan_json.hpp"
 
-#include "core/json_optional.hpp"
+#include "mixkv/core/json_optional.hpp"
 
 namespace mixkv::plan {
 namespace {
@@ -59,7 +59,7 @@ json to_json(const CachePlan& plan) {
   waste_total["pool_remainder"] = plan.pool_remainder_bytes;
   return {{"schema_version", kPlanSchemaVersion},
           {"policy", to_string(plan.policy)},
-          {"backend", attn::to_string(plan.backend)},
+          {"backend", backend::to_string(plan.backend)},
           {"memory_bytes", plan.memory_bytes},
           {"request_len", plan.request_len},
           {"max_model_len", plan.max_model_len},

@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 
 #include "layout.hpp"
-#include "mixkv/checked_math.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/core/checked_math.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::plan {
 namespace {
@@ -26,7 +26,7 @@ struct SpecKey {
 struct VllmLayer {
   const LayerSpec* spec;
   const model::LayerDesc* desc;
-  attn::KernelPageRule rule;
+  backend::KernelPageRule rule;
   std::int64_t block = 0;
   std::int64_t real_page = 0;
   std::int64_t page = 0;
@@ -50,12 +50,12 @@ std::string pct(double v) { return fmt::format("{:.2f}%", v); }
 Layout vllm_layout(const model::ModelDesc& desc, const PlanOptions& options,
                    const std::vector<LayerSpec>& specs) {
   Layout layout;
-  const attn::ModelTraits traits = attn::model_traits(desc);
+  const backend::ModelTraits traits = backend::model_traits(desc);
   std::vector<VllmLayer> layers;
   for (std::size_t i = 0; i < specs.size(); ++i) {
     VllmLayer l{&specs[i], &desc.layers[i], {}, 0, 0, 0};
     if (is_attention(specs[i]))
-      l.rule = attn::kernel_page_rule(options.backend, desc.layers[i], traits);
+      l.rule = backend::kernel_page_rule(options.backend, desc.layers[i], traits);
     layers.push_back(std::move(l));
   }
   // vLLM aligns with the target model's attention shape: the first target attention layer, or
@@ -202,7 +202,7 @@ Layout vllm_layout(const model::ModelDesc& desc, const PlanOptions& options,
     g.block_size = first.block;
     g.kernel_block_size = first.block;
     if (is_attention(*first.spec)) {
-      auto kernel = attn::select_kernel_page(first.rule, first.block);
+      auto kernel = backend::select_kernel_page(first.rule, first.block);
       if (!kernel) {
         throw_invalid(fmt::format(
             "--policy vllm: no kernel page of {} ({}) divides the {}-token manager block of "

@@ -1,11 +1,18 @@
 // Attention groups: layers share a metadata builder only when the backend's plan allows it.
-#include "mixkv/attention_groups.hpp"
+#include "mixkv/attn/attention_groups.hpp"
 
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
 
 namespace mixkv::attn {
+
+using backend::all_backends;
+using backend::Backend;
+using backend::kernel_page_rule;
+using backend::model_traits;
+using backend::parse_backend;
+
 namespace {
 
 constexpr std::int64_t kGiB = std::int64_t{1} << 30;

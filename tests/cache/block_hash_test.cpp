@@ -6,8 +6,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "mixkv/block_hash.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/cache/block_hash.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::cache {
 namespace {

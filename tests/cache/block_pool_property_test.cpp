@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "mixkv/block_pool.hpp"
+#include "mixkv/cache/block_pool.hpp"
 
 namespace mixkv::cache {
 namespace {

@@ -5,8 +5,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "mixkv/block_pool.hpp"
-#include "mixkv/error.hpp"
+#include "mixkv/cache/block_pool.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::cache {
 namespace {

@@ -1,6 +1,6 @@
 // The manager over real plans: prefix hits valid for every group, all-or-nothing allocation,
 // speculative look-ahead and rollback, sliding-window reclamation, recurrent checkpoints.
-#include "mixkv/kv_cache_manager.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
 
 #include <gtest/gtest.h>
 

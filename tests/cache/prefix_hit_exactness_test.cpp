@@ -12,10 +12,10 @@
 #include <numeric>
 #include <random>
 
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/attention_kernel.hpp"
-#include "mixkv/geometry.hpp"
-#include "mixkv/kv_cache_manager.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/layout/geometry.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::cache {

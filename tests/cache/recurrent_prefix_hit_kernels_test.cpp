@@ -23,10 +23,10 @@
 #include <random>
 #include <tuple>
 
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/geometry.hpp"
-#include "mixkv/kv_cache_manager.hpp"
-#include "mixkv/recurrent_kernel.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/kernels/recurrent_kernel.hpp"
+#include "mixkv/layout/geometry.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::cache {
@@ -402,7 +402,7 @@ std::vector<TokenId> iota_tokens(std::int64_t n, TokenId start) {
 plan::CachePlan small_plan(const model::ModelDesc& desc, std::int64_t memory) {
   plan::PlanOptions o;
   o.policy = plan::Policy::kVllm;  // the smaller snapshot interval (an attention block)
-  o.backend = attn::Backend::kCpu;
+  o.backend = backend::Backend::kCpu;
   o.memory_bytes = memory;
   o.max_model_len = 2048;
   o.request_len = 1024;

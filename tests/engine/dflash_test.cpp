@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_support.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/generator.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/generator.hpp"
 
 namespace mixkv::engine {
 namespace {
@@ -155,7 +155,7 @@ TEST(TinyDflash, BlockDraftMatchesTheFormulasWrittenOutInDouble) {
   model::DescribeOptions opt;
   opt.num_spec_tokens = k;
   const auto desc = model::describe(src, draft, opt);
-  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
+  weights::TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
   w.merge(generate_draft_weights(read_transformer_config(draft), desc, d.seed));
   ModelRunner runner(src, w, {.num_spec_tokens = k, .draft = draft});
 
@@ -375,17 +375,18 @@ TEST(TinyDflash, ADrafterCheckpointLoadsUnderTheRunnersNames) {
   const TinyModel& d = *find_tiny_model("tiny-dflash");
   const model::ModelSource src = tiny_model_source(m);
   const model::ModelSource draft = tiny_model_source(d);
-  const TensorMap generated = generate_draft_weights(read_transformer_config(draft),
-                                                     model::describe(src, draft, {}), d.seed);
-  TensorMap checkpoint;  // as z-lab's checkpoints name them: fc.weight, layers.0...
+  const weights::TensorMap generated = generate_draft_weights(
+      read_transformer_config(draft), model::describe(src, draft, {}), d.seed);
+  weights::TensorMap checkpoint;  // as z-lab's checkpoints name them: fc.weight, layers.0...
   for (const auto& [name, t] : generated) {
     ASSERT_TRUE(name.starts_with("draft.")) << name;
     checkpoint.emplace(name.substr(6), t);
   }
   ASSERT_TRUE(checkpoint.contains("fc.weight"));
   ASSERT_TRUE(checkpoint.contains("layers.1.self_attn.k_norm.weight"));
-  const TensorMap loaded = as_draft_weights(
-      parse_safetensors(serialize_safetensors(checkpoint), "draft.safetensors"), "draft");
+  const weights::TensorMap loaded = as_draft_weights(
+      weights::parse_safetensors(weights::serialize_safetensors(checkpoint), "draft.safetensors"),
+      "draft");
   EXPECT_TRUE(loaded == generated);
   EXPECT_THROW(as_draft_weights(generated, "a target-style map"), Error);
 }

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "mixkv/generator.hpp"
+#include "mixkv/engine/generator.hpp"
 
 namespace mixkv::engine::testing {
 
@@ -84,7 +84,7 @@ inline ModelRunner runner_with_drafter(std::string_view target, const model::Mod
   model::DescribeOptions d;
   d.num_spec_tokens = o.num_spec_tokens;
   const auto desc = model::describe(src, o.draft, d);
-  TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
+  weights::TensorMap w = generate_weights(read_transformer_config(src), desc, m.seed);
   w.merge(generate_draft_weights(read_transformer_config(draft), desc, draft_seed));
   return ModelRunner(src, w, o);
 }

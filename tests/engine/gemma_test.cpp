@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "engine_test_support.hpp"
-#include "mixkv/dense_reference.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/generator.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/generator.hpp"
+#include "mixkv/kernels/dense_reference.hpp"
 
 namespace mixkv::engine {
 namespace {

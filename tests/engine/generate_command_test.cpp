@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "cli_test_support.hpp"
-#include "mixkv/model_runner.hpp"
+#include "mixkv/engine/model_runner.hpp"
 
 namespace mixkv {
 namespace {
@@ -142,7 +142,7 @@ TEST(GenerateCommand, ReadsACheckpointDirectory) {
   const auto dir = fresh_directory("mixkv_gen_");
   const engine::TinyModel& m = *engine::find_tiny_model("tiny-swa");
   const auto src = engine::tiny_model_source(m);
-  engine::write_safetensors(
+  weights::write_safetensors(
       (dir / "model.safetensors").string(),
       engine::generate_weights(engine::read_transformer_config(src),
                                model::describe(src, std::nullopt, {}), m.seed));
@@ -169,12 +169,12 @@ TEST(GenerateCommand, ReadsADrafterCheckpointDirectory) {
   const auto draft = engine::tiny_model_source(d);
   model::DescribeOptions opt;
   opt.num_spec_tokens = 3;
-  engine::TensorMap own;
+  weights::TensorMap own;
   for (auto& [name, t] : engine::generate_draft_weights(engine::read_transformer_config(draft),
                                                         model::describe(src, draft, opt), d.seed)) {
     own.emplace(name.substr(std::string("draft.").size()), t);
   }
-  engine::write_safetensors((dir / "model.safetensors").string(), own);
+  weights::write_safetensors((dir / "model.safetensors").string(), own);
   std::ofstream(dir / "config.json") << d.config_json;
   const auto r = run_cli("generate", {"tiny-swa", "--draft", dir.string(), "--max-tokens", "12",
                                       "--batch", "2", "--json"});
@@ -185,7 +185,7 @@ TEST(GenerateCommand, ReadsADrafterCheckpointDirectory) {
   }
   // A checkpoint missing a tensor is refused, naming it with the prefix the runner reads.
   own.erase("hidden_norm.weight");
-  engine::write_safetensors((dir / "model.safetensors").string(), own);
+  weights::write_safetensors((dir / "model.safetensors").string(), own);
   const auto missing = run_cli("generate", {"tiny-swa", "--draft", dir.string()});
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.err.find("draft.hidden_norm.weight"), std::string::npos) << missing.err;

@@ -1,14 +1,14 @@
 // Greedy generation: speculative decoding with an oracle or a random drafter gives exactly the
 // tokens of plain decoding, at batch 1 and in a mixed batch; the scheduler's admission, prefix
 // caching and preemption do not change a token.
-#include "mixkv/generator.hpp"
+#include "mixkv/engine/generator.hpp"
 #include "engine_test_support.hpp"
 
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::engine {
 namespace {

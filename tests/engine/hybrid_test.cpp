@@ -7,9 +7,9 @@
 #include <map>
 
 #include "engine_test_support.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/generator.hpp"
-#include "mixkv/recurrent_kernel.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/generator.hpp"
+#include "mixkv/kernels/recurrent_kernel.hpp"
 
 namespace mixkv::engine {
 namespace {
@@ -26,7 +26,7 @@ ModelRunner make_hybrid_mtp(RunnerOptions o) {
   const TinyModel& m = *find_tiny_model("tiny-hybrid");
   const model::ModelSource src = tiny_model_source(m);
   const auto config = read_transformer_config(src);
-  TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), m.seed);
+  weights::TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), m.seed);
   model::DescribeOptions d;
   d.num_spec_tokens = o.num_spec_tokens;
   w.merge(generate_draft_weights(config, model::describe_mtp(src, d), m.seed + 1));

@@ -9,9 +9,9 @@
 #include <map>
 
 #include "engine_test_support.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/generator.hpp"
-#include "mixkv/recurrent_kernel.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/generator.hpp"
+#include "mixkv/kernels/recurrent_kernel.hpp"
 
 namespace mixkv::engine {
 namespace {
@@ -59,7 +59,7 @@ TEST(TinyMamba, Mamba2BlockMatchesHfFormulasWrittenOutInDouble) {
     "conv_kernel": 3, "vocab_size": 40, "max_position_embeddings": 256,
     "layer_norm_epsilon": 1e-5, "torch_dtype": "float32"})");
   const TransformerConfig config = read_transformer_config(src);
-  const TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), 21);
+  const weights::TensorMap w = generate_weights(config, model::describe(src, std::nullopt, {}), 21);
   ModelRunner runner(src, w);
   const std::vector<TokenId> tokens = {3, 17, 5, 5, 39, 0, 22, 8, 13, 31};
   cache::KvCacheManager m(runner.plan(), 0);

@@ -1,6 +1,6 @@
 // The reference runner: tiny models through the describe path, weights from a seed or a
 // safetensors checkpoint, and logits independent of batch composition and chunking.
-#include "mixkv/model_runner.hpp"
+#include "mixkv/engine/model_runner.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mixkv/error.hpp"
-#include "mixkv/kv_cache_manager.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::engine {
 namespace {
@@ -174,15 +174,15 @@ TEST(ModelRunner, SafetensorsCheckpointGivesTheSameLogitsAsGeneratedWeights) {
     const model::ModelSource src = tiny_model_source(m);
     const auto config = read_transformer_config(src);
     const auto desc = model::describe(src, std::nullopt, {});
-    const TensorMap weights = generate_weights(config, desc, m.seed);
+    const weights::TensorMap weights = generate_weights(config, desc, m.seed);
     const auto dir = std::filesystem::temp_directory_path() /
                      ("mixkv_ckpt_" + std::string(name) + "_" +
                       std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
     std::filesystem::create_directories(dir);
-    write_safetensors((dir / "model.safetensors").string(), weights);
+    weights::write_safetensors((dir / "model.safetensors").string(), weights);
     { std::ofstream(dir / "config.json") << m.config_json; }
     const model::ModelSource loaded = model::load_model_source(dir.string());
-    ModelRunner from_file(loaded, read_safetensors((dir / "model.safetensors").string()));
+    ModelRunner from_file(loaded, weights::read_safetensors((dir / "model.safetensors").string()));
     ModelRunner generated(src, weights);
     const std::vector<TokenId> p = prompt(40, 3);
     EXPECT_EQ(prefill_logits(from_file, {p}, 16), prefill_logits(generated, {p}, 16)) << name;
@@ -242,7 +242,7 @@ TEST(ModelRunner, MissingOrMisshapenWeightsAreNamed) {
   const model::ModelSource src = tiny_model_source(swa());
   const auto config = read_transformer_config(src);
   const auto desc = model::describe(src, std::nullopt, {});
-  TensorMap w = generate_weights(config, desc, 1);
+  weights::TensorMap w = generate_weights(config, desc, 1);
   w.erase("model.layers.2.mlp.up_proj.weight");
   try {
     ModelRunner r(src, w);

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "engine_test_support.hpp"
-#include "mixkv/generator.hpp"
+#include "mixkv/engine/generator.hpp"
 
 namespace mixkv::engine {
 namespace {

@@ -1,6 +1,6 @@
 // safetensors: the writer's files read back exactly, and every malformed header is refused with
 // an error naming the tensor or field.
-#include "mixkv/safetensors.hpp"
+#include "mixkv/weights/safetensors.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,16 +9,17 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "mixkv/error.hpp"
+#include "mixkv/core/error.hpp"
 
 namespace mixkv::engine {
 namespace {
 
-TensorMap sample_tensors() {
-  TensorMap m;
-  m["a.weight"] = Tensor{DType::kFloat32, {2, 3}, {1.5f, -2.0f, 0.25f, 3.0f, 1e-3f, -7.0f}};
-  m["b.bias"] = Tensor{DType::kBfloat16, {4}, {1.0f, -0.5f, 2.0f, 0.0f}};
-  m["c.scale"] = Tensor{DType::kFloat16, {1, 2}, {0.5f, -65504.0f}};
+weights::TensorMap sample_tensors() {
+  weights::TensorMap m;
+  m["a.weight"] =
+      weights::Tensor{DType::kFloat32, {2, 3}, {1.5f, -2.0f, 0.25f, 3.0f, 1e-3f, -7.0f}};
+  m["b.bias"] = weights::Tensor{DType::kBfloat16, {4}, {1.0f, -0.5f, 2.0f, 0.0f}};
+  m["c.scale"] = weights::Tensor{DType::kFloat16, {1, 2}, {0.5f, -65504.0f}};
   return m;
 }
 
@@ -33,7 +34,7 @@ std::vector<std::byte> file_with_header(const std::string& header, std::size_t d
 
 std::string error_of(const std::vector<std::byte>& file) {
   try {
-    parse_safetensors(file, "test.safetensors");
+    weights::parse_safetensors(file, "test.safetensors");
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidInput);
     return e.what();
@@ -42,20 +43,23 @@ std::string error_of(const std::vector<std::byte>& file) {
 }
 
 TEST(Safetensors, WrittenTensorsReadBackWithTheirDtypesAndValues) {
-  const TensorMap m = sample_tensors();
-  const TensorMap back = parse_safetensors(serialize_safetensors(m), "mem");
+  const weights::TensorMap m = sample_tensors();
+  const weights::TensorMap back =
+      weights::parse_safetensors(weights::serialize_safetensors(m), "mem");
   EXPECT_EQ(back, m);  // every value above is exact in its dtype
 }
 
 TEST(Safetensors, ValuesAreRoundedToTheStoredDtype) {
-  TensorMap m;
-  m["x"] = Tensor{DType::kBfloat16, {1}, {1.00390625f}};  // 1 + 2^-8: halfway, ties to even
-  const TensorMap back = parse_safetensors(serialize_safetensors(m), "mem");
+  weights::TensorMap m;
+  m["x"] =
+      weights::Tensor{DType::kBfloat16, {1}, {1.00390625f}};  // 1 + 2^-8: halfway, ties to even
+  const weights::TensorMap back =
+      weights::parse_safetensors(weights::serialize_safetensors(m), "mem");
   EXPECT_EQ(back.at("x").values[0], 1.0f);
 }
 
 TEST(Safetensors, HeaderFollowsTheFormat) {
-  const std::vector<std::byte> f = serialize_safetensors(sample_tensors());
+  const std::vector<std::byte> f = weights::serialize_safetensors(sample_tensors());
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | std::to_integer<std::uint64_t>(f[i]);
   EXPECT_EQ((8 + n) % 8, 0u);  // data aligned
@@ -72,8 +76,8 @@ TEST(Safetensors, FileRoundTripsThroughDisk) {
       std::filesystem::temp_directory_path() /
       ("mixkv_st_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
        ".safetensors");
-  write_safetensors(path.string(), sample_tensors());
-  EXPECT_EQ(read_safetensors(path.string()), sample_tensors());
+  weights::write_safetensors(path.string(), sample_tensors());
+  EXPECT_EQ(weights::read_safetensors(path.string()), sample_tensors());
   std::filesystem::remove(path);
 }
 
@@ -81,7 +85,7 @@ TEST(Safetensors, MetadataIsIgnored) {
   const auto f = file_with_header(
       R"({"__metadata__":{"format":"pt"},"t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
       4);
-  EXPECT_EQ(parse_safetensors(f, "m").size(), 1u);
+  EXPECT_EQ(weights::parse_safetensors(f, "m").size(), 1u);
 }
 
 TEST(Safetensors, TruncatedFilesAreRefused) {
@@ -118,11 +122,11 @@ TEST(Safetensors, BadHeadersNameTheTensorAndField) {
 }
 
 TEST(Safetensors, WriterRefusesUnsupportedDtypesAndShapeMismatches) {
-  TensorMap m;
-  m["q"] = Tensor{DType::kFp8E4m3, {1}, {1.0f}};
-  EXPECT_THROW(serialize_safetensors(m), Error);
-  m["q"] = Tensor{DType::kFloat32, {2}, {1.0f}};
-  EXPECT_THROW(serialize_safetensors(m), Error);
+  weights::TensorMap m;
+  m["q"] = weights::Tensor{DType::kFp8E4m3, {1}, {1.0f}};
+  EXPECT_THROW(weights::serialize_safetensors(m), Error);
+  m["q"] = weights::Tensor{DType::kFloat32, {2}, {1.0f}};
+  EXPECT_THROW(weights::serialize_safetensors(m), Error);
 }
 
 }  // namespace

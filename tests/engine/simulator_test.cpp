@@ -1,6 +1,6 @@
 // `mixkv simulate`: the continuous-batching scheduler over the KV-cache manager, its trace
 // reader, and the command.
-#include "mixkv/simulate.hpp"
+#include "mixkv/engine/simulate.hpp"
 
 #include <gtest/gtest.h>
 

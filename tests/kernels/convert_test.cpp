@@ -1,6 +1,6 @@
 // Element conversion: known bit patterns, every code round-trips, rounding is to the nearest
 // representable value with ties to even, fp8 saturates, nvfp4 is refused.
-#include "mixkv/kernels_convert.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 #include <gtest/gtest.h>
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "mixkv/attention_kernel.hpp"
-#include "mixkv/dense_reference.hpp"
-#include "mixkv/kernels_convert.hpp"
-#include "mixkv/verify.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/kernels/convert.hpp"
+#include "mixkv/kernels/dense_reference.hpp"
+#include "mixkv/kernels/verify.hpp"
 
 namespace mixkv::kernels::testing {
 

@@ -1,7 +1,7 @@
 // Paged attention against the dense reference on synthetic geometries: page sizes 16/32/64 and a
 // 544-token manager block split into 32-token kernel pages, padded and offset pages, every cache
 // dtype, GQA/MQA/MHA, windows, soft caps, sinks, causal and non-causal blocks, MLA.
-#include "mixkv/attention_kernel.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
 
 #include <gtest/gtest.h>
 

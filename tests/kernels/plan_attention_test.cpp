@@ -2,7 +2,7 @@
 // through each layer's slot mapping for a few requests on random blocks, run every attention
 // group's kernel with its own parameters and compare with the dense reference over the logical
 // sequences. Planted faults in the geometry or parameters must show up as mismatches.
-#include "mixkv/attention_kernel.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <set>
 
 #include "kernels/kernels_test_support.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {

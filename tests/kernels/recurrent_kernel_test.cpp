@@ -2,7 +2,7 @@
 // DeltaNet and Kimi Delta Attention steps and chunked prefills, the Mamba2 step, over random
 // shapes, lengths, dtypes and state slots; speculative checkpoints; layer specs from built-in
 // models; bad input.
-#include "mixkv/recurrent_kernel.hpp"
+#include "mixkv/kernels/recurrent_kernel.hpp"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -14,13 +14,13 @@
 #include <numeric>
 #include <random>
 
-#include "mixkv/attention_groups.hpp"
-#include "mixkv/geometry.hpp"
-#include "mixkv/kernels_convert.hpp"
-#include "mixkv/kv_cache_manager.hpp"
-#include "mixkv/plan.hpp"
-#include "mixkv/recurrent_reference.hpp"
-#include "mixkv/verify.hpp"
+#include "mixkv/attn/attention_groups.hpp"
+#include "mixkv/cache/kv_cache_manager.hpp"
+#include "mixkv/kernels/convert.hpp"
+#include "mixkv/kernels/recurrent_reference.hpp"
+#include "mixkv/kernels/verify.hpp"
+#include "mixkv/layout/geometry.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {
@@ -801,7 +801,7 @@ TEST(RecurrentCheckpoints, CommitMakesTheAcceptedCheckpointTheLiveState) {
   const model::ModelDesc desc = mixkv::testing::describe_builtin("qwen3-next-80b-a3b", {}, o);
   plan::PlanOptions po;
   po.policy = plan::Policy::kVllm;
-  po.backend = attn::Backend::kCpu;
+  po.backend = backend::Backend::kCpu;
   po.memory_bytes = std::int64_t{64} << 20;
   po.max_model_len = 1024;
   const plan::CachePlan plan = plan::make_plan(desc, po);

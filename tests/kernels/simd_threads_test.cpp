@@ -2,7 +2,7 @@
 // exactly (in registers for decode, through scratch otherwise); kernels::ThreadPool on its own;
 // and outputs bit-identical whatever the pool's size and whatever else is in the batch (a
 // batch-invariant engine relies on it).
-#include "mixkv/thread_pool.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +13,7 @@
 #include <stdexcept>
 
 #include "kernels/kernels_test_support.hpp"
-#include "mixkv/attention_kernel.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {

@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/error.hpp"
-#include "mixkv/verify.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/verify.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {
@@ -19,7 +19,7 @@ constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 // hybrid's recurrent states with a drafter's checkpoints take more than 64 MiB for even one short
 // request at TP1 (qwen3.5-27b + DFlash: 17 states per GDN layer). Two layers per group, short
 // requests: the sweep is about every pair's geometry, the kernel tests about the kernels.
-VerifyReport verify_small(const mixkv::testing::Pair& pair, attn::Backend backend) {
+VerifyReport verify_small(const mixkv::testing::Pair& pair, backend::Backend backend) {
   VerifyOptions o;
   o.plan.backend = backend;
   o.requests = 2;
@@ -42,7 +42,7 @@ VerifyReport verify_small(const mixkv::testing::Pair& pair, attn::Backend backen
   return {};
 }
 
-class VerifySweep : public ::testing::TestWithParam<attn::Backend> {};
+class VerifySweep : public ::testing::TestWithParam<backend::Backend> {};
 
 TEST_P(VerifySweep, EveryBuiltInPairPasses) {
   int verified_groups = 0;
@@ -60,10 +60,10 @@ TEST_P(VerifySweep, EveryBuiltInPairPasses) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, VerifySweep,
-                         ::testing::Values(attn::Backend::kCpu, attn::Backend::kFlashinfer,
-                                           attn::Backend::kFlashAttn),
+                         ::testing::Values(backend::Backend::kCpu, backend::Backend::kFlashinfer,
+                                           backend::Backend::kFlashAttn),
                          [](const auto& info) {
-                           std::string name(attn::to_string(info.param));
+                           std::string name(backend::to_string(info.param));
                            std::erase(name, '-');
                            return name;
                          });

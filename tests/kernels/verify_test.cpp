@@ -1,13 +1,13 @@
 // `mixkv verify` as a library call: built-in pairs verify on the cpu and flashinfer geometries,
 // recurrent and refused layers are reported rather than passed, and planted faults show up as a
 // mismatch on the group they were planted in.
-#include "mixkv/verify.hpp"
+#include "mixkv/kernels/verify.hpp"
 
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "mixkv/plan.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {
@@ -16,7 +16,7 @@ namespace {
 constexpr std::int64_t kMiB = std::int64_t{1} << 20;
 
 VerifyReport run_verify(std::string_view target, std::optional<std::string_view> draft,
-                        plan::Policy policy, attn::Backend backend, int requests = 2,
+                        plan::Policy policy, backend::Backend backend, int requests = 2,
                         PlantedFault fault = PlantedFault::kNone, int fault_group = -1) {
   VerifyOptions o;
   o.plan.policy = policy;
@@ -51,7 +51,7 @@ struct Pair {
   plan::Policy policy;
 };
 
-class VerifyPairs : public ::testing::TestWithParam<std::tuple<Pair, attn::Backend>> {};
+class VerifyPairs : public ::testing::TestWithParam<std::tuple<Pair, backend::Backend>> {};
 
 TEST_P(VerifyPairs, EveryAttentionGroupMatchesTheReference) {
   const auto& [pair, backend] = GetParam();
@@ -69,11 +69,11 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values(Pair{"gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv},
                           Pair{"qwen3-next-80b-a3b", nullptr, plan::Policy::kVllm},
                           Pair{"qwen3-8b", "dflash-qwen3-8b-b16", plan::Policy::kMixkv}),
-        ::testing::Values(attn::Backend::kCpu, attn::Backend::kFlashinfer)));
+        ::testing::Values(backend::Backend::kCpu, backend::Backend::kFlashinfer)));
 
 TEST(Verify, BatchHasSharedPrefixesAndSpansLongerThanTheWindow) {
   const VerifyReport r = run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv,
-                                    attn::Backend::kFlashinfer, 4);
+                                    backend::Backend::kFlashinfer, 4);
   ASSERT_EQ(r.requests.size(), 4u);
   EXPECT_GT(r.requests[0].kv_len, 128);  // gpt-oss's window
   EXPECT_EQ(r.requests[1].shares_prefix_with, 0);
@@ -90,7 +90,7 @@ TEST(Verify, BatchHasSharedPrefixesAndSpansLongerThanTheWindow) {
 VerifyReport run_gdn_verify(PlantedFault fault = PlantedFault::kNone, int fault_group = -1) {
   VerifyOptions o;
   o.plan.policy = plan::Policy::kVllm;
-  o.plan.backend = attn::Backend::kCpu;
+  o.plan.backend = backend::Backend::kCpu;
   o.plan.memory_bytes = 64 * kMiB;
   o.requests = 2;
   o.seed = 5;
@@ -127,8 +127,8 @@ TEST(Verify, GdnGroupsRunDecodeCheckpointsAndPrefillWithinTolerance) {
 }
 
 TEST(Verify, Mamba2GroupsMatchTheReference) {
-  const VerifyReport r =
-      run_verify("nemotron-h-8b", std::nullopt, plan::Policy::kVllm, attn::Backend::kFlashinfer, 2);
+  const VerifyReport r = run_verify("nemotron-h-8b", std::nullopt, plan::Policy::kVllm,
+                                    backend::Backend::kFlashinfer, 2);
   const auto groups = recurrent_groups(r);
   ASSERT_FALSE(groups.empty());
   for (const GroupResult* g : groups) {
@@ -145,7 +145,7 @@ TEST(Verify, Mamba2GroupsMatchTheReference) {
 VerifyReport run_kda_verify(PlantedFault fault = PlantedFault::kNone, int fault_group = -1) {
   VerifyOptions o;
   o.plan.policy = plan::Policy::kVllm;
-  o.plan.backend = attn::Backend::kCpu;
+  o.plan.backend = backend::Backend::kCpu;
   o.plan.memory_bytes = 64 * kMiB;
   o.requests = 2;
   o.seed = 3;
@@ -185,7 +185,7 @@ TEST(Verify, KdaGroupsRunDecodeCheckpointsAndPrefillWithinTolerance) {
 // Layers without a CPU kernel (Jamba's Mamba1) are reported, with the reason, not passed.
 TEST(Verify, Mamba1GroupsAreReportedNotVerifiedWithTheReason) {
   const VerifyReport r =
-      run_verify("jamba-v0.1", std::nullopt, plan::Policy::kVllm, attn::Backend::kCpu, 1);
+      run_verify("jamba-v0.1", std::nullopt, plan::Policy::kVllm, backend::Backend::kCpu, 1);
   int mamba1 = 0;
   for (const GroupResult* g : recurrent_groups(r)) {
     EXPECT_EQ(g->status, GroupStatus::kNotVerified);
@@ -210,7 +210,7 @@ TEST(Verify, MemoryTooSmallIsBadInput) {
 // The target's kernel-page stride off by one page (the manager page split into one kernel page
 // too many): only the group it was planted in mismatches.
 TEST(VerifyPlantedFault, OffByOneStrideOnTheTargetGroupIsCaughtThere) {
-  for (auto backend : {attn::Backend::kCpu, attn::Backend::kFlashinfer}) {
+  for (auto backend : {backend::Backend::kCpu, backend::Backend::kFlashinfer}) {
     const VerifyReport clean =
         run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv, backend, 2);
     int target = -1;
@@ -237,7 +237,7 @@ TEST(VerifyPlantedFault, OffByOneStrideOnTheTargetGroupIsCaughtThere) {
 
 TEST(VerifyPlantedFault, SlidingGroupGivenTheFullWindowIsCaught) {
   const VerifyReport clean = run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv,
-                                        attn::Backend::kFlashinfer, 2);
+                                        backend::Backend::kFlashinfer, 2);
   int sliding = -1;
   for (const auto& g : clean.groups) {
     if (g.params.find("window") != std::string::npos) sliding = g.attention_group;
@@ -245,7 +245,7 @@ TEST(VerifyPlantedFault, SlidingGroupGivenTheFullWindowIsCaught) {
   ASSERT_GE(sliding, 0);
   const VerifyReport r =
       run_verify("gpt-oss-20b", "eagle3-gpt-oss-20b", plan::Policy::kMixkv,
-                 attn::Backend::kFlashinfer, 2, PlantedFault::kFullWindow, sliding);
+                 backend::Backend::kFlashinfer, 2, PlantedFault::kFullWindow, sliding);
   for (const auto& g : r.groups) {
     if (g.attention_group < 0) continue;
     EXPECT_EQ(g.status, g.attention_group == sliding ? GroupStatus::kMismatch : GroupStatus::kPass)
@@ -262,7 +262,7 @@ TEST(VerifyPlantedFault, DraftGroupGivenTheTargetKernelPageIsCaught) {
   const model::ModelDesc desc =
       mixkv::testing::describe_builtin("qwen3.5-27b", "mha-draft-qwen3.5-27b", d);
   VerifyOptions o;
-  o.plan.backend = attn::Backend::kFlashinfer;
+  o.plan.backend = backend::Backend::kFlashinfer;
   o.plan.memory_bytes = 128 * kMiB;
   o.requests = 2;
   o.seed = 5;

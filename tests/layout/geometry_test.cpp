@@ -1,5 +1,5 @@
 // Page geometry: kernel pages, slot mapping and transfer descriptors agree with the plan.
-#include "mixkv/geometry.hpp"
+#include "mixkv/layout/geometry.hpp"
 
 #include <gtest/gtest.h>
 
@@ -22,7 +22,8 @@ struct Built {
 };
 
 Built build(model::ModelDesc desc, plan::Policy policy,
-            attn::Backend backend = attn::Backend::kFlashinfer, std::int64_t memory = 40 * kGiB) {
+            backend::Backend backend = backend::Backend::kFlashinfer,
+            std::int64_t memory = 40 * kGiB) {
   plan::PlanOptions o;
   o.policy = policy;
   o.backend = backend;
@@ -147,11 +148,11 @@ TEST(GeometryProperties, EveryTokenHasItsOwnBytesAndTransfersMatchKernels) {
   std::mt19937_64 rng(7);
   for (const auto& pair : plan::testing::builtin_pairs()) {
     for (auto policy : {plan::Policy::kVllm, plan::Policy::kMixkv}) {
-      for (auto backend : {attn::Backend::kFlashinfer, attn::Backend::kCpu}) {
+      for (auto backend : {backend::Backend::kFlashinfer, backend::Backend::kCpu}) {
         const Built b = build(plan::testing::describe_pair(pair), policy, backend, 80 * kGiB);
         check_request_geometry(b, rng,
                                pair.label() + " " + std::string(plan::to_string(policy)) + " " +
-                                   std::string(attn::to_string(backend)));
+                                   std::string(backend::to_string(backend)));
       }
     }
   }

@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/dtype.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/core/dtype.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::model {

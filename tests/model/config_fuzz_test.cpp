@@ -27,10 +27,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model_json.hpp"
 
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)

@@ -2,7 +2,7 @@
 // MTP layers, and ordinary models used as drafts.
 #include <gtest/gtest.h>
 
-#include "mixkv/describe.hpp"
+#include "mixkv/model/describe.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::model {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "mixkv/describe.hpp"
+#include "mixkv/model/describe.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::model {

@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::model {

@@ -1,9 +1,9 @@
 // The describe JSON contract and the native model file: same document, round trip exact.
 #include <gtest/gtest.h>
 
-#include "mixkv/builtin_models.hpp"
-#include "mixkv/describe.hpp"
-#include "mixkv/model_json.hpp"
+#include "mixkv/builtin/builtin_models.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::model {

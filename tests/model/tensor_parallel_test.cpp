@@ -1,7 +1,7 @@
 // Tensor-parallel sharding rules, per layer kind.
 #include <gtest/gtest.h>
 
-#include "mixkv/describe.hpp"
+#include "mixkv/model/describe.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::model {

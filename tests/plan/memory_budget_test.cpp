@@ -1,4 +1,4 @@
-#include "mixkv/memory_budget.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 
 #include <gtest/gtest.h>
 

@@ -53,7 +53,7 @@ TEST(MixkvPolicy, OnePoolOfEqualBlocksWithGroupsInsideIt) {
 TEST(MixkvPolicy, FlashmlaServesOnlyMlaLayers) {
   const auto desc = mixkv::testing::describe_builtin("deepseek-v3");
   PlanOptions o = options(Policy::kMixkv, 80 * kGiB);
-  o.backend = attn::Backend::kFlashMla;
+  o.backend = backend::Backend::kFlashMla;
   const CachePlan plan = make_plan(desc, o);
   for (const auto& g : plan.groups) EXPECT_EQ(g.kernel_block_size, 64);
   mixkv::testing::expect_error([&] { make_plan(mixkv::testing::describe_builtin("qwen3-8b"), o); },
@@ -70,7 +70,7 @@ TEST(MixkvPolicy, UserBlockSizeIsHonoured) {
   mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput,
                                {"--block-size 24"});
   o.block_size = 16;
-  o.backend = attn::Backend::kFlashMla;
+  o.backend = backend::Backend::kFlashMla;
   mixkv::testing::expect_error(
       [&] { make_plan(mixkv::testing::describe_builtin("deepseek-v3"), o); },
       ErrorCode::kInvalidInput, {"--block-size 16", "flashmla", "layers.0", "64"});

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "mixkv/model_json.hpp"
+#include "mixkv/model/model_json.hpp"
 #include "plan/plan_test_support.hpp"
 
 namespace mixkv::plan {
@@ -65,8 +65,8 @@ TEST(PlanProperties, RandomModelsGiveExecutablePlansUnderBothPolicies) {
     o.memory_bytes = std::int64_t{1} << std::uniform_int_distribution<int>(28, 36)(rng);
     o.request_len =
         std::uniform_int_distribution<std::int64_t>(1, *desc.facts.max_position_embeddings)(rng);
-    o.backend = std::array{attn::Backend::kFlashinfer, attn::Backend::kFlashAttn,
-                           attn::Backend::kCpu}[iteration % 3];
+    o.backend = std::array{backend::Backend::kFlashinfer, backend::Backend::kFlashAttn,
+                           backend::Backend::kCpu}[iteration % 3];
     for (Policy policy : {Policy::kVllm, Policy::kMixkv}) {
       o.policy = policy;
       const std::string label = fmt::format("iteration {} {}: {}", iteration, to_string(policy),

@@ -7,9 +7,9 @@
 #include <map>
 #include <set>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/error.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::plan::testing {

@@ -16,16 +16,16 @@ constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 // GiB).
 constexpr std::int64_t kMemory = 80 * kGiB;
 
-class PolicySweep : public ::testing::TestWithParam<attn::Backend> {};
+class PolicySweep : public ::testing::TestWithParam<backend::Backend> {};
 
 TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
-  const attn::Backend backend = GetParam();
+  const backend::Backend backend = GetParam();
   for (const auto& pair : testing::builtin_pairs()) {
     const model::ModelDesc desc = testing::describe_pair(pair);
     const std::int64_t max_len = *desc.facts.max_position_embeddings;
     for (std::int64_t len : {std::int64_t{256}, std::int64_t{2500}, std::int64_t{32768}, max_len}) {
       const std::string label =
-          fmt::format("{} on {} at {} tokens", pair.label(), attn::to_string(backend), len);
+          fmt::format("{} on {} at {} tokens", pair.label(), backend::to_string(backend), len);
       PlanOptions o;
       o.backend = backend;
       o.memory_bytes = kMemory;
@@ -54,10 +54,10 @@ TEST_P(PolicySweep, MixkvServesAtLeastAsManyAsVllmAndNearThePhysicalLimit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PolicySweep,
-                         ::testing::Values(attn::Backend::kFlashinfer, attn::Backend::kFlashAttn,
-                                           attn::Backend::kCpu),
+                         ::testing::Values(backend::Backend::kFlashinfer,
+                                           backend::Backend::kFlashAttn, backend::Backend::kCpu),
                          [](const auto& info) {
-                           std::string name(attn::to_string(info.param));
+                           std::string name(backend::to_string(info.param));
                            std::erase(name, '-');
                            return name;
                          });

@@ -3,8 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mixkv/describe.hpp"
-#include "mixkv/plan.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/plan/plan.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::plan {
@@ -15,7 +15,7 @@ constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 PlanOptions vllm_options(std::int64_t memory = 40 * kGiB) {
   PlanOptions o;
   o.policy = Policy::kVllm;
-  o.backend = attn::Backend::kFlashinfer;
+  o.backend = backend::Backend::kFlashinfer;
   o.memory_bytes = memory;
   return o;
 }

@@ -1,0 +1,37 @@
+# Run as: cmake -DROOT=<repo> "-DMODULES=name=dep,dep name=dep,..." -P check_layering.cmake
+# Fails when a file in src/<module>/ or include/mixkv/<module>/ includes a header of a module
+# (as "mixkv/<other>/..." or "<other>/...") that is not in <module>'s dependency closure.
+separate_arguments(specs UNIX_COMMAND "${MODULES}")
+set(all_modules "")
+foreach(spec IN LISTS specs)
+  string(REGEX MATCH "^[^=]+" name "${spec}")
+  list(APPEND all_modules ${name})
+endforeach()
+set(violations "")
+foreach(spec IN LISTS specs)
+  string(REGEX MATCH "^[^=]+" name "${spec}")
+  string(REGEX REPLACE "^[^=]+=" "" closure "${spec}")
+  string(REPLACE "," ";" closure "${closure}")
+  file(GLOB_RECURSE files "${ROOT}/src/${name}/*.cpp" "${ROOT}/src/${name}/*.hpp"
+                          "${ROOT}/include/mixkv/${name}/*.hpp")
+  foreach(file IN LISTS files)
+    file(STRINGS "${file}" lines REGEX "^#include \"")
+    foreach(line IN LISTS lines)
+      if(line MATCHES "^#include \"(mixkv/)?([a-z_]+)/")
+        set(target "${CMAKE_MATCH_2}")
+        list(FIND all_modules "${target}" known)
+        list(FIND closure "${target}" allowed)
+        if(known GREATER -1 AND allowed EQUAL -1)
+          file(RELATIVE_PATH rel "${ROOT}" "${file}")
+          list(APPEND violations "${rel}: ${line} (module '${name}' does not depend on '${target}')")
+        endif()
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+if(violations)
+  list(JOIN violations "\n  " text)
+  message(FATAL_ERROR "layering violations:\n  ${text}\n"
+                      "Move the code to a module that may depend on the one it needs, or add the "
+                      "dependency in src/CMakeLists.txt if the layering allows it.")
+endif()

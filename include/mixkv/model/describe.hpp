@@ -1,0 +1,67 @@
+// Building a ModelDesc: from a HuggingFace config.json (any supported family, also nested under
+// `text_config`), a drafter config, a built-in model, or a native mixkv model file; then tensor-
+// parallel sharding, speculative-token state growth and cache dtype choices.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "mixkv/core/dtype.hpp"
+#include "mixkv/model/model.hpp"
+
+namespace mixkv::model {
+
+// A parsed model document and where it came from (used in every error message).
+struct ModelSource {
+  std::string name;    // what the user called it: built-in name or path
+  std::string origin;  // "built-in qwen3-8b" or the file path, for errors
+  std::shared_ptr<const nlohmann::json> doc;
+};
+
+// Parses `text` as a model document. Throws Error naming `origin` on invalid JSON.
+ModelSource parse_model_source(std::string name, std::string origin, std::string_view text);
+
+// Resolves a model reference: a path to a JSON file, a directory holding config.json, or a
+// built-in name. Throws Error when it is none of these.
+ModelSource load_model_source(std::string_view ref);
+
+// Uses the target's own multi-token-prediction layers as the drafter.
+inline constexpr std::string_view kMtpDraft = "mtp";
+
+// A per-layer cache dtype override: layers whose name matches `pattern` (shell glob) use `dtype`.
+struct LayerDtypeOverride {
+  std::string pattern;
+  DType dtype = DType::kBfloat16;
+};
+
+struct DescribeOptions {
+  std::optional<int> tp;                // default 1 (or the native file's own value)
+  std::optional<int> num_spec_tokens;   // default: 0 without a drafter, else the drafter's natural
+  std::optional<DType> kv_dtype;        // attention cache dtype of target layers; nullopt = auto
+  std::optional<DType> draft_kv_dtype;  // drafter layers; nullopt = follow kv_dtype
+  std::optional<DType> ssm_dtype;       // recurrent temporal/SSM state; nullopt = auto
+  std::vector<LayerDtypeOverride> layer_kv_dtypes;  // applied last, in order
+};
+
+// Parses "NAME=DTYPE" (NAME may be a glob such as "draft.*"). Throws Error on bad syntax or dtype.
+LayerDtypeOverride parse_layer_dtype_override(std::string_view text);
+
+// Describes `target` and, when given, its drafter (a source, or nullopt). `draft_name` may be
+// kMtpDraft to use the target's MTP layers. Throws Error on any bad input.
+ModelDesc describe(const ModelSource& target, const std::optional<ModelSource>& draft,
+                   const DescribeOptions& options);
+ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options);
+
+// Convenience for the CLI and tests: resolves references (built-in, file, or "mtp") and describes.
+ModelDesc describe_refs(std::string_view target_ref, std::optional<std::string_view> draft_ref,
+                        const DescribeOptions& options);
+
+// The supported HuggingFace model_type values.
+std::vector<std::string> supported_model_types();
+
+}  // namespace mixkv::model
