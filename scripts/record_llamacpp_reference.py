@@ -8,6 +8,7 @@ import json
 import time
 
 import jinja2
+import llama_cpp
 import numpy as np
 from llama_cpp import Llama
 
@@ -197,6 +198,8 @@ def main():
         "model_sha256": sha256_of(args.model),
         "llama_cpp_python": args.llama_cpp_python,
         "threads": args.threads,
+        # The CPU features this llama.cpp build uses (AMX on or off decides its batched path).
+        "system_info": llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip(),
         "n_ctx": n_ctx,
         "n_batch": n_batch,
         "bos_id": llm.token_bos(),
