@@ -41,13 +41,13 @@ bool mentions(const ConfigReader& root, std::string_view key, std::string_view n
 DraftKind detect_draft_kind(const ConfigReader& root) {
   if (mentions(root, "architectures", "eagle3")) return DraftKind::kEagle3;
   if (mentions(root, "architectures", "eagle")) return DraftKind::kEagle;
-  // The EAGLE authors' own EAGLE-3 training configs say LlamaForCausalLM; the reduced draft
-  // vocabulary (and its d2t/t2d maps) is what only an EAGLE-3 head has.
-  if (root.has("draft_vocab_size")) return DraftKind::kEagle3;
   if (mentions(root, "architectures", "dflash") || mentions(root, "auto_map", "dflash") ||
       root.has("dflash_config")) {
     return DraftKind::kDflash;
   }
+  // The EAGLE authors' own EAGLE-3 training configs say LlamaForCausalLM; a reduced draft
+  // vocabulary (with its d2t/t2d maps) is what, of the remaining drafters, only EAGLE-3 has.
+  if (root.has("draft_vocab_size")) return DraftKind::kEagle3;
   return DraftKind::kModel;
 }
 

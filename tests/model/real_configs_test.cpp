@@ -414,6 +414,15 @@ TEST(RealConfigs, Eagle3HeadSayingLlamaForCausalLMWithDraftVocabIsEagle3) {
   expect_attention(*draft[0], 32, 8, 128);
 }
 
+TEST(RealConfigs, DraftVocabSizeDoesNotTurnADflashDrafterIntoEagle3) {
+  nlohmann::json c = nlohmann::json::parse(load_model_source("dflash-qwen3-8b-b16").doc->dump());
+  c["draft_vocab_size"] = 32000;
+  const ModelDesc d =
+      describe(load_model_source("qwen3-8b"), parse_model_source("d", "dflash.json", c.dump()), {});
+  ASSERT_TRUE(d.draft_info.has_value());
+  EXPECT_EQ(d.draft_info->kind, DraftKind::kDflash);
+}
+
 TEST(RealConfigs, Eagle3HeadBorrowingPhi3IsReadByItsLlamaArchitecture) {
   const ModelDesc d =
       describe_refs(fixture("phi-4-mini-instruct.json"), fixture("eagle3-phi-4-mini.json"), {});
