@@ -260,7 +260,10 @@ TEST(VerifyPlantedFault, SlidingGroupGivenTheFullWindowIsCaught) {
 // An engine that gives the whole model the target's kernel page reads the MHA drafter's pages
 // (16 tokens under flashinfer, from its 10 KV heads) as 32-token pages: verify catches it on the
 // drafter's group and nowhere else.
-TEST(VerifyPlantedFault, DraftGroupGivenTheTargetKernelPageIsCaught) {
+// Disabled for now: since the mixkv policy also merges layers across bytes per token (issue 12
+// §2), this pair's target and drafter share one KV-cache group and one kernel page at every TP,
+// so the planted fault changes nothing. It needs a pair whose pages still differ (issue 12 notes).
+TEST(VerifyPlantedFault, DISABLED_DraftGroupGivenTheTargetKernelPageIsCaught) {
   model::DescribeOptions d;
   d.tp = 8;
   const model::ModelDesc desc =
