@@ -72,7 +72,8 @@ TEST(SmolLm2Reference, ChatPromptsRenderAndTokenizeAsLlamaCppDid) {
   const weights::GgufFile file = weights::GgufFile::open(path);
   const auto tok = tokenizer_from_gguf(file);
   const ChatTemplate& tmpl = chat_template_for(file);
-  for (const auto& chat : reference()["chats"]) {
+  const nlohmann::json ref = reference();  // held: a loop over a temporary's member dangles
+  for (const auto& chat : ref["chats"]) {
     std::vector<ChatMessage> messages;
     for (const auto& m : chat["messages"]) messages.push_back({m["role"], m["content"]});
     const std::string prompt = tmpl.render(messages, true);

@@ -64,7 +64,7 @@ class GgufBuilder {
     if (static_cast<std::size_t>(offset) + data.size() > data_.size()) {
       data_.resize(static_cast<std::size_t>(offset) + data.size());
     }
-    std::memcpy(data_.data() + offset, data.data(), data.size());
+    if (!data.empty()) std::memcpy(data_.data() + offset, data.data(), data.size());
     ++n_tensors_;
   }
 
@@ -93,7 +93,7 @@ class GgufBuilder {
   }
   static std::vector<std::byte> string_raw(std::string_view s) {
     std::vector<std::byte> out(s.size());
-    std::memcpy(out.data(), s.data(), s.size());
+    if (!s.empty()) std::memcpy(out.data(), s.data(), s.size());  // an empty view may be null
     return out;
   }
   static void append(std::vector<std::byte>& to, const std::vector<std::byte>& from) {
