@@ -164,17 +164,20 @@ std::vector<AttentionGroup> build_attention_groups(const model::ModelDesc& desc,
   std::vector<AttentionGroup> out;
   for (const auto& kv_group : plan.groups) {
     if (kv_group.behaviour == plan::Behaviour::kRecurrent) continue;
-    // vLLM merges a KV-cache group's specs into one, so its layers must share a cache dtype.
+    // vLLM has one cache dtype for every KV cache (--kv-cache-dtype), so its layers must share
+    // it. A DSA indexer's key cache is not one: it keeps its own fp8 format under either policy.
     if (plan.policy == plan::Policy::kVllm) {
-      const model::LayerDesc& first = *by_name.at(kv_group.layers.front());
+      const model::LayerDesc* first = nullptr;
       for (const auto& name : kv_group.layers) {
         const model::LayerDesc& l = *by_name.at(name);
-        if (l.kv_dtype != first.kv_dtype) {
+        if (l.indexer) continue;
+        if (first == nullptr) first = &l;
+        if (l.kv_dtype != first->kv_dtype) {
           throw_invalid(fmt::format(
               "KV-cache group {} mixes cache dtypes: layer {} is {} but layer {} is {}; under "
               "--policy vllm a group holds one format (give them one dtype, or use --policy "
               "mixkv, which keeps them in separate attention groups)",
-              kv_group.id, first.name, to_string(first.kv_dtype), l.name, to_string(l.kv_dtype)));
+              kv_group.id, first->name, to_string(first->kv_dtype), l.name, to_string(l.kv_dtype)));
         }
       }
     }

@@ -120,6 +120,20 @@ TEST(AttentionGroups, VllmGroupWithTwoDtypesFailsValidationNamingTheLayers) {
   EXPECT_NE(group_of(groups, "a").id, group_of(groups, "b").id);
 }
 
+TEST(AttentionGroups, VllmKeepsTheDsaIndexerCacheInItsOwnFp8GroupBesideBf16Mla) {
+  // vLLM's --kv-cache-dtype does not apply to the indexer's key cache, which is fp8 with scales
+  // under either policy; it must not count as a second cache dtype of the KV-cache group.
+  const auto desc = testing::describe_pair(
+      {std::string(MIXKV_SOURCE_DIR) + "/tests/model/fixtures/deepseek-v3.2.json", std::nullopt});
+  const auto groups = build_attention_groups(desc, make(desc, plan::Policy::kVllm));
+  const AttentionGroup& mla = group_of(groups, "layers.0");
+  const AttentionGroup& indexer = group_of(groups, "layers.0.indexer");
+  EXPECT_EQ(mla.kv_cache_group, indexer.kv_cache_group);
+  EXPECT_NE(mla.id, indexer.id);
+  EXPECT_EQ(mla.params.kv_dtype, DType::kBfloat16);
+  EXPECT_EQ(indexer.params.kv_dtype, DType::kFp8E4m3);
+}
+
 TEST(AttentionGroups, TargetOnlyUniformModelIsOneGroupPerKvCacheGroup) {
   // R8: nothing to split, nothing changes.
   const auto desc = testing::describe_builtin("llama-3.1-8b");
