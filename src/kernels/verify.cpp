@@ -440,13 +440,16 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     r.attention_group = g.id;
     r.kv_cache_group = g.kv_cache_group;
     r.layers = g.layers;
-    r.kind = std::string(model::to_string(layer_desc(g.layers.front()).kind));
+    // A DSA indexer's key cache (fp8 keys and their scales) is checked as MLA latents of its
+    // width: that pins its page geometry, not the indexer's top-k scoring, and the table says so.
+    const bool indexer = layer_desc(g.layers.front()).indexer;
+    r.kind = indexer ? "indexer" : std::string(model::to_string(layer_desc(g.layers.front()).kind));
     r.params = describe_params(g.params, false);
     for (const auto& name : g.layers) {
       try {
         const AttentionSpec s =
             attention_spec(attn::kernel_params(g, layer_desc(name)), layer_desc(name));
-        r.params = describe_params(g.params, s.mla);
+        r.params = describe_params(g.params, s.mla) + (indexer ? " (bytes as latents)" : "");
       } catch (const Error& e) {
         r.status = GroupStatus::kSkipped;
         r.reason = e.what();
