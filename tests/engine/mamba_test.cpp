@@ -153,7 +153,7 @@ TEST(TinyMamba, WhatTheRunnerDoesNotComputeIsRefusedByName) {
   const auto refused = [](const char* json, const char* needle) {
     const model::ModelSource src = model::parse_model_source("m", "test config", json);
     try {
-      ModelRunner runner(src, {});
+      ModelRunner runner(src, weights::TensorMap{});
       ADD_FAILURE() << "ran: " << needle;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
