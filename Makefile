@@ -1,5 +1,6 @@
 # The two commands of the README's quick start, and their helpers.
-#   make demo   installs what is missing, builds, runs the main job on a built-in default
+#   make demo   installs what is missing, builds, runs the main job on a built-in default, and
+#               ends with SmolLM2-135M answering chat prompts, plain and speculative
 #   make test   installs what is missing, builds, runs every test
 BUILD_DIR ?= build
 SANITIZE_DIR ?= build-sanitize
@@ -39,6 +40,11 @@ demo: build
 	./$(BUILD_DIR)/mixkv generate tiny-hybrid --draft tiny-dflash --num-spec-tokens 7 --max-tokens 64
 	@echo
 	./$(BUILD_DIR)/mixkv generate tiny-swa --draft oracle --num-spec-tokens 4 --max-tokens 128
+	@echo
+	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "What is the capital of France?"
+	@echo
+	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "Give me three tips for staying focused." \
+	  --draft ngram --max-tokens 128
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

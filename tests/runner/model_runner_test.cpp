@@ -1,7 +1,7 @@
 // The reference runner: tiny models through the describe path, weights from a seed or a
 // safetensors checkpoint, and logits independent of batch composition and chunking.
 #include "mixkv/runner/model_runner.hpp"
-#include "engine_test_support.hpp"
+#include "engine/engine_test_support.hpp"
 
 #include <gtest/gtest.h>
 

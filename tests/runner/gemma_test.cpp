@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine_test_support.hpp"
+#include "engine/engine_test_support.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/kernels/dense_reference.hpp"

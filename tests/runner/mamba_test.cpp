@@ -8,7 +8,7 @@
 #include <cstring>
 #include <map>
 
-#include "engine_test_support.hpp"
+#include "engine/engine_test_support.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/kernels/recurrent_kernel.hpp"
