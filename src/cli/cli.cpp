@@ -31,6 +31,29 @@ void add_seed_option(CLI::App& cmd, const std::string& name, std::uint64_t& seed
       ->default_str(std::to_string(seed));
 }
 
+void add_sampling_options(CLI::App& cmd, sample::SamplingParams& params) {
+  cmd.add_option("--temperature", params.temperature,
+                 "Sampling temperature; 0 (the default) is greedy")
+      ->capture_default_str();
+  cmd.add_option("--top-k", params.top_k, "Sample among the k likeliest tokens; 0 or -1: all")
+      ->capture_default_str();
+  cmd.add_option("--top-p", params.top_p,
+                 "Sample among the likeliest tokens holding this probability, in (0, 1]")
+      ->capture_default_str();
+  cmd.add_option("--min-p", params.min_p,
+                 "Drop tokens less likely than this fraction of the likeliest, in [0, 1]")
+      ->capture_default_str();
+  cmd.add_option("--repetition-penalty", params.repetition_penalty,
+                 "Penalty on prompt and output tokens (> 0; 1: none)")
+      ->capture_default_str();
+  cmd.add_option("--presence-penalty", params.presence_penalty,
+                 "Subtracted from output tokens' logits once, in [-2, 2]")
+      ->capture_default_str();
+  cmd.add_option("--frequency-penalty", params.frequency_penalty,
+                 "Subtracted from output tokens' logits per occurrence, in [-2, 2]")
+      ->capture_default_str();
+}
+
 int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CLI::App app{
       "mixkv: KV-cache planning and management for mixed-layer LLMs with speculative drafters",

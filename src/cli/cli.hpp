@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "mixkv/sample/sampler.hpp"
+
 namespace CLI {
 class App;
 }
@@ -33,6 +35,10 @@ Action add_detokenize_command(CLI::App& app);
 // saturated or wrapped value a plain unsigned option would keep.
 void add_seed_option(CLI::App& cmd, const std::string& name, std::uint64_t& seed,
                      const std::string& description);
+
+// Adds the sampling options (--temperature, --top-k, --top-p, --min-p, --repetition-penalty,
+// --presence-penalty, --frequency-penalty) into `params`; their ranges are sample::validate's.
+void add_sampling_options(CLI::App& cmd, sample::SamplingParams& params);
 
 // Thrown by an action whose output is complete but whose exit status is not 0 (`verify`: 3 on a
 // mismatch).

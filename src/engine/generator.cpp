@@ -44,6 +44,8 @@ class RunnerModel final : public sched::Model {
                  : 0);
       }
     }
+    // Sampled requests read the logits rows; they move, no copy.
+    out.logits = std::move(fwd.logits);
     if (features_) {
       out.feature_width = runner_.draft_feature_width();
       out.features =
@@ -110,8 +112,12 @@ GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector
   so.on_tokens = options.on_tokens;
   sched::Scheduler scheduler(manager, plan, so);
   for (std::size_t i = 0; i < prompts.size(); ++i) {
-    scheduler.add(
-        {prompts[i], options.max_tokens, fmt::format("request {}", i), options.stop_tokens});
+    // Each request draws with its own seed, so a batch of one prompt gives different samples
+    // and request i's tokens do not depend on the batch size.
+    sample::SamplingParams sampling = options.sampling;
+    sampling.seed = options.sampling.seed + i;
+    scheduler.add({prompts[i], options.max_tokens, fmt::format("request {}", i),
+                   options.stop_tokens, sampling});
   }
   RunnerModel model(runner, k > 0 && drafter != nullptr);
   const auto start = Clock::now();

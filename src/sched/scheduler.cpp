@@ -70,6 +70,12 @@ std::size_t Scheduler::add(Request request) {
   r.tokens = std::move(request.prompt);
   r.max_tokens = request.max_tokens;
   r.stop_tokens = std::move(request.stop_tokens);
+  try {
+    r.sampler = sample::Sampler(request.sampling, r.tokens);
+  } catch (const Error& e) {
+    throw_invalid(fmt::format("{}: {}", request.label, e.what()));
+  }
+  r.reads_logits = !r.sampler.greedy() || sample::has_penalties(request.sampling);
   r.label = std::move(request.label);
   reqs_.push_back(std::move(r));
   waiting_.push_back(reqs_.size() - 1);
@@ -254,6 +260,12 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     throw_internal(
         fmt::format("model answered {} picks for {} token rows", out.picks.size(), rows));
   }
+  const auto vocab_rows = static_cast<std::size_t>(model.vocab_size());
+  const bool has_logits = out.logits.size() == rows * vocab_rows;
+  if (!has_logits && !out.logits.empty()) {
+    throw_internal(fmt::format("model answered {} logits for {} token rows of {}",
+                               out.logits.size(), rows, vocab_rows));
+  }
 
   // Verify: first every request's verdict; then the drafter sees the verified positions'
   // features (one batched call) before the manager commits them.
@@ -273,14 +285,27 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     const std::size_t n = w.tokens.size();
     Verdict& v = verdicts[j];
     const std::span<const TokenId> picks = std::span(out.picks).subspan(at, n);
+    if (r.reads_logits && !has_logits && (w.sample || !w.prefill)) {
+      throw_invalid(fmt::format(
+          "{}: its sampling parameters need the model's logits, which this model does not give; "
+          "use greedy decoding (temperature 0, no penalties)",
+          r.label));
+    }
+    // The step's logits rows of this work, where its sampler reads them.
+    const std::span<const float> logits =
+        r.reads_logits ? std::span<const float>(out.logits).subspan(at * vocab_rows, n * vocab_rows)
+                       : std::span<const float>{};
     if (w.prefill) {
       v.verified = static_cast<std::int64_t>(n);
       if (w.sample) {
-        v.sampled.push_back(picks.back());
+        v.sampled.push_back(r.reads_logits ? r.sampler.next(logits.last(vocab_rows))
+                                           : picks.back());
         r.prefilling = false;
       }
     } else {
-      spec::Verdict a = spec::accept_greedy(w.tokens.subspan(1), picks);
+      spec::Verdict a =
+          r.reads_logits ? spec::accept_sampled(r.sampler, w.tokens.subspan(1), logits, vocab_rows)
+                         : spec::accept_greedy(w.tokens.subspan(1), picks);
       v.accepted = a.accepted;
       v.verified = a.accepted + 1;
       v.sampled = std::move(a.tokens);
@@ -307,6 +332,7 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     ++counters_.request_steps;
     r.computed += v.verified;
     r.tokens.insert(r.tokens.end(), v.sampled.begin(), v.sampled.end());
+    for (TokenId t : v.sampled) r.sampler.commit(t);
     if (options_.on_tokens && !v.sampled.empty()) options_.on_tokens(w.request, v.sampled);
     r.stats.generated_tokens += static_cast<std::int64_t>(v.sampled.size());
     counters_.generated_tokens += static_cast<std::int64_t>(v.sampled.size());

@@ -12,6 +12,7 @@
 
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/runner/model_runner.hpp"
+#include "mixkv/sample/sampler.hpp"
 #include "mixkv/sched/scheduler.hpp"
 #include "mixkv/spec/drafter.hpp"
 
@@ -29,6 +30,8 @@ struct GenerateOptions {
   // Tokens that end a request (the tokenizer's end-of-generation ids); empty: every request
   // generates max_tokens (the tiny models, whose random weights have no notion of an end).
   std::vector<TokenId> stop_tokens;
+  // Every request's sampling parameters (default greedy); request i draws with seed + i.
+  sample::SamplingParams sampling;
   // Called after every step with the tokens it committed to request `request` (streaming).
   std::function<void(std::size_t request, std::span<const TokenId> tokens)> on_tokens;
   // Called for each finished request just before its blocks are freed (tests inspect the cache).

@@ -47,6 +47,8 @@ TokenId draw(std::span<const float> probs, double u);
 // the request's output tokens: the token after the prompt is position 0.
 class Sampler {
  public:
+  Sampler() = default;  // greedy, no penalties
+  // Throws InvalidInput for out-of-range parameters (validate()).
   Sampler(SamplingParams params, std::span<const TokenId> prompt);
 
   const SamplingParams& params() const { return params_; }

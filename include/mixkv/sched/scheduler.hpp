@@ -15,6 +15,7 @@
 
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/plan/plan.hpp"
+#include "mixkv/sample/sampler.hpp"
 #include "mixkv/spec/drafter.hpp"
 
 namespace mixkv::sched {
@@ -40,6 +41,10 @@ struct ModelOutput {
   // Per token row of the batch (in order): the token the target picks after that row (greedy
   // argmax for the runner). Only rows of works with `sample` are read.
   std::vector<TokenId> picks;
+  // Per token row, vocab_size() values: the logits, for requests that sample (temperature > 0
+  // or penalties). A model without logits (the simulator's stand-in) leaves it empty and serves
+  // greedy requests only.
+  std::vector<float> logits;
   // Per token row, feature_width values: what a drafter observes (may be empty).
   std::vector<float> features;
   std::int64_t feature_width = 0;
@@ -62,6 +67,10 @@ struct Request {
   // of them, which is its last output; tokens a speculative step accepted after it are dropped,
   // so a request stops where plain decoding stops.
   std::vector<TokenId> stop_tokens = {};
+  // How its tokens are chosen (mixkv/sample): greedy by default, which reads the model's picks
+  // and keeps speculative decoding bit-identical to plain; otherwise drawn from the logits, and
+  // drafts accepted by speculative sampling (spec::accept_sampled).
+  sample::SamplingParams sampling = {};
 };
 
 struct RequestStats {
@@ -147,7 +156,9 @@ class Scheduler {
     std::size_t prompt_len = 0;
     std::int64_t max_tokens = 1;
     std::vector<TokenId> stop_tokens;
-    bool stopped = false;  // a stop token was generated
+    sample::Sampler sampler;    // counts the committed outputs for its penalties
+    bool reads_logits = false;  // sampling or penalties: picks alone do not decide
+    bool stopped = false;       // a stop token was generated
     std::string label;
     std::int64_t computed = 0;  // mirrors the manager's num_computed
     bool prefilling = true;     // false once tokens.back() is a sampled, uncomputed token
