@@ -483,6 +483,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <fmt/format.h>
 
+#include "kernels/matmul_amx.hpp"
 #include "mixkv/core/checked_math.hpp"
 #include "mixkv/core/error.hpp"
 
@@ -625,10 +626,29 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
       std::copy_n(x.data() + i * w.cols, w.cols, padded.data() + i * c.x_stride);
     c.x = padded.data();
   }
+  const int workers = pool != nullptr ? pool->size() : 1;
+#ifdef MIXKV_MATMUL_AMX
+  if (detail::amx::handles(w.dtype) && detail::amx::available()) {
+    // x in tile form once, then ranges of whole 16-row panels of W, as below.
+    detail::amx::XTiles xt;
+    detail::amx::prepare_x(c, xt);
+    const std::int64_t panels = ceil_div(w.rows, detail::amx::kTileRows);
+    const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(panels, 4 * workers) : 1;
+    const auto run = [&](std::int64_t t, int) {
+      detail::amx::run_rows(c, xt, panels * t / tasks * detail::amx::kTileRows,
+                            std::min(w.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
+    };
+    if (tasks > 1) {
+      pool->parallel_for(tasks, run);
+    } else {
+      run(0, 0);
+    }
+    return;
+  }
+#endif
   // Ranges of whole register tiles; a few per worker, so the dynamic hand-out evens out a busy
   // core. Any split gives the same bits (each output is computed inside one range).
   const std::int64_t tiles = ceil_div(w.rows, detail::kTileW);
-  const int workers = pool != nullptr ? pool->size() : 1;
   const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
   const auto run = [&](std::int64_t t, int) {
     const std::int64_t r_begin = tiles * t / tasks * detail::kTileW;
@@ -657,6 +677,23 @@ void dequantize_row(const WeightView& w, std::int64_t row, std::span<float> out)
 }
 
 const char* matmul_target() { return HWY_DYNAMIC_DISPATCH(detail::MatmulTargetImpl)(); }
+
+bool matmul_uses_amx(WeightType type) {
+#ifdef MIXKV_MATMUL_AMX
+  return detail::amx::handles(type) && detail::amx::available();
+#else
+  (void)type;
+  return false;
+#endif
+}
+
+void set_matmul_amx(bool on) {
+#ifdef MIXKV_MATMUL_AMX
+  detail::amx::switched_on().store(on, std::memory_order_relaxed);
+#else
+  (void)on;
+#endif
+}
 
 }  // namespace mixkv::kernels
 #endif  // HWY_ONCE
