@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -98,38 +97,53 @@ struct XTiles {
   }
 };
 
-inline std::uint16_t hi16(float x) {
-  return static_cast<std::uint16_t>(std::bit_cast<std::uint32_t>(x) >> 16);
-}
-inline float trunc_bf16(float x) {
-  return std::bit_cast<float>(std::bit_cast<std::uint32_t>(x) & 0xFFFF0000u);
+// The top halves of 16 floats' bits (each float is a bf16 there).
+MIXKV_AMX_TARGET inline void store_halves(__m512 f, std::uint16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
 }
 
-inline void prepare_x(const MatmulCall& c, XTiles& xt) {
+// The three terms of 16 floats, as bf16 (hi, mid, lo).
+MIXKV_AMX_TARGET inline void split16(const float* x, std::uint16_t* hi, std::uint16_t* mid,
+                                     std::uint16_t* lo) {
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512 v = _mm512_loadu_ps(x);
+  const __m512 h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+  const __m512 r = _mm512_sub_ps(v, h);
+  const __m512 m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r), top));
+  const __m512 l = _mm512_sub_ps(r, m);
+  store_halves(h, hi);
+  store_halves(m, mid);
+  store_halves(l, lo);
+}
+
+MIXKV_AMX_TARGET inline void prepare_x(const MatmulCall& c, XTiles& xt) {
   xt.steps = (c.cols + kStep - 1) / kStep;
   xt.groups = (c.n + kTileRows - 1) / kTileRows;
   xt.b.assign(static_cast<std::size_t>(xt.groups * xt.steps * kTerms * kTileRows * kTileRows), 0);
-  std::vector<std::uint16_t> terms(static_cast<std::size_t>(kTerms * xt.steps * kStep));
+  // One row's terms, each a plane of steps * 32 halves (zero past cols); read as 32-bit words a
+  // plane is the row's bf16 pairs.
+  const std::int64_t plane = xt.steps * kStep;
+  std::vector<std::uint16_t> terms(static_cast<std::size_t>(kTerms * plane));
+  std::vector<float> last(16);
   for (std::int64_t i = 0; i < c.n; ++i) {
     const std::int64_t g = i / kTileRows, col = i % kTileRows, m = xt.m(g, c.n);
     const float* x = c.x + i * c.x_stride;
     std::fill(terms.begin(), terms.end(), std::uint16_t{0});
-    for (std::int64_t k = 0; k < c.cols; ++k) {
-      const float hi = trunc_bf16(x[k]);
-      const float r1 = x[k] - hi;
-      const float mid = trunc_bf16(r1);
-      const float lo = r1 - mid;
-      const auto at = static_cast<std::size_t>(k);
-      terms[at] = hi16(hi);
-      terms[static_cast<std::size_t>(xt.steps * kStep) + at] = hi16(mid);
-      terms[static_cast<std::size_t>(2 * xt.steps * kStep) + at] = hi16(lo);
+    std::uint16_t* hi = terms.data();
+    std::int64_t k = 0;
+    for (; k + 16 <= c.cols; k += 16) split16(x + k, hi + k, hi + plane + k, hi + 2 * plane + k);
+    if (k < c.cols) {
+      std::fill(last.begin(), last.end(), 0.0f);
+      std::copy(x + k, x + c.cols, last.begin());
+      split16(last.data(), hi + k, hi + plane + k, hi + 2 * plane + k);
     }
-    for (std::int64_t s = 0; s < xt.steps; ++s) {
-      for (int t = 0; t < kTerms; ++t) {
+    for (int t = 0; t < kTerms; ++t) {
+      std::uint32_t pairs[kTileRows];
+      for (std::int64_t s = 0; s < xt.steps; ++s) {
+        std::memcpy(pairs, hi + t * plane + s * kStep, sizeof pairs);
         std::uint32_t* tile = xt.b.data() + xt.b_at(g, s, t);
-        const std::uint16_t* src = terms.data() + t * xt.steps * kStep + s * kStep;
-        for (std::int64_t p = 0; p < kTileRows; ++p)
-          tile[p * m + col] = src[2 * p] | static_cast<std::uint32_t>(src[2 * p + 1]) << 16;
+        for (std::int64_t p = 0; p < kTileRows; ++p) tile[p * m + col] = pairs[p];
       }
     }
   }
