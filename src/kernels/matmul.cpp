@@ -629,19 +629,27 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
   const int workers = pool != nullptr ? pool->size() : 1;
 #ifdef MIXKV_MATMUL_AMX
   if (detail::amx::handles(w.dtype) && detail::amx::available()) {
-    // x in tile form once, then ranges of whole 16-row panels of W, as below.
-    detail::amx::XTiles xt;
-    detail::amx::prepare_x(c, xt);
+    // Passes of up to kPassRows rows of x (the tile form of x is 6 bytes per element, so a long
+    // prefill chunk stays bounded; rows are independent, so passes change no bits): x in tile
+    // form once per pass, then ranges of whole 16-row panels of W, as below.
     const std::int64_t panels = ceil_div(w.rows, detail::amx::kTileRows);
     const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(panels, 4 * workers) : 1;
-    const auto run = [&](std::int64_t t, int) {
-      detail::amx::run_rows(c, xt, panels * t / tasks * detail::amx::kTileRows,
-                            std::min(w.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
-    };
-    if (tasks > 1) {
-      pool->parallel_for(tasks, run);
-    } else {
-      run(0, 0);
+    detail::amx::XTiles xt;
+    for (std::int64_t i0 = 0; i0 < n; i0 += detail::amx::kPassRows) {
+      detail::MatmulCall part = c;
+      part.x = c.x + i0 * c.x_stride;
+      part.y = c.y + i0 * c.rows;
+      part.n = std::min(detail::amx::kPassRows, n - i0);
+      detail::amx::prepare_x(part, xt);
+      const auto run = [&](std::int64_t t, int) {
+        detail::amx::run_rows(part, xt, panels * t / tasks * detail::amx::kTileRows,
+                              std::min(w.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
+      };
+      if (tasks > 1) {
+        pool->parallel_for(tasks, run);
+      } else {
+        run(0, 0);
+      }
     }
     return;
   }

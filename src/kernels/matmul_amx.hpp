@@ -40,6 +40,8 @@ namespace mixkv::kernels::detail::amx {
 constexpr int kTileRows = 16;
 constexpr std::int64_t kStep = 32;  // columns per tile product (bf16 pairs x 16)
 constexpr int kTerms = 3;
+// Rows of x per pass over W (4 groups of tiles).
+constexpr std::int64_t kPassRows = 64;
 
 struct alignas(64) TileConfig {
   std::uint8_t palette = 1;

@@ -281,8 +281,8 @@ TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
 
 // The AMX path (where the CPU has it), beyond the shapes above: x of every magnitude (its three
 // bf16 terms must add back to x exactly, 2^-100 .. 2^100), rows that leave a partial panel of 16,
-// columns that leave a partial step of 32, more than one group of 16 x rows, and an infinite
-// weight.
+// columns that leave a partial step of 32, several groups of 16 x rows and two passes of 64
+// (rows alone give the same bits), and an infinite weight.
 TEST(WeightMatmul, AmxTilesKeepFloatAccuracy) {
   if (!matmul_uses_amx(WeightType::kBfloat16)) GTEST_SKIP() << "no AMX-BF16 on this CPU";
   std::mt19937_64 rng(5);
@@ -290,7 +290,7 @@ TEST(WeightMatmul, AmxTilesKeepFloatAccuracy) {
   for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{40, 200}, {17, 33}}) {
     auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
     const WeightView view{WeightType::kBfloat16, rows, cols, w.data()};
-    const std::int64_t n = 20;
+    const std::int64_t n = 70;  // five groups of 16 x rows, two passes of 64
     std::vector<float> x(static_cast<std::size_t>(n * cols));
     std::uniform_real_distribution<float> mant(1.0f, 2.0f), expo(-100.0f, 100.0f);
     for (auto& v : x) v = mant(rng) * std::exp2(std::round(expo(rng))) * (rng() % 2 ? 1.0f : -1.0f);
@@ -298,6 +298,15 @@ TEST(WeightMatmul, AmxTilesKeepFloatAccuracy) {
     matmul(view, x, y);
     matmul(view, x, y2, &two);
     expect_same_bits(y, y2, "AMX, 1 vs 2 threads");
+    for (std::int64_t i = 0; i < n; i += 23) {
+      std::vector<float> alone(static_cast<std::size_t>(rows));
+      matmul(
+          view,
+          std::span(x).subspan(static_cast<std::size_t>(i * cols), static_cast<std::size_t>(cols)),
+          alone);
+      const std::vector<float> in_batch(y.begin() + i * rows, y.begin() + (i + 1) * rows);
+      expect_same_bits(alone, in_batch, "AMX, row " + std::to_string(i) + " alone vs among 70");
+    }
     for (std::int64_t i = 0; i < n; ++i) {
       for (std::int64_t r = 0; r < rows; ++r) {
         double ref = 0, mag = 0;
