@@ -10,13 +10,11 @@
 // Exactness: x is split into three bf16 terms, x = hi + mid + lo (truncations of 8 significant
 // bits each, so the split is exact for every finite float whose last term is a normal bf16, i.e.
 // |x| >= 2^-110 or so; smaller terms are flushed by AMX), and each term meets the weight's bf16
-// values, whose products are exact in float. bf16 weights enter as they are; q8_0 / q4_0 / q4_1
-// enter as their small integers q (exact in bf16), and each block's float sum is then scaled by
-// its d (q4_1: plus m times the block's sum of x) in float. Order of every output
-// (docs/kernels.md): over k-steps of 32 columns in order (blocks for the block formats), three tile
-// products per step (hi, mid, lo) in that order, each adding its 32 products to the float
-// accumulator in the hardware's fixed order. No step depends on how many rows of x there are (each
-// output column of a tile meets only its own x row), which rows share a tile, or on threads.
+// values, whose products are exact in float. Order of every output (docs/kernels.md): over
+// k-steps of 32 columns in order, three tile products per step (hi, mid, lo) in that order, each
+// adding its 32 products to the float accumulator in the hardware's fixed order. No step depends
+// on how many rows of x there are (each output column of a tile meets only its own x row), which
+// rows share a tile, or on threads. bf16 weights only (see handles()).
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -184,9 +182,10 @@ MIXKV_AMX_TARGET inline void panel(const MatmulCall& c, const XTiles& xt, std::i
     _tile_loadd(3, xt.b.data() + xt.b_at(g, s, 1), b_stride);
     _tile_loadd(4, xt.b.data() + xt.b_at(g, s, 2), b_stride);
     if (s < full) {
-      for (std::int64_t r = 0; r < a_rows; ++r)
+      for (std::int64_t r = 0; r < a_rows; ++r) {
         _mm_prefetch(reinterpret_cast<const char*>(w + r * c.row_bytes + s * 64 + kAhead),
                      _MM_HINT_T0);
+      }
       _tile_loadd(1, w + s * 64, static_cast<long>(c.row_bytes));
     } else {
       const std::int64_t left = c.cols - s * kStep;
