@@ -281,13 +281,14 @@ TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
 
 // The AMX path (where the CPU has it), beyond the shapes above: x of every magnitude (its three
 // bf16 terms must add back to x exactly, 2^-100 .. 2^100), rows that leave a partial panel of 16,
-// columns that leave a partial step of 32, several groups of 16 x rows and two passes of 64
-// (rows alone give the same bits), and an infinite weight.
+// columns that leave a partial step of 32 (600 also makes several column chunks), several
+// groups of 16 x rows and two passes of 64 (rows alone give the same bits), and an infinite
+// weight.
 TEST(WeightMatmul, AmxTilesKeepFloatAccuracy) {
   if (!matmul_uses_amx(WeightType::kBfloat16)) GTEST_SKIP() << "no AMX-BF16 on this CPU";
   std::mt19937_64 rng(5);
   ThreadPool two(2);
-  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{40, 200}, {17, 33}}) {
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{40, 600}, {17, 33}}) {
     auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
     const WeightView view{WeightType::kBfloat16, rows, cols, w.data()};
     const std::int64_t n = 70;  // five groups of 16 x rows, two passes of 64
