@@ -294,7 +294,7 @@ void run_weight_matmul(benchmark::State& state, WeightType type, std::int64_t ro
   state.SetBytesProcessed(state.iterations() * f.bytes);
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(state.iterations() * rows), benchmark::Counter::kIsRate);
-  state.SetLabel(matmul_target());
+  state.SetLabel(matmul_uses_amx(type) ? "AMX" : matmul_target());
 }
 
 // Streaming read of a buffer far larger than the last-level cache, split evenly over the

@@ -136,6 +136,72 @@ HWY_INLINE void load_block(const std::byte* row, std::int64_t b, VF* out) {
   }
 }
 
+template <WeightType kT>
+constexpr std::int64_t kBlockBytes = kT == WeightType::kQ8_0   ? 34
+                                     : kT == WeightType::kQ4_0 ? 18
+                                                               : 20;
+
+// The header fields of blocks b and b + 1 as floats: s[0] = d_b, s[1] = m_b (q4_1), and at
+// s[kNext] d_{b+1} (s[kNext + 1] m_{b+1}); reads 32 bytes from block b.
+template <WeightType kT>
+constexpr int kNext = static_cast<int>(kBlockBytes<kT> / 2);
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// AVX-512 (16 float lanes): a block format decodes through a 16-entry table of floats, the
+// block's sixteen possible values computed once, then one lane permute per vector of elements
+// (vpermps reads the low four bits of each index, so a nibble needs no mask). The table entries
+// are the very floats load_block gives (the same single rounding of q * d + m), so both paths
+// give the same bits. The fp16 scales of two neighbouring blocks convert in one instruction;
+// kScaleFast blocks from the end of the weight it would read past, so those use load_block.
+constexpr bool kTableDecode = true;
+
+template <WeightType kT>
+HWY_INLINE void block_scales(const std::byte* block, float* s) {
+  const DF df;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(block))), df,
+            s);
+}
+
+// Keeps the compiler from forwarding the stored scales in registers.
+HWY_INLINE void scales_through_memory() { __asm__ volatile("" ::: "memory"); }
+
+// One block's two vectors from its table (d, m already floats).
+template <WeightType kT>
+HWY_INLINE void table_block(const std::byte* block, float d, [[maybe_unused]] float m, VF* out) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  if constexpr (kT == WeightType::kQ8_0) {
+    const hn::Rebind<std::int8_t, DF> d8;
+    const auto* qs = reinterpret_cast<const std::int8_t*>(block + 2);
+    const VF dv = hn::Set(df, d);
+    for (std::int64_t v = 0; v < kVecs; ++v)
+      out[v] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, qs + v * 16))), dv);
+  } else {
+    constexpr std::int64_t kHeader = kT == WeightType::kQ4_0 ? 2 : 4;
+    const hn::Rebind<std::uint8_t, DF> d8;
+    const VF iota = hn::Iota(df, 0.0f);
+    VF table;
+    if constexpr (kT == WeightType::kQ4_0) {
+      table = hn::Mul(hn::Sub(iota, hn::Set(df, 8.0f)), hn::Set(df, d));
+    } else {
+      table = hn::MulAdd(iota, hn::Set(df, d), hn::Set(df, m));
+    }
+    const auto bytes =
+        hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(block + kHeader)));
+    out[0] = VF{_mm512_permutexvar_ps(bytes.raw, table.raw)};
+    out[1] = VF{_mm512_permutexvar_ps(hn::ShiftRight<4>(bytes).raw, table.raw)};
+  }
+}
+#else
+constexpr bool kTableDecode = false;
+template <WeightType kT>
+void block_scales(const std::byte*, float*) {}
+template <WeightType kT>
+void table_block(const std::byte*, float, float, VF*) {}
+inline void scales_through_memory() {}
+#endif
+
 DType float_dtype(WeightType type) {
   switch (type) {
     case WeightType::kBfloat16:
@@ -189,17 +255,58 @@ HWY_NOINLINE void tile_registers(const MatmulCall& c, std::int64_t r0, std::int6
   // W arrives from memory: ask for it a little ahead of the loads (kPrefetch bytes per row).
   constexpr std::int64_t kPrefetch = 1024;
   const std::int64_t block_bytes = c.row_bytes / (c.cols / kBlock);
-  for (std::int64_t b = 0; b < c.cols / kBlock; ++b) {
-    for (int r = 0; r < kW; ++r) {
-      prefetch_w(c, (r0 + r) * c.row_bytes + b * block_bytes + kPrefetch, block_bytes);
-    }
-    VF w[kW][kVecs];
-    for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
+  const std::int64_t blocks = c.cols / kBlock;
+  // The decoded block b of every W row meets every x row.
+  const auto multiply = [&](std::int64_t b, const VF(&w)[kW][kVecs]) HWY_ATTR {
     for (std::int64_t v = 0; v < kVecs; ++v) {
       for (int i = 0; i < kX; ++i) {
         const VF xv = hn::LoadU(df, xr[i] + b * kBlock + v * n);
         for (int r = 0; r < kW; ++r) acc[i][r] = hn::MulAdd(xv, w[r][v], acc[i][r]);
       }
+    }
+  };
+  if constexpr (kTableDecode && kT != WeightType::kFloat32 && kT != WeightType::kBfloat16 &&
+                kT != WeightType::kFloat16) {
+    // Two blocks per scale conversion (q8_0: one; its blocks are wider than the 32 bytes read).
+    constexpr std::int64_t kStep = kT == WeightType::kQ8_0 ? 1 : 2;
+    constexpr std::int64_t kBB = kBlockBytes<kT>;
+    const std::byte* end = c.w + c.rows * c.row_bytes;
+    HWY_ALIGN float s[kW][16];
+    for (std::int64_t b = 0; b < blocks; b += kStep) {
+      for (int r = 0; r < kW; ++r) {
+        const std::byte* block = wr[r] + b * kBB;
+        hwy::Prefetch(block + kPrefetch);
+        if (block + 32 <= end) {
+          block_scales<kT>(block, s[r]);
+        } else {  // the weight's last bytes: field by field
+          s[r][0] = fp16_bits_to_float(load_u16(block));
+          s[r][1] = fp16_bits_to_float(load_u16(block + 2));
+          if (kStep == 2 && b + 1 < blocks) {
+            s[r][kNext<kT>] = fp16_bits_to_float(load_u16(block + kBB));
+            s[r][kNext<kT> + 1] = fp16_bits_to_float(load_u16(block + kBB + 2));
+          }
+        }
+      }
+      // The scales go through memory on purpose: broadcast from memory is a load, while
+      // broadcasting the converted register would take the shuffle port the table lookups need.
+      scales_through_memory();
+      VF w[kW][kVecs];
+      for (int r = 0; r < kW; ++r) table_block<kT>(wr[r] + b * kBB, s[r][0], s[r][1], w[r]);
+      multiply(b, w);
+      if (kStep == 2 && b + 1 < blocks) {
+        for (int r = 0; r < kW; ++r)
+          table_block<kT>(wr[r] + (b + 1) * kBB, s[r][kNext<kT>], s[r][kNext<kT> + 1], w[r]);
+        multiply(b + 1, w);
+      }
+    }
+  } else {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      for (int r = 0; r < kW; ++r) {
+        prefetch_w(c, (r0 + r) * c.row_bytes + b * block_bytes + kPrefetch, block_bytes);
+      }
+      VF w[kW][kVecs];
+      for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
+      multiply(b, w);
     }
   }
   for (int i = 0; i < kX; ++i)
@@ -376,6 +483,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <fmt/format.h>
 
+#include "kernels/matmul_amx.hpp"
 #include "mixkv/core/checked_math.hpp"
 #include "mixkv/core/error.hpp"
 
@@ -518,10 +626,37 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
       std::copy_n(x.data() + i * w.cols, w.cols, padded.data() + i * c.x_stride);
     c.x = padded.data();
   }
+  const int workers = pool != nullptr ? pool->size() : 1;
+#ifdef MIXKV_MATMUL_AMX
+  if (detail::amx::handles(w.dtype) && detail::amx::available()) {
+    // Passes of up to kPassRows rows of x (the tile form of x is 6 bytes per element, so a long
+    // prefill chunk stays bounded; rows are independent, so passes change no bits): x in tile
+    // form once per pass, then ranges of whole 16-row panels of W, as below.
+    const std::int64_t panels = ceil_div(w.rows, detail::amx::kTileRows);
+    const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(panels, 4 * workers) : 1;
+    detail::amx::XTiles xt;
+    for (std::int64_t i0 = 0; i0 < n; i0 += detail::amx::kPassRows) {
+      detail::MatmulCall part = c;
+      part.x = c.x + i0 * c.x_stride;
+      part.y = c.y + i0 * c.rows;
+      part.n = std::min(detail::amx::kPassRows, n - i0);
+      detail::amx::prepare_x(part, xt);
+      const auto run = [&](std::int64_t t, int) {
+        detail::amx::run_rows(part, xt, panels * t / tasks * detail::amx::kTileRows,
+                              std::min(w.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
+      };
+      if (tasks > 1) {
+        pool->parallel_for(tasks, run);
+      } else {
+        run(0, 0);
+      }
+    }
+    return;
+  }
+#endif
   // Ranges of whole register tiles; a few per worker, so the dynamic hand-out evens out a busy
   // core. Any split gives the same bits (each output is computed inside one range).
   const std::int64_t tiles = ceil_div(w.rows, detail::kTileW);
-  const int workers = pool != nullptr ? pool->size() : 1;
   const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
   const auto run = [&](std::int64_t t, int) {
     const std::int64_t r_begin = tiles * t / tasks * detail::kTileW;
@@ -550,6 +685,23 @@ void dequantize_row(const WeightView& w, std::int64_t row, std::span<float> out)
 }
 
 const char* matmul_target() { return HWY_DYNAMIC_DISPATCH(detail::MatmulTargetImpl)(); }
+
+bool matmul_uses_amx(WeightType type) {
+#ifdef MIXKV_MATMUL_AMX
+  return detail::amx::handles(type) && detail::amx::available();
+#else
+  (void)type;
+  return false;
+#endif
+}
+
+void set_matmul_amx(bool on) {
+#ifdef MIXKV_MATMUL_AMX
+  detail::amx::switched_on().store(on, std::memory_order_relaxed);
+#else
+  (void)on;
+#endif
+}
 
 }  // namespace mixkv::kernels
 #endif  // HWY_ONCE

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "mixkv/kernels/convert.hpp"
@@ -164,9 +165,14 @@ TEST(WeightMatmul, DecodesEveryTypeAsItsFormatDefines) {
   }
 }
 
-// y within float rounding of the double-precision product over the exact weight values: each
-// output adds `cols` products in float (in a few lanes, then a tree), so its error is below
-// (cols + 8) * 2^-24 * sum |x w|, plus one rounding of each q4_1 weight.
+// Float roundings per output: `cols` products added in float (in a few lanes, then a tree),
+// plus 9; on AMX tiles (bf16) each x is three exact bf16 terms, so three additions per column.
+double roundings(WeightType type, std::int64_t cols) {
+  return static_cast<double>(matmul_uses_amx(type) ? 3 * cols : cols) + 9;
+}
+
+// y within float rounding of the double-precision product over the exact weight values: below
+// roundings * 2^-24 * sum |x w|, plus one rounding of each q4_1 weight.
 TEST(WeightMatmul, MatchesTheDoubleReference) {
   std::mt19937_64 rng(2);
   for (const Case& c : cases()) {
@@ -185,7 +191,7 @@ TEST(WeightMatmul, MatchesTheDoubleReference) {
             ref += p;
             mag += std::abs(p);
           }
-          const double tol = (static_cast<double>(c.cols) + 9) * 0x1p-24 * mag;
+          const double tol = roundings(c.type, c.cols) * 0x1p-24 * mag;
           ASSERT_NEAR(y[static_cast<std::size_t>(i * c.rows + r)], ref, tol)
               << name(c) << " n " << n << " row " << i << " output " << r;
         }
@@ -241,6 +247,8 @@ TEST(WeightMatmul, RowsAndThreadsGiveTheSameBits) { check_invariance(matmul_targ
 TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
   std::mt19937_64 rng(4);
   int targets = 0;
+  // The AVX paths of the types AMX takes are checked too, on a machine that has AMX.
+  set_matmul_amx(false);
   for_each_simd_target([&](const std::string& target) {
     ++targets;
     EXPECT_EQ(target, matmul_target());
@@ -266,8 +274,64 @@ TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
       }
     }
   });
+  set_matmul_amx(true);
   EXPECT_GE(targets, 1);
   EXPECT_EQ(simd_targets().size(), static_cast<std::size_t>(targets));
+}
+
+// The AMX path (where the CPU has it), beyond the shapes above: x of every magnitude (its three
+// bf16 terms must add back to x exactly, 2^-100 .. 2^100), rows that leave a partial panel of 16,
+// columns that leave a partial step of 32 (600 also makes several column chunks), several
+// groups of 16 x rows and two passes of 64 (rows alone give the same bits), and an infinite
+// weight.
+TEST(WeightMatmul, AmxTilesKeepFloatAccuracy) {
+  if (!matmul_uses_amx(WeightType::kBfloat16)) GTEST_SKIP() << "no AMX-BF16 on this CPU";
+  std::mt19937_64 rng(5);
+  ThreadPool two(2);
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{40, 600}, {17, 33}}) {
+    auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
+    const WeightView view{WeightType::kBfloat16, rows, cols, w.data()};
+    const std::int64_t n = 70;  // five groups of 16 x rows, two passes of 64
+    std::vector<float> x(static_cast<std::size_t>(n * cols));
+    std::uniform_real_distribution<float> mant(1.0f, 2.0f), expo(-100.0f, 100.0f);
+    for (auto& v : x) v = mant(rng) * std::exp2(std::round(expo(rng))) * (rng() % 2 ? 1.0f : -1.0f);
+    std::vector<float> y(static_cast<std::size_t>(n * rows)), y2(y.size());
+    matmul(view, x, y);
+    matmul(view, x, y2, &two);
+    expect_same_bits(y, y2, "AMX, 1 vs 2 threads");
+    for (std::int64_t i = 0; i < n; i += 23) {
+      std::vector<float> alone(static_cast<std::size_t>(rows));
+      matmul(
+          view,
+          std::span(x).subspan(static_cast<std::size_t>(i * cols), static_cast<std::size_t>(cols)),
+          alone);
+      const std::vector<float> in_batch(y.begin() + i * rows, y.begin() + (i + 1) * rows);
+      expect_same_bits(alone, in_batch, "AMX, row " + std::to_string(i) + " alone vs among 70");
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double ref = 0, mag = 0;
+        for (std::int64_t e = 0; e < cols; ++e) {
+          const double p = x[static_cast<std::size_t>(i * cols + e)] *
+                           reference_element(WeightType::kBfloat16, w, cols, r, e);
+          ref += p;
+          mag += std::abs(p);
+        }
+        ASSERT_NEAR(y[static_cast<std::size_t>(i * rows + r)], ref,
+                    roundings(WeightType::kBfloat16, cols) * 0x1p-24 * mag)
+            << rows << "x" << cols << " row " << i << " output " << r;
+      }
+    }
+  }
+  // One infinite weight: its output is not finite. (NaN rather than float math's inf: the zero
+  // low terms of x meet it; a broken weight still shows, as docs/kernels.md says.)
+  std::vector<std::byte> w(static_cast<std::size_t>(weight_bytes(WeightType::kBfloat16, 2, 32)));
+  const std::uint16_t one = float_to_bf16(1.0f), inf = 0x7F80;
+  for (std::size_t e = 0; e < 64; ++e) std::memcpy(w.data() + 2 * e, e == 5 ? &inf : &one, 2);
+  std::vector<float> x(32, 0.5f), y(2);
+  matmul({WeightType::kBfloat16, 2, 32, w.data()}, x, y);
+  EXPECT_FALSE(std::isfinite(y[0]));
+  EXPECT_EQ(y[1], 16.0f);
 }
 
 TEST(WeightMatmul, ReadsGgufTypeIds) {

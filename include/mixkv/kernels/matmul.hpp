@@ -61,4 +61,13 @@ void dequantize_row(const WeightView& w, std::int64_t row, std::span<float> out)
 // The instruction set matmul uses on this CPU (e.g. "AVX3"), chosen at run time.
 const char* matmul_target();
 
+// Whether matmul runs weights of `type` on AMX tiles here: bf16, q8_0, q4_0 and q4_1 do on CPUs
+// with AMX-BF16 whose OS grants the tile state (Linux 5.16+), unless switched off. The AMX path
+// has its own reduction order (docs/kernels.md), as each instruction set does.
+bool matmul_uses_amx(WeightType type);
+
+// Switches the AMX path off (or back on) for the whole process: tests check the AVX paths on an
+// AMX machine with it; not meant to be flipped while products run.
+void set_matmul_amx(bool on);
+
 }  // namespace mixkv::kernels

@@ -1,0 +1,250 @@
+// matmul on Intel AMX (Advanced Matrix Extensions: TDPBF16PS, 16 x 16 x 32 bf16 products into
+// float tiles), for CPUs that have it and an OS that grants the tile state. Included once, by
+// matmul.cpp (outside Highway's per-target copies); uses MatmulCall from there.
+//
+// Why: a product over n rows of x costs n multiply-adds per weight element. AVX-512's float
+// fused multiply-adds make 8 rows cost 2-3x one row on this class of CPU (the FMA units, not
+// memory, are then the limit); one AMX instruction does 8192 of them, so up to 16 rows of x
+// cost about what one does, and W is still read once.
+//
+// Exactness: x is split into three bf16 terms, x = hi + mid + lo (truncations of 8 significant
+// bits each, so the split is exact for every finite float whose last term is a normal bf16, i.e.
+// |x| >= 2^-110 or so; smaller terms are flushed by AMX), and each term meets the weight's bf16
+// values, whose products are exact in float. Order of every output (docs/kernels.md): over
+// k-steps of 32 columns in order, three tile products per step (hi, mid, lo) in that order, each
+// adding its 32 products to the float accumulator in the hardware's fixed order. No step depends
+// on how many rows of x there are (each output column of a tile meets only its own x row), which
+// rows share a tile, or on threads. bf16 weights only (see handles()).
+#pragma once
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MIXKV_MATMUL_AMX 1
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#define MIXKV_AMX_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")))
+
+namespace mixkv::kernels::detail::amx {
+
+// 16 rows of x at most per group of tiles; more groups meet each W panel again from the cache.
+constexpr int kTileRows = 16;
+constexpr std::int64_t kStep = 32;  // columns per tile product (bf16 pairs x 16)
+constexpr int kTerms = 3;
+// Rows of x per pass over W (4 groups of tiles).
+constexpr std::int64_t kPassRows = 64;
+
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1;
+  std::uint8_t start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// CPUID leaf 7: AMX-BF16 (EDX 22), AMX-TILE (EDX 24), AVX512-BF16 (leaf 7 sub-leaf 1, EAX 5);
+// then the kernel's permission for the tile data (Linux 5.16+, arch_prctl).
+inline bool probe() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+  if (a < 7) return false;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
+  const bool avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F, BW, VL
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
+  const bool avx512bf16 = (a >> 5) & 1;
+  if (!tile || !bf16 || !avx512 || !avx512bf16) return false;
+  constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+  constexpr long kXtileData = 18;         // XFEATURE_XTILEDATA
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+
+// Whether matmul takes the AMX path: the CPU and OS allow it (probed once), and tests have not
+// switched it off to check the other paths on an AMX machine.
+inline std::atomic<bool>& switched_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+inline bool available() {
+  static const bool ok = probe();
+  return ok && switched_on().load(std::memory_order_relaxed);
+}
+
+// bf16 weights only: the block formats would need their per-block scales applied between tile
+// products, one tile store per block, which serialises the tiles (measured 10x slower than
+// AVX-512 for one row; docs/kernels.md).
+inline bool handles(WeightType t) { return t == WeightType::kBfloat16; }
+
+// x in tile form: per group of up to 16 rows, per k-step, per term, a B tile of 16 pair rows x
+// `m` columns (bf16 pair x[2p], x[2p + 1] of row i at [p][i]).
+struct XTiles {
+  std::int64_t groups = 0, steps = 0;
+  std::vector<std::uint32_t> b;  // [group][step][term][16][m_g], groups of 16 rows
+  std::int64_t m(std::int64_t g, std::int64_t n) const {
+    return std::min<std::int64_t>(kTileRows, n - g * kTileRows);
+  }
+  std::size_t b_at(std::int64_t g, std::int64_t s, int t) const {
+    // Every group but the last is full, so its offset is a product.
+    return static_cast<std::size_t>((g * steps * kTerms + s * kTerms + t) * kTileRows * kTileRows);
+  }
+};
+
+// The top halves of 16 floats' bits (each float is a bf16 there).
+MIXKV_AMX_TARGET inline void store_halves(__m512 f, std::uint16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(f), 16)));
+}
+
+// The three terms of 16 floats, as bf16 (hi, mid, lo).
+MIXKV_AMX_TARGET inline void split16(const float* x, std::uint16_t* hi, std::uint16_t* mid,
+                                     std::uint16_t* lo) {
+  const __m512i top = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512 v = _mm512_loadu_ps(x);
+  const __m512 h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), top));
+  const __m512 r = _mm512_sub_ps(v, h);
+  const __m512 m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r), top));
+  const __m512 l = _mm512_sub_ps(r, m);
+  store_halves(h, hi);
+  store_halves(m, mid);
+  store_halves(l, lo);
+}
+
+MIXKV_AMX_TARGET inline void prepare_x(const MatmulCall& c, XTiles& xt) {
+  xt.steps = (c.cols + kStep - 1) / kStep;
+  xt.groups = (c.n + kTileRows - 1) / kTileRows;
+  xt.b.assign(static_cast<std::size_t>(xt.groups * xt.steps * kTerms * kTileRows * kTileRows), 0);
+  // One row's terms, each a plane of steps * 32 halves (zero past cols); read as 32-bit words a
+  // plane is the row's bf16 pairs.
+  const std::int64_t plane = xt.steps * kStep;
+  std::vector<std::uint16_t> terms(static_cast<std::size_t>(kTerms * plane));
+  std::vector<float> last(16);
+  for (std::int64_t i = 0; i < c.n; ++i) {
+    const std::int64_t g = i / kTileRows, col = i % kTileRows, m = xt.m(g, c.n);
+    const float* x = c.x + i * c.x_stride;
+    std::fill(terms.begin(), terms.end(), std::uint16_t{0});
+    std::uint16_t* hi = terms.data();
+    std::int64_t k = 0;
+    for (; k + 16 <= c.cols; k += 16) split16(x + k, hi + k, hi + plane + k, hi + 2 * plane + k);
+    if (k < c.cols) {
+      std::fill(last.begin(), last.end(), 0.0f);
+      std::copy(x + k, x + c.cols, last.begin());
+      split16(last.data(), hi + k, hi + plane + k, hi + 2 * plane + k);
+    }
+    for (int t = 0; t < kTerms; ++t) {
+      std::uint32_t pairs[kTileRows];
+      for (std::int64_t s = 0; s < xt.steps; ++s) {
+        std::memcpy(pairs, hi + t * plane + s * kStep, sizeof pairs);
+        std::uint32_t* tile = xt.b.data() + xt.b_at(g, s, t);
+        for (std::int64_t p = 0; p < kTileRows; ++p) tile[p * m + col] = pairs[p];
+      }
+    }
+  }
+}
+
+// Tiles: 0 the float outputs (a_rows x m), 1 the W panel (a_rows x 32 bf16), 2..4 the x terms
+// hi, mid, lo (16 bf16 pairs x m).
+MIXKV_AMX_TARGET inline void configure(std::int64_t m, std::int64_t a_rows) {
+  TileConfig cfg;
+  const auto cb = static_cast<std::uint16_t>(m * 4);
+  const auto ar = static_cast<std::uint8_t>(a_rows);
+  cfg.rows[0] = ar, cfg.colsb[0] = cb;
+  cfg.rows[1] = ar, cfg.colsb[1] = 64;
+  for (int t : {2, 3, 4}) cfg.rows[t] = kTileRows, cfg.colsb[t] = cb;
+  _tile_loadconfig(&cfg);
+}
+
+// One panel of `a_rows` <= 16 W rows from n0 against x group g (m rows) over k-steps [s0, s1),
+// its accumulator tile parked at `acc` (16 x 16 floats) in between; into y after the last step.
+// The weight enters the A tile straight from memory; a partial
+// last k-step (cols not a multiple of 32) goes through a zero-padded copy, so nothing past a row
+// is multiplied. One panel at a time: 16 rows side by side stream from memory better than 32
+// (measured: 32 rows cost 10-15% more per byte, 8 or 4 rows more still).
+MIXKV_AMX_TARGET inline void panel(const MatmulCall& c, const XTiles& xt, std::int64_t g,
+                                   std::int64_t n0, std::int64_t a_rows, std::int64_t s0,
+                                   std::int64_t s1, float* acc) {
+  const std::int64_t m = xt.m(g, c.n);
+  const auto b_stride = static_cast<long>(m * 4);
+  alignas(64) std::uint16_t tail[kTileRows][kStep];
+  const std::byte* w = c.w + n0 * c.row_bytes;
+  const std::int64_t full = c.cols / kStep;
+  // Bytes ahead of the tile loads that each W row is asked for.
+  constexpr std::int64_t kAhead = 512;
+  if (s0 == 0) {
+    _tile_zero(0);
+  } else {  // the accumulator as the previous column chunk left it (exact: floats)
+    _tile_loadd(0, acc, 64);
+  }
+  for (std::int64_t s = s0; s < s1; ++s) {
+    _tile_loadd(2, xt.b.data() + xt.b_at(g, s, 0), b_stride);
+    _tile_loadd(3, xt.b.data() + xt.b_at(g, s, 1), b_stride);
+    _tile_loadd(4, xt.b.data() + xt.b_at(g, s, 2), b_stride);
+    if (s < full) {
+      for (std::int64_t r = 0; r < a_rows; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + r * c.row_bytes + s * 64 + kAhead),
+                     _MM_HINT_T0);
+      }
+      _tile_loadd(1, w + s * 64, static_cast<long>(c.row_bytes));
+    } else {
+      const std::int64_t left = c.cols - s * kStep;
+      for (std::int64_t r = 0; r < a_rows; ++r) {
+        std::fill(tail[r], tail[r] + kStep, std::uint16_t{0});
+        std::memcpy(tail[r], w + r * c.row_bytes + s * 64, static_cast<std::size_t>(left * 2));
+      }
+      _tile_loadd(1, tail, 64);
+    }
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_dpbf16ps(0, 1, 3);
+    _tile_dpbf16ps(0, 1, 4);
+  }
+  _tile_stored(0, acc, 64);
+  if (s1 == xt.steps) {
+    for (std::int64_t r = 0; r < a_rows; ++r) {
+      for (std::int64_t i = 0; i < m; ++i)
+        c.y[(g * kTileRows + i) * c.rows + n0 + r] = acc[r * kTileRows + i];
+    }
+  }
+}
+
+// W rows [r0, r1) against every group of x rows, on the calling thread, panel by panel (a last
+// partial panel with its own tile shape). One group: each panel runs its whole row. Several: the
+// columns go in chunks whose x tiles, for every group, fit in L2 (~384 KiB), and each chunk meets
+// every panel and group, the accumulator tiles parked in memory between chunks; so neither W nor
+// x streams from memory more than once, and the order of every output is unchanged.
+MIXKV_AMX_TARGET inline void run_rows(const MatmulCall& c, const XTiles& xt, std::int64_t r0,
+                                      std::int64_t r1) {
+  constexpr std::int64_t kChunkTileBytes = 384 * 1024;
+  const std::int64_t step_bytes = kTerms * kTileRows * kTileRows * 4;
+  const std::int64_t chunk =
+      xt.groups == 1 ? xt.steps
+                     : std::max<std::int64_t>(8, kChunkTileBytes / (step_bytes * xt.groups));
+  const std::int64_t panels = (r1 - r0 + kTileRows - 1) / kTileRows;
+  std::vector<float> acc(static_cast<std::size_t>(panels * xt.groups * kTileRows * kTileRows));
+  std::int64_t shape_m = -1, shape_rows = -1;
+  for (std::int64_t s0 = 0; s0 < xt.steps; s0 += chunk) {
+    const std::int64_t s1 = std::min(xt.steps, s0 + chunk);
+    for (std::int64_t p = 0; p < panels; ++p) {
+      const std::int64_t n0 = r0 + p * kTileRows;
+      const std::int64_t a_rows = std::min<std::int64_t>(kTileRows, r1 - n0);
+      for (std::int64_t g = 0; g < xt.groups; ++g) {
+        const std::int64_t m = xt.m(g, c.n);
+        if (m != shape_m || a_rows != shape_rows) configure(m, a_rows);
+        shape_m = m;
+        shape_rows = a_rows;
+        panel(c, xt, g, n0, a_rows, s0, s1,
+              acc.data() + (p * xt.groups + g) * kTileRows * kTileRows);
+      }
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace mixkv::kernels::detail::amx
+#endif
