@@ -1,14 +1,21 @@
 # The two commands of the README's quick start, and their helpers.
 #   make demo   installs what is missing, builds, runs the main job on a built-in default
 #   make test   installs what is missing, builds, runs every test
+#   make python-test   `pip install .` into a fresh virtual environment, then the Python tests
 BUILD_DIR ?= build
 SANITIZE_DIR ?= build-sanitize
 JOBS ?= $(shell nproc)
 CMAKE_GENERATOR ?= Ninja
 DEMO_TARGET ?= qwen3.5-27b
 DEMO_DRAFT ?= dflash-qwen3.5-27b
+PYTHON ?= python3
+PY_VENV ?= build-venv
+# ccache (deps/debian-packages.txt; looked up when the recipe runs, after `deps` installed it):
+# `pip install .` then compiles the same library objects as `make build` (same flags,
+# position-independent for the extension) from its cache.
+CCACHE_LAUNCHER = $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all deps configure build demo test test-sanitize bench format tidy clean
+.PHONY: all deps configure build demo test test-sanitize python-test bench format tidy clean
 
 all: build
 
@@ -18,7 +25,8 @@ deps:
 	@./scripts/fetch-models.sh
 
 configure: deps
-	cmake -S . -B $(BUILD_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_POSITION_INDEPENDENT_CODE=ON $(CCACHE_LAUNCHER)
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -53,6 +61,16 @@ test-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j $(JOBS) -E VerifySweep
 
+# The Python package (docs/python.md): pinned test tools from PyPI, the package built by
+# scikit-build-core and nanobind (pinned in pyproject.toml) in build-python/, then its tests.
+python-test: deps
+	rm -rf $(PY_VENV)
+	$(PYTHON) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
+	CMAKE_CXX_COMPILER_LAUNCHER=$$(command -v ccache || true) \
+	  $(PY_VENV)/bin/pip install --quiet --disable-pip-version-check .
+	$(PY_VENV)/bin/python -m pytest -q python/tests
+
 bench: build
 	./$(BUILD_DIR)/bench/mixkv_bench
 
@@ -63,4 +81,4 @@ tidy: configure
 	find src -name '*.cpp' | xargs clang-tidy -p $(BUILD_DIR) --quiet
 
 clean:
-	rm -rf $(BUILD_DIR) $(SANITIZE_DIR)
+	rm -rf $(BUILD_DIR) $(SANITIZE_DIR) build-python $(PY_VENV)
