@@ -50,6 +50,7 @@ class Record:
         return json.dumps(self._data, indent=indent, sort_keys=True)
 
     def keys(self):
+        """The document's keys (a value reads like a read-only mapping)."""
         return self._data.keys()
 
     def __getattr__(self, name: str) -> Any:

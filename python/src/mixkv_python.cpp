@@ -11,6 +11,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
 #include <iostream>
 #include <limits>
@@ -660,6 +661,27 @@ NB_MODULE(_core, m) {
             return out;
           },
           "Per KV-cache group: blocks held, prefix hits, evictions, padding bytes.")
+      .def(
+          "_decode_steps_in_cpp",
+          [](py::Manager& self, const std::vector<std::int64_t>& ids, int steps,
+             std::int32_t token) {
+            // The benchmark's baseline: the same allocate + commit pairs as a Python loop,
+            // without the interpreter (python/bench/bench_manager.py).
+            const auto t0 = std::chrono::steady_clock::now();
+            const mixkv::cache::TokenId t[1] = {token};
+            for (int s = 0; s < steps; ++s) {
+              for (const std::int64_t id : ids) {
+                if (!self.get().allocate(RequestId(id), 1, 0)) {
+                  mixkv::throw_invalid("the pool is full; plan more memory for the benchmark");
+                }
+                self.get().commit(RequestId(id), 1, t);
+              }
+            }
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          },
+          "ids"_a, "steps"_a, "token"_a,
+          "Seconds for `steps` decode steps (allocate + commit) of every request in C++ (for the "
+          "benchmark).")
       .def(
           "check_invariants", [](py::Manager& self) { return self.get().check_invariants(); },
           "'' when every invariant of the manager and its pool holds, else what broke.")
