@@ -49,3 +49,19 @@ def builtin_pairs():
 @pytest.fixture(scope="session")
 def pairs():
     return builtin_pairs()
+
+
+# A small sliding-window model (two layers): verify runs it in a fraction of a second.
+SMALL_CONFIG = {
+    "model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 256,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+    "max_position_embeddings": 2048, "intermediate_size": 512, "vocab_size": 1000,
+    "torch_dtype": "bfloat16", "sliding_window": 128,
+}
+
+
+@pytest.fixture
+def small_config_file(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(SMALL_CONFIG))
+    return path

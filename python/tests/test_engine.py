@@ -3,20 +3,24 @@
 import json
 
 import mixkv
-from conftest import cli, cli_json
+from conftest import SMALL_CONFIG, cli, cli_json
 
 
-def test_verify_equals_cli_json():
-    report = mixkv.verify("gpt-oss-20b", draft="eagle3-gpt-oss-20b", requests=2, seed=3)
-    expected = cli_json(["verify", "gpt-oss-20b", "--draft", "eagle3-gpt-oss-20b", "--requests",
-                         "2", "--seed", "3", "--json"])
+def test_verify_equals_cli_json(small_config_file):
+    report = mixkv.verify(small_config_file, requests=3, seed=3, kv_dtype="fp8")
+    expected = cli_json(["verify", small_config_file, "--requests", "3", "--seed", "3",
+                         "--kv-dtype", "fp8", "--json"])
     assert report.to_dict() == expected
     assert report.passed and all(g.status == "pass" for g in report.groups)
+    # A dict holding the same config verifies the same (only the file's name differs).
+    from_dict = mixkv.verify(SMALL_CONFIG, requests=3, seed=3, kv_dtype="fp8").to_dict()
+    assert {k: v for k, v in from_dict.items() if k != "model"} == {
+        k: v for k, v in expected.items() if k != "model"}
 
 
-def test_a_planted_fault_is_a_failed_report_not_an_exception():
-    code, out, err = cli(["verify", "gpt-oss-20b", "--requests", "1", "--plant-fault", "window",
-                          "--json"])
+def test_a_planted_fault_fails_the_report(small_config_file):
+    code, out, err = cli(["verify", small_config_file, "--requests", "1", "--plant-fault",
+                          "window", "--json"])
     assert code == 3 and json.loads(out)["passed"] is False
 
 

@@ -4,6 +4,7 @@ import threading
 import time
 
 import mixkv
+from conftest import SMALL_CONFIG
 
 MODELS = [("qwen3.5-27b", "dflash-qwen3.5-27b"), ("kimi-linear-48b", None)]
 
@@ -32,7 +33,7 @@ def test_python_runs_while_verify_runs_in_another_thread():
 
     def run():
         span["start"] = time.perf_counter()
-        span["report"] = mixkv.verify("qwen3-8b", requests=2)
+        span["report"] = mixkv.verify(SMALL_CONFIG, requests=8)
         span["end"] = time.perf_counter()
 
     thread = threading.Thread(target=run)
@@ -46,3 +47,22 @@ def test_python_runs_while_verify_runs_in_another_thread():
     inside = [t for t in ticks if span["start"] + 0.01 < t < span["end"] - 0.01]
     assert span["end"] - span["start"] > 0.05  # long enough to tell
     assert len(inside) >= 5, (len(inside), span["end"] - span["start"])
+
+
+def test_verify_and_generate_in_threads_at_once_equal_their_results_alone(small_config_file):
+    def work():
+        return (mixkv.verify(small_config_file, requests=4).to_dict(),
+                [g.tokens for g in mixkv.generate("tiny-swa", "abc", max_tokens=8)])
+
+    expected = work()
+    results = [None, None]
+
+    def run(i):
+        results[i] = work()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [expected, expected]
