@@ -63,11 +63,14 @@ test-sanitize: deps
 
 # The Python package (docs/python.md): pinned test tools from PyPI, the package built by
 # scikit-build-core and nanobind (pinned in pyproject.toml) in build-python/, then its tests.
+# The compiler is `make build`'s (scikit-build-core would take Python's own, `g++`, and the
+# compiler cache keys its entries by the compiler's name).
 python-test: deps
 	rm -rf $(PY_VENV)
 	$(PYTHON) -m venv $(PY_VENV)
 	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
-	CMAKE_CXX_COMPILER_LAUNCHER=$$(command -v ccache || true) \
+	cxx=$$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' $(BUILD_DIR)/CMakeCache.txt 2>/dev/null); \
+	  CXX=$${cxx:-c++} CMAKE_CXX_COMPILER_LAUNCHER=$$(command -v ccache || true) \
 	  $(PY_VENV)/bin/pip install --quiet --disable-pip-version-check .
 	$(PY_VENV)/bin/python -m pytest -q python/tests
 
