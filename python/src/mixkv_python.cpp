@@ -629,11 +629,19 @@ NB_MODULE(_core, m) {
                                    "blocks of its block table");
             }
             const auto table = self.table(rid, nb::int_(geometry.kv_cache_group));
+            // Checked here, before slot_mapping reserves `count` slots.
+            const std::int64_t f = py::as_int(first, "first", 0, py::kInt64Max);
+            const std::int64_t n = py::as_int(count, "count", 0, py::kIntMax);
+            const auto held = static_cast<std::int64_t>(table.size()) * geometry.block_tokens;
+            if (f > held || n > held - f) {
+              mixkv::throw_invalid(
+                  "positions [" + std::to_string(f) + ", " + std::to_string(f + n) +
+                  ") of request " + std::to_string(rid) + " pass its " + std::to_string(held) +
+                  " tokens of blocks in layer " + layer + "; allocate() them first");
+            }
             std::vector<std::int64_t> blocks(table.size());
             for (std::size_t i = 0; i < table.size(); ++i) blocks[i] = table[i].value();
-            return py::owned_array(mixkv::kernels::slot_mapping(
-                geometry, blocks, py::as_int(first, "first", 0, py::kInt64Max),
-                py::as_int(count, "count", 0, py::kIntMax)));
+            return py::owned_array(mixkv::kernels::slot_mapping(geometry, blocks, f, n));
           },
           "id"_a.none(), "layer"_a, "first"_a.none(), "count"_a.none(),
           "Kernel slots (kernel_page * kernel_tokens + offset) of positions [first, first + "

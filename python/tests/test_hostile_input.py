@@ -110,6 +110,7 @@ WRONG_TYPES = [
     lambda: mixkv.generate("tiny-swa", draft="tiny-eagle", num_spec_tokens=2, memory=-3),
     lambda: mixkv.Generator(5),
     lambda: mixkv.KvCacheManager(None),
+    lambda: mixkv.KvCacheManager(mixkv.plan("qwen3-8b", memory="1PiB", block_size=16)),
     lambda: mixkv.KvCacheManager("qwen3-8b"),
     lambda: mixkv.KvCacheManager(mixkv.Plan.from_dict({"pools": []})),
 ]
@@ -162,6 +163,8 @@ MANAGER_CALLS = [
     lambda m: m.slot_mapping(1, "no.such.layer", 0, 1),
     lambda m: m.slot_mapping(1, "layers.0", 0, 10**6),
     lambda m: m.slot_mapping(1, "layers.0", -1, 1),
+    lambda m: m.slot_mapping(1, "layers.1", 0, 2**31 - 1),
+    lambda m: m.slot_mapping(1, "layers.1", 2**62, 1),
     lambda m: m.recurrent_step(1, 0),
     lambda m: m.free(99),
     lambda m: m.num_computed(99),
