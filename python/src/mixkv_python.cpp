@@ -532,6 +532,8 @@ NB_MODULE(_core, m) {
                 static_cast<std::uint64_t>(py::as_int(hash_seed, "hash_seed", 0, py::kInt64Max));
             new (self) py::Manager(h, k, prefix_caching, seed);
           },
+          nb::sig("def __init__(self, plan: mixkv.Plan, num_spec_tokens: int = 0, prefix_caching: "
+                  "bool = True, hash_seed: int = 0) -> None"),
           "plan"_a.none(), "num_spec_tokens"_a.none() = 0, "prefix_caching"_a = true,
           "hash_seed"_a.none() = 0,
           "A manager over `plan` (from mixkv.plan) for `num_spec_tokens` look-ahead tokens.")
@@ -542,6 +544,8 @@ NB_MODULE(_core, m) {
             auto tokens = py::as_tokens(token_ids, "token_ids");
             self.get().add_request(rid, std::move(tokens));
           },
+          nb::sig("def add_request(self, id: int, token_ids: collections.abc.Sequence[int] | "
+                  "numpy.ndarray) -> None"),
           "id"_a.none(), "token_ids"_a.none(), "Registers request `id` with its prompt token ids.")
       .def(
           "find_prefix_hit",
@@ -549,14 +553,16 @@ NB_MODULE(_core, m) {
             return const_cast<py::Manager&>(self).get().find_prefix_hit(
                 RequestId(py::as_int(id, "id", py::kInt64Min, py::kInt64Max)));
           },
-          "id"_a.none(), "Prefix tokens every group could serve from the cache now (pure).")
+          nb::sig("def find_prefix_hit(self, id: int) -> int"), "id"_a.none(),
+          "Prefix tokens every group could serve from the cache now (pure).")
       .def(
           "admit",
           [](py::Manager& self, nb::handle id, nb::handle lookahead) {
             return self.get().admit(RequestId(py::as_int(id, "id", py::kInt64Min, py::kInt64Max)),
                                     static_cast<int>(py::as_int(lookahead, "lookahead", 0, 64)));
           },
-          "id"_a.none(), "lookahead"_a.none() = 0,
+          nb::sig("def admit(self, id: int, lookahead: int = 0) -> int | None"), "id"_a.none(),
+          "lookahead"_a.none() = 0,
           "Takes the prefix hit and allocates the rest of the prompt plus `lookahead` tokens in "
           "every group or none: the hit length, or None when the blocks do not fit.")
       .def(
@@ -567,6 +573,7 @@ NB_MODULE(_core, m) {
                 py::as_int(num_new, "num_new", 0, py::kIntMax),
                 static_cast<int>(py::as_int(lookahead, "lookahead", 0, 64)));
           },
+          nb::sig("def allocate(self, id: int, num_new: int, lookahead: int = 0) -> bool"),
           "id"_a.none(), "num_new"_a.none(), "lookahead"_a.none() = 0,
           "Room for `num_new` tokens past the verified ones plus `lookahead`, in every group or "
           "none: False (nothing changed) when the pool is too small.")
@@ -580,6 +587,9 @@ NB_MODULE(_core, m) {
                 rid, py::as_int(newly_computed, "newly_computed", 0, py::kIntMax), tokens,
                 static_cast<int>(py::as_int(accepted_drafts, "accepted_drafts", 0, 64)));
           },
+          nb::sig(
+              "def commit(self, id: int, newly_computed: int, new_tokens: "
+              "collections.abc.Sequence[int] | numpy.ndarray, accepted_drafts: int = 0) -> None"),
           "id"_a.none(), "newly_computed"_a.none(), "new_tokens"_a.none(),
           "accepted_drafts"_a.none() = 0,
           "After a step: `new_tokens` (accepted drafts and the bonus token) join the request and "
@@ -589,14 +599,16 @@ NB_MODULE(_core, m) {
           [](py::Manager& self, nb::handle id) {
             self.get().free(RequestId(py::as_int(id, "id", py::kInt64Min, py::kInt64Max)));
           },
-          "id"_a.none(), "Returns every block of request `id`.")
+          nb::sig("def free(self, id: int) -> None"), "id"_a.none(),
+          "Returns every block of request `id`.")
       .def(
           "num_computed",
           [](py::Manager& self, nb::handle id) {
             return self.get().num_computed(
                 RequestId(py::as_int(id, "id", py::kInt64Min, py::kInt64Max)));
           },
-          "id"_a.none(), "Tokens of request `id` with verified KV in the cache.")
+          nb::sig("def num_computed(self, id: int) -> int"), "id"_a.none(),
+          "Tokens of request `id` with verified KV in the cache.")
       .def(
           "block_table",
           [](py::Manager& self, nb::handle id, nb::handle group) {
@@ -604,6 +616,8 @@ NB_MODULE(_core, m) {
                 self.table(py::as_int(id, "id", py::kInt64Min, py::kInt64Max), group);
             return py::table_view(table, nb::find(&self));
           },
+          nb::sig(
+              "def block_table(self, id: int, group: int) -> numpy.typing.NDArray[numpy.int32]"),
           "id"_a.none(), "group"_a.none(),
           "Manager block ids of request `id` in KV-cache group `group`: a read-only int32 view of "
           "the manager's storage, no copy (valid until the next admit/allocate/free; 0 is the "
@@ -615,8 +629,8 @@ NB_MODULE(_core, m) {
                 self.table(py::as_int(id, "id", py::kInt64Min, py::kInt64Max), group);
             return reinterpret_cast<std::uintptr_t>(table.data());
           },
-          "id"_a.none(), "group"_a.none(),
-          "Address of the manager's block table storage (for tests).")
+          nb::sig("def _table_address(self, id: int, group: int) -> int"), "id"_a.none(),
+          "group"_a.none(), "Address of the manager's block table storage (for tests).")
       .def(
           "slot_mapping",
           [](py::Manager& self, nb::handle id, const std::string& layer, nb::handle first,
@@ -643,6 +657,8 @@ NB_MODULE(_core, m) {
             for (std::size_t i = 0; i < table.size(); ++i) blocks[i] = table[i].value();
             return py::owned_array(mixkv::kernels::slot_mapping(geometry, blocks, f, n));
           },
+          nb::sig("def slot_mapping(self, id: int, layer: str, first: int, count: int) -> "
+                  "numpy.typing.NDArray[numpy.int64]"),
           "id"_a.none(), "layer"_a, "first"_a.none(), "count"_a.none(),
           "Kernel slots (kernel_page * kernel_tokens + offset) of positions [first, first + "
           "count) of request `id` in attention layer `layer`: a new int64 array, moved from the "
@@ -659,7 +675,8 @@ NB_MODULE(_core, m) {
             d["snapshot"] = s.snapshot.value();
             return d;
           },
-          "id"_a.none(), "group"_a.none(),
+          nb::sig("def recurrent_step(self, id: int, group: int) -> dict[str, int]"), "id"_a.none(),
+          "group"_a.none(),
           "A recurrent group's step: {'restore_from', 'snapshot_at', 'snapshot'} (block 0: none).")
       .def(
           "stats",
