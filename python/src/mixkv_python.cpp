@@ -103,6 +103,16 @@ constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t kInt64Min = std::numeric_limits<std::int64_t>::min();
 constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 
+// More token ids than any request holds (64 MiB of them): an endless iterator is refused, not
+// read until memory runs out.
+constexpr std::size_t kMaxTokenIds = std::size_t{1} << 24;
+
+[[noreturn]] void too_many_tokens(const char* name) {
+  throw Error(ErrorCode::kInvalidInput, std::string(name) + " holds more than " +
+                                            std::to_string(kMaxTokenIds) +
+                                            " token ids; no request is that long");
+}
+
 // Token ids from a list, tuple or 1-D integer NumPy array (anything iterable of ints).
 std::vector<cache::TokenId> as_tokens(nb::handle h, const char* name) {
   if (PyUnicode_Check(h.ptr()) || PyBytes_Check(h.ptr()))
@@ -110,6 +120,7 @@ std::vector<cache::TokenId> as_tokens(nb::handle h, const char* name) {
   std::vector<cache::TokenId> out;
   if (PyList_Check(h.ptr()) || PyTuple_Check(h.ptr())) {
     const Py_ssize_t n = PySequence_Fast_GET_SIZE(h.ptr());
+    if (static_cast<std::size_t>(n) > kMaxTokenIds) too_many_tokens(name);
     PyObject** items = PySequence_Fast_ITEMS(h.ptr());
     out.reserve(static_cast<std::size_t>(n));
     for (Py_ssize_t i = 0; i < n; ++i) {
@@ -126,6 +137,7 @@ std::vector<cache::TokenId> as_tokens(nb::handle h, const char* name) {
   nb::object it = nb::steal(iter);
   while (PyObject* item = PyIter_Next(it.ptr())) {
     nb::object o = nb::steal(item);
+    if (out.size() == kMaxTokenIds) too_many_tokens(name);
     nb::object index = nb::steal(PyNumber_Index(o.ptr()));  // NumPy integers
     if (!index.is_valid()) {
       PyErr_Clear();

@@ -1,5 +1,7 @@
 """Bad input from Python raises mixkv.Error subclasses with the CLI's messages; nothing crashes."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -144,6 +146,8 @@ MANAGER_CALLS = [
     lambda m: m.add_request(5, np.array([0.5, 1.5])),
     lambda m: m.add_request(5, [None]),
     lambda m: m.add_request(6, []),
+    lambda m: m.add_request(6, itertools.count()),  # endless
+    lambda m: m.add_request(6, (t for t in [1, 2, "x"])),
     lambda m: m.admit(99),
     lambda m: m.admit(1, -1),
     lambda m: m.admit(1, 10**6),
