@@ -2,14 +2,21 @@
 #   make demo   installs what is missing, builds, runs the main job on a built-in default, and
 #               ends with SmolLM2-135M answering chat prompts, plain and speculative
 #   make test   installs what is missing, builds, runs every test
+#   make python-test   `pip install .` into a fresh virtual environment, then the Python tests
 BUILD_DIR ?= build
 SANITIZE_DIR ?= build-sanitize
 JOBS ?= $(shell nproc)
 CMAKE_GENERATOR ?= Ninja
 DEMO_TARGET ?= qwen3.5-27b
 DEMO_DRAFT ?= dflash-qwen3.5-27b
+PYTHON ?= python3
+PY_VENV ?= build-venv
+# ccache (deps/debian-packages.txt; looked up when the recipe runs, after `deps` installed it):
+# `pip install .` then compiles the same library objects as `make build` (same flags,
+# position-independent for the extension) from its cache.
+CCACHE_LAUNCHER = $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all deps configure build demo test test-sanitize bench format tidy clean
+.PHONY: all deps configure build demo test test-sanitize python-test bench format tidy clean
 
 all: build
 
@@ -19,7 +26,8 @@ deps:
 	@./scripts/fetch-models.sh
 
 configure: deps
-	cmake -S . -B $(BUILD_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=Release
+	cmake -S . -B $(BUILD_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_POSITION_INDEPENDENT_CODE=ON $(CCACHE_LAUNCHER)
 
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
@@ -61,6 +69,19 @@ test-sanitize: deps
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j $(JOBS) -E 'VerifySweep|SmolLm2Long'
 
+# The Python package (docs/python.md): pinned test tools from PyPI, the package built by
+# scikit-build-core and nanobind (pinned in pyproject.toml) in build-python/, then its tests.
+# The compiler is `make build`'s (scikit-build-core would take Python's own, `g++`, and the
+# compiler cache keys its entries by the compiler's name).
+python-test: deps
+	rm -rf $(PY_VENV)
+	$(PYTHON) -m venv $(PY_VENV)
+	$(PY_VENV)/bin/pip install --quiet --disable-pip-version-check -r python/requirements-test.txt
+	cxx=$$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' $(BUILD_DIR)/CMakeCache.txt 2>/dev/null); \
+	  CXX=$${cxx:-c++} CMAKE_CXX_COMPILER_LAUNCHER=$$(command -v ccache || true) \
+	  $(PY_VENV)/bin/pip install --quiet --disable-pip-version-check .
+	$(PY_VENV)/bin/python -m pytest -q python/tests
+
 bench: build
 	./$(BUILD_DIR)/bench/mixkv_bench
 
@@ -71,4 +92,4 @@ tidy: configure
 	find src -name '*.cpp' | xargs clang-tidy -p $(BUILD_DIR) --quiet
 
 clean:
-	rm -rf $(BUILD_DIR) $(SANITIZE_DIR)
+	rm -rf $(BUILD_DIR) $(SANITIZE_DIR) build-python $(PY_VENV)
