@@ -384,7 +384,9 @@ struct PrefillAgent::Impl {
   mutable std::mutex mutex;
   std::map<std::int64_t, Offered> offers;
   std::vector<Release> released;
-  std::vector<std::pair<std::int64_t, Words>> waiting_fetches;  // fetched before offered
+  // Fetches that came before their offer (the prefill is still running), with their arrival:
+  // answered once offered, dropped after a lease (the decode side has timed out by then).
+  std::vector<std::pair<Clock::time_point, Words>> waiting_fetches;
   std::map<std::int64_t, std::unique_ptr<Peer>> peers;
   std::int64_t next_peer = 1;
 
@@ -416,8 +418,7 @@ struct PrefillAgent::Impl {
         return;
       }
       peer->id = next_peer++;
-      peer->open(*endpoint, hello.at("address").get<std::string>(),
-                 options.peer_failure_detection);
+      peer->open(*endpoint, hello.at("address").get<std::string>(), options.peer_failure_detection);
       nlohmann::json reply{{"layout", to_json(layout)},
                            {"address", endpoint->address},
                            {"peer", peer->id},
@@ -442,10 +443,23 @@ struct PrefillAgent::Impl {
   void handle_messages() {
     std::vector<std::pair<unsigned, Words>> inbox;
     inbox.swap(endpoint->inbox);
+    std::vector<std::pair<Clock::time_point, Words>> waiting;
     {
       std::lock_guard lock(mutex);
-      for (auto& [req, w] : waiting_fetches) inbox.emplace_back(kFetch, std::move(w));
-      waiting_fetches.clear();
+      waiting.swap(waiting_fetches);
+    }
+    for (auto& [since, w] : waiting) {
+      if (Clock::now() - since > options.lease) continue;
+      try {
+        Reader r{w};
+        const std::int64_t request = r.next();
+        Peer* peer = peer_of(r.next());
+        if (peer && !answer_fetch(request, *peer, r)) {
+          std::lock_guard lock(mutex);
+          waiting_fetches.emplace_back(since, std::move(w));
+        }
+      } catch (const Error&) {
+      }
     }
     for (auto& [id, w] : inbox) {
       try {
@@ -455,7 +469,10 @@ struct PrefillAgent::Impl {
         Peer* peer = peer_of(peer_id);
         if (!peer) continue;
         if (id == kFetch) {
-          answer_fetch(request, *peer, r, w);
+          if (!answer_fetch(request, *peer, r)) {
+            std::lock_guard lock(mutex);
+            waiting_fetches.emplace_back(Clock::now(), std::move(w));
+          }
         } else if (id == kHeartbeat) {
           std::lock_guard lock(mutex);
           auto it = offers.find(request);
@@ -499,7 +516,8 @@ struct PrefillAgent::Impl {
     offers.erase(it);
   }
 
-  void answer_fetch(std::int64_t request, Peer& peer, Reader& r, const Words& raw) {
+  // False when the request is not offered yet.
+  bool answer_fetch(std::int64_t request, Peer& peer, Reader& r) {
     const std::int64_t tag = r.next();
     const std::int64_t num_tokens = r.next();
     const std::int64_t first_token = r.next();
@@ -509,10 +527,7 @@ struct PrefillAgent::Impl {
       std::lock_guard lock(mutex);
       auto it = offers.find(request);
       if (it == offers.end()) {
-        // Not offered yet (the prefill is still running): answered once it is. The decode
-        // side's timeout bounds the wait.
-        waiting_fetches.emplace_back(request, raw);
-        return;
+        return false;
       }
       Offered& o = it->second;
       std::vector<std::uint64_t> sums;
@@ -534,6 +549,7 @@ struct PrefillAgent::Impl {
       }
     }
     peer.send(*endpoint, kOffer, reply, Clock::now() + std::chrono::seconds(2));
+    return true;
   }
 
   void watch() {
