@@ -13,6 +13,8 @@
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
+
 #include "mixkv/transfer/ucx_agent.hpp"
 #include "transfer/transfer_test_support.hpp"
 
@@ -93,8 +95,17 @@ struct Child {
   }
 };
 
-// Runs this test program again as `role`, reporting to us through a pipe.
-void spawn(Child& c, const std::string& role) {
+// This test program's path (for the children run through `ip netns exec`).
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
+// Runs this test program again as `role` (inside network namespace `netns` if given),
+// reporting to us through a pipe.
+void spawn(Child& c, const std::string& role, const std::string& netns = "") {
+  const std::string exe = self_path();
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   c.pid = ::fork();
@@ -102,27 +113,36 @@ void spawn(Child& c, const std::string& role) {
   if (c.pid == 0) {
     ::close(fds[0]);
     ::setenv("MIXKV_TRANSFER_CHILD", (role + ":" + std::to_string(fds[1])).c_str(), 1);
-    ::execl("/proc/self/exe", "mixkv_transfer_tests", "--gtest_filter=TransferChild.Run",
-            static_cast<char*>(nullptr));
+    if (netns.empty()) {
+      ::execl(exe.c_str(), "mixkv_transfer_tests", "--gtest_filter=TransferChild.Run",
+              static_cast<char*>(nullptr));
+    } else {
+      ::execlp("ip", "ip", "netns", "exec", netns.c_str(), exe.c_str(),
+               "--gtest_filter=TransferChild.Run", static_cast<char*>(nullptr));
+    }
     std::_Exit(127);
   }
   ::close(fds[1]);
   c.from_child = fds[0];
 }
 
-// The other process. Roles: "prefill" (offers the request, reports its release), "decode:PORT"
-// (pulls and reports), "decode-die:PORT" (kills itself once the offer arrived).
+// The other process. Roles: "prefill@HOST" (listens on HOST, offers the request, reports its
+// port and then its release), "decode@HOST:PORT" (pulls, reports the result, the mismatched
+// bytes and whether exactly the request's bytes were written), "decode-die@HOST:PORT" (kills
+// itself once the offer arrived).
 TEST(TransferChild, Run) {
   const char* env = std::getenv("MIXKV_TRANSFER_CHILD");
   if (!env) GTEST_SKIP() << "runs only as the other process of the TwoProcess tests";
   std::string spec = env;
   const int fd = std::stoi(spec.substr(spec.rfind(':') + 1));
   spec = spec.substr(0, spec.rfind(':'));
-  if (spec == "prefill") {
+  const std::string role = spec.substr(0, spec.find('@'));
+  const std::string where = spec.substr(spec.find('@') + 1);
+  if (role == "prefill") {
     auto p = make_side(prefill_options());
     const RequestBlocks pb = make_blocks(p, kTokens, 1);
     testing::fill(p, pb, kTokens, kSeed);
-    PrefillAgent agent(p.descriptor, p.tensors(), tcp());
+    PrefillAgent agent(p.descriptor, p.tensors(), tcp(), where);
     agent.offer(kRequest, pb, kTokens);
     write_all(fd, std::to_string(agent.port()) + "\n");
     const auto until = std::chrono::steady_clock::now() + 20s;
@@ -136,21 +156,25 @@ TEST(TransferChild, Run) {
     }
     std::_Exit(3);
   }
-  const bool die = spec.rfind("decode-die:", 0) == 0;
-  const int port = std::stoi(spec.substr(spec.find(':') + 1));
+  const std::string host = where.substr(0, where.find(':'));
+  const int port = std::stoi(where.substr(where.find(':') + 1));
   auto d = make_side(decode_options());
   AgentOptions o = tcp();
-  if (die) o.after_offer = [] { ::kill(::getpid(), SIGKILL); };
+  if (role == "decode-die") o.after_offer = [] { ::kill(::getpid(), SIGKILL); };
   DecodeAgent agent(d.descriptor, d.tensors(), o);
-  agent.connect("127.0.0.1", static_cast<std::uint16_t>(port));
-  const PullResult r = agent.pull(kRequest, make_blocks(d, kTokens, 2), {kTokens, 0});
-  write_all(fd, std::string(to_string(r.reason)) + "\n");
+  agent.connect(host, static_cast<std::uint16_t>(port));
+  const RequestBlocks db = make_blocks(d, kTokens, 2);
+  const PullResult r = agent.pull(kRequest, db, {kTokens, 0});
+  const bool exact = testing::touched(d) == testing::expected_bytes(d, db, 0, kTokens);
+  write_all(fd,
+            fmt::format("{} {} {}\n", to_string(r.reason),
+                        testing::mismatches(d, db, 0, kTokens, kSeed), exact ? "exact" : "other"));
   std::_Exit(r.ok() ? 0 : 4);
 }
 
 TEST(TwoProcess, DecodePullsFromAPrefillProcessByteForByte) {
   Child child;
-  spawn(child, "prefill");
+  spawn(child, "prefill@127.0.0.1");
   const std::string port = read_line(child.from_child, 20s);
   ASSERT_FALSE(port.empty()) << "the prefill process did not start";
   auto d = make_side(decode_options());
@@ -167,7 +191,7 @@ TEST(TwoProcess, DecodePullsFromAPrefillProcessByteForByte) {
 
 TEST(TwoProcess, PrefillKilledMidTransferFailsCleanly) {
   Child child;
-  spawn(child, "prefill");
+  spawn(child, "prefill@127.0.0.1");
   const std::string port = read_line(child.from_child, 20s);
   ASSERT_FALSE(port.empty()) << "the prefill process did not start";
   auto d = make_side(decode_options());
@@ -192,7 +216,7 @@ TEST(TwoProcess, DecodeKilledMidTransferReleasesThePrefillBlocks) {
   PrefillAgent agent(p.descriptor, p.tensors(), tcp());  // lease 10 s
   agent.offer(kRequest, pb, kTokens);
   Child child;
-  spawn(child, "decode-die:" + std::to_string(agent.port()));
+  spawn(child, "decode-die@127.0.0.1:" + std::to_string(agent.port()));
   EXPECT_EQ(child.wait_exit(), 128 + SIGKILL);
   const auto until = std::chrono::steady_clock::now() + 8s;
   std::vector<Release> released;
@@ -203,6 +227,57 @@ TEST(TwoProcess, DecodeKilledMidTransferReleasesThePrefillBlocks) {
   // Freed because UCX reported the reader dead, well before the 10 s lease.
   EXPECT_EQ(released, (std::vector<Release>{{kRequest, FailureReason::kPeerFailed}}));
   EXPECT_EQ(agent.num_pinned(), 0u);
+}
+
+// Two hosts: two network namespaces joined by a veth pair, made here and removed after; the
+// prefill process in one, the decode process in the other, UCX over TCP between them.
+class TwoHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string id = std::to_string(::getpid());
+    prefill_ns_ = "mixkv-p" + id;
+    decode_ns_ = "mixkv-d" + id;
+    if (std::system(("ip netns add " + prefill_ns_ + " >/dev/null 2>&1").c_str()) != 0) {
+      GTEST_SKIP() << "cannot create network namespaces here (`ip netns add` needs root and the "
+                      "iproute2 package): the two-host test is skipped";
+    }
+    made_ = true;
+    const std::string veth_p = "mkvp" + id;
+    const std::string veth_d = "mkvd" + id;
+    const std::string script =
+        "ip netns add " + decode_ns_ + " && ip link add " + veth_p + " type veth peer name " +
+        veth_d + " && ip link set " + veth_p + " netns " + prefill_ns_ + " && ip link set " +
+        veth_d + " netns " + decode_ns_ + " && ip -n " + prefill_ns_ + " addr add " + kPrefillIp +
+        "/24 dev " + veth_p + " && ip -n " + decode_ns_ + " addr add " + kDecodeIp + "/24 dev " +
+        veth_d + " && ip -n " + prefill_ns_ + " link set " + veth_p + " up && ip -n " + decode_ns_ +
+        " link set " + veth_d + " up && ip -n " + prefill_ns_ + " link set lo up && ip -n " +
+        decode_ns_ + " link set lo up";
+    ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
+  }
+  void TearDown() override {
+    if (!made_) return;
+    // Removing a namespace removes its end of the veth pair, and with it the other end.
+    (void)std::system(("ip netns del " + prefill_ns_ + " >/dev/null 2>&1").c_str());
+    (void)std::system(("ip netns del " + decode_ns_ + " >/dev/null 2>&1").c_str());
+  }
+  static constexpr const char* kPrefillIp = "10.177.0.1";
+  static constexpr const char* kDecodeIp = "10.177.0.2";
+  std::string prefill_ns_;
+  std::string decode_ns_;
+  bool made_ = false;
+};
+
+TEST_F(TwoHosts, DecodeHostPullsFromPrefillHostOverTcp) {
+  Child prefill;
+  spawn(prefill, std::string("prefill@") + kPrefillIp, prefill_ns_);
+  const std::string port = read_line(prefill.from_child, 20s);
+  ASSERT_FALSE(port.empty()) << "the prefill process did not start";
+  Child decode;
+  spawn(decode, std::string("decode@") + kPrefillIp + ":" + port, decode_ns_);
+  EXPECT_EQ(read_line(decode.from_child, 20s), "none 0 exact");
+  EXPECT_EQ(decode.wait_exit(), 0);
+  EXPECT_EQ(read_line(prefill.from_child, 10s), "none");
+  EXPECT_EQ(prefill.wait_exit(), 0);
 }
 
 }  // namespace
