@@ -493,11 +493,17 @@ struct PrefillAgent::Impl {
                   why <= static_cast<std::int64_t>(FailureReason::kUnknownRequest))
                 it->second.reader_failure = static_cast<FailureReason>(why);
               it->second.any_failed |= !ok;
-              finish_reader(it);
             }
           }
+          // The acknowledgement leaves before the release is visible: an owner that frees the
+          // blocks (or exits) on the release must not cut it off.
           peer->send(*endpoint, kAck, Words{request, tag, held ? 1 : 0},
                      Clock::now() + std::chrono::seconds(1));
+          if (held) {
+            std::lock_guard lock(mutex);
+            auto it = offers.find(request);
+            if (it != offers.end()) finish_reader(it);
+          }
         }
       } catch (const Error&) {
         // A malformed message from a peer is dropped; its pull times out.

@@ -150,6 +150,8 @@ TEST(TransferChild, Run) {
       const auto r = agent.take_released();
       if (!r.empty()) {
         write_all(fd, std::string(to_string(r[0].reason)) + "\n");
+        // A moment for the last acknowledgement to leave UCX's queues before the process ends.
+        std::this_thread::sleep_for(300ms);
         std::_Exit(0);
       }
       std::this_thread::sleep_for(1ms);
