@@ -96,6 +96,7 @@ void BM_TransferPull(benchmark::State& state, const char* transports, bool check
     checksum += r.checksum_seconds;
     total += r.seconds;
     state.counters["runs"] = static_cast<double>(r.runs);
+    state.counters["gets"] = static_cast<double>(r.gets);
   }
   state.SetBytesProcessed(state.iterations() * bytes);
   state.counters["MB"] = static_cast<double>(bytes) / 1e6;

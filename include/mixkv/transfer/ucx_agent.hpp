@@ -84,8 +84,9 @@ struct PullResult {
   FailureReason reason = FailureReason::kNone;
   std::string message;  // why it failed, naming the layer/page or peer
   std::int64_t bytes = 0;
-  std::int64_t runs = 0;
-  double seconds = 0;           // from the first fetch to the acknowledgement
+  std::int64_t runs = 0;  // of the pull plans
+  std::int64_t gets = 0;  // ucp_get_nbx calls: the runs, those that continue one another joined
+  double seconds = 0;     // from the first fetch to the acknowledgement
   double checksum_seconds = 0;  // of that, verifying checksums
   bool ok() const { return reason == FailureReason::kNone; }
 };
