@@ -134,6 +134,34 @@ TEST(PullPlan, HeterogeneousTensorParallel) {
   expect_tp(4, 2, 40);
 }
 
+// MLA: every rank holds the whole latent; a decode rank pulls it once, from prefill rank 0.
+TEST(PullPlan, MlaLatentIsReplicatedAndPulledOnce) {
+  auto o = side("deepseek-v3", std::string(model::kMtpDraft));
+  o.backend = backend::Backend::kFlashMla;
+  o.memory = std::int64_t{20} << 20;
+  o.max_model_len = 128;
+  constexpr std::int64_t kTokens = 70;
+  std::vector<testing::Side> ps;
+  std::vector<RequestBlocks> pbs;
+  for (int r = 0; r < 2; ++r) {
+    auto po = o;
+    po.tp = 2;
+    po.tp_rank = r;
+    ps.push_back(make_side(po));
+    pbs.push_back(make_blocks(ps.back(), kTokens, 1 + r));
+    testing::fill(ps.back(), pbs.back(), kTokens, kSeed);
+  }
+  auto d = make_side(o);
+  ASSERT_EQ(d.descriptor.layers.at(0).total_kv_heads, 1);
+  const RequestBlocks db = make_blocks(d, kTokens, 3);
+  EXPECT_GT(plan_pull(ps[0].descriptor, d.descriptor, pbs[0], db, {kTokens, 0}).bytes, 0);
+  EXPECT_EQ(plan_pull(ps[1].descriptor, d.descriptor, pbs[1], db, {kTokens, 0}).bytes, 0);
+  apply_locally(plan_pull(ps[0].descriptor, d.descriptor, pbs[0], db, {kTokens, 0}),
+                ps[0].tensors(), d.tensors());
+  EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kSeed), 0);
+  EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 0, kTokens));
+}
+
 TEST(PullPlan, RefusesBlocksThatDoNotHoldTheTokens) {
   auto p = make_side(side("tiny-swa"));
   RequestBlocks b = make_blocks(p, 100, 1);

@@ -30,6 +30,7 @@ struct SideOptions {
   std::int64_t memory = std::int64_t{8} << 20;
   std::int64_t max_model_len = 4096;
   std::optional<DType> kv_dtype;
+  backend::Backend backend = backend::Backend::kCpu;
 };
 
 inline model::ModelDesc describe_tiny(const SideOptions& o, int tp) {
@@ -37,6 +38,11 @@ inline model::ModelDesc describe_tiny(const SideOptions& o, int tp) {
   model::DescribeOptions d;
   d.tp = tp;
   d.kv_dtype = o.kv_dtype;
+  if (!m) {  // a built-in model
+    std::optional<std::string_view> draft;
+    if (o.draft) draft = *o.draft;
+    return model::describe_refs(o.model, draft, d);
+  }
   std::optional<model::ModelSource> draft;
   if (o.draft) {
     if (*o.draft == model::kMtpDraft) return model::describe_mtp(engine::tiny_model_source(*m), d);
@@ -64,7 +70,7 @@ inline Side make_side(const SideOptions& o) {
   const model::ModelDesc unsharded = describe_tiny(o, 1);
   plan::PlanOptions p;
   p.policy = o.policy;
-  p.backend = backend::Backend::kCpu;
+  p.backend = o.backend;
   p.memory_bytes = o.memory;
   p.block_size = o.block_size;
   p.max_model_len = o.max_model_len;
