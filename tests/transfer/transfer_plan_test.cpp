@@ -83,6 +83,9 @@ TEST(PullPlan, PrefixHitOnTheDecodeSideSkipsItsTokens) {
   auto d = side("tiny-swa");
   d.block_size = 32;
   expect_exact(side("tiny-swa"), d, 200, 64);
+  auto de = side("tiny-swa", "tiny-eagle");
+  de.block_size = 32;
+  expect_exact(side("tiny-swa", "tiny-eagle"), de, 99, 32);
 }
 
 TEST(PullPlan, OneTokenAndNoTokens) {

@@ -130,7 +130,7 @@ inline std::byte pattern(std::uint64_t seed, std::size_t layer, std::int64_t hea
 // expected byte). Recurrent layers: their live state.
 template <typename F>
 void for_each_kv_byte(const Side& s, const RequestBlocks& blocks, std::int64_t first,
-                      std::int64_t end, std::uint64_t seed, F&& f) {
+                      std::int64_t end, std::uint64_t seed, F&& f, bool whole_prompt = false) {
   for (std::size_t li = 0; li < s.geometry.layers.size(); ++li) {
     const layout::LayerGeometry& g = s.geometry.layers[li];
     const LayerLayout& l = s.descriptor.layers[li];
@@ -142,8 +142,8 @@ void for_each_kv_byte(const Side& s, const RequestBlocks& blocks, std::int64_t f
       continue;
     }
     std::int64_t from = first;
-    if (l.window) from = std::max(from, end + 1 - *l.window);
-    if (l.chunk) from = std::max(from, end / *l.chunk * *l.chunk);
+    if (l.window && !whole_prompt) from = std::max(from, end + 1 - *l.window);
+    if (l.chunk && !whole_prompt) from = std::max(from, end / *l.chunk * *l.chunk);
     const std::int64_t kh = g.k_token_bytes / l.num_kv_heads;
     const std::int64_t vh = g.v_token_bytes / l.num_kv_heads;
     for (std::int64_t t = from; t < end; ++t) {
@@ -159,10 +159,14 @@ void for_each_kv_byte(const Side& s, const RequestBlocks& blocks, std::int64_t f
   }
 }
 
+// The prefill side after computing `end` tokens: every token's KV, windows ignored.
 inline void fill(Side& s, const RequestBlocks& blocks, std::int64_t end, std::uint64_t seed) {
-  for_each_kv_byte(s, blocks, 0, end, seed, [&](int t, std::int64_t off, std::byte v) {
-    s.storage[static_cast<std::size_t>(t)][static_cast<std::size_t>(off)] = v;
-  });
+  for_each_kv_byte(
+      s, blocks, 0, end, seed,
+      [&](int t, std::int64_t off, std::byte v) {
+        s.storage[static_cast<std::size_t>(t)][static_cast<std::size_t>(off)] = v;
+      },
+      true);
 }
 
 // Bytes of the side's KV for tokens [first, end) that differ from the pattern.

@@ -93,6 +93,35 @@ TEST(UcxAgent, PullsByteForByteOverSharedMemory) {
   expect_pull({"posix,self", side("tiny-mamba"), side("tiny-mamba"), 99});
 }
 
+// The decode side computes the last prompt token itself (N - 1 tokens pulled) and already holds
+// the first 32 from a prefix hit; asking for more than was prefilled is refused.
+TEST(UcxAgent, PrefixHitAndTheLastPromptTokenLeftToTheDecodeSide) {
+  auto po = side("tiny-swa", "tiny-eagle");
+  auto dopt = po;
+  dopt.block_size = 32;
+  auto p = make_side(po);
+  auto d = make_side(dopt);
+  const RequestBlocks pb = make_blocks(p, 100, 1);
+  const RequestBlocks db = make_blocks(d, 100, 2);
+  testing::fill(p, pb, 100, kSeed);
+  PrefillAgent prefill(p.descriptor, p.tensors(), agent_options("tcp"));
+  DecodeAgent decode(d.descriptor, d.tensors(), agent_options("tcp"));
+  decode.connect("127.0.0.1", prefill.port());
+  prefill.offer(4, pb, 100);
+  const PullResult too_many = decode.pull(4, db, {101, 0});
+  EXPECT_EQ(too_many.reason, FailureReason::kRefused);
+  EXPECT_EQ(testing::touched(d), 0);
+  prefill.offer(5, pb, 100);
+  const PullResult r = decode.pull(5, db, {99, 32});
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_EQ(testing::mismatches(d, db, 32, 99, kSeed), 0);
+  EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 32, 99));
+  // Request 5 is released; request 4 (asked wrongly) stays offered for a good fetch until its
+  // lease ends.
+  EXPECT_EQ(wait_released(prefill), (std::vector<Release>{{5, FailureReason::kNone}}));
+  EXPECT_EQ(prefill.num_pinned(), 1u);
+}
+
 TEST(UcxAgent, HandshakeRefusesAnotherModelOnBothSides) {
   auto p = make_side(side("tiny-swa"));
   auto d = make_side(side("tiny-hybrid"));
