@@ -1,0 +1,229 @@
+#include "mixkv/transfer/transfer_plan.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "mixkv/core/error.hpp"
+
+namespace mixkv::transfer {
+namespace {
+
+layout::LayerGeometry geometry_of(const LayerLayout& l) {
+  layout::LayerGeometry g;
+  g.layer = l.name;
+  g.kv_cache_group = l.kv_cache_group;
+  g.recurrent = l.recurrent;
+  g.tensor = l.tensor;
+  g.offset = l.offset;
+  g.block_tokens = l.block_tokens;
+  g.kernel_tokens = l.kernel_tokens;
+  g.kernel_pages_per_block = l.kernel_pages_per_block;
+  g.kernel_page_stride = l.kernel_page_stride;
+  g.k_token_bytes = l.k_token_bytes;
+  g.v_token_bytes = l.v_token_bytes;
+  g.v_offset = l.v_offset;
+  g.state_bytes = l.state_bytes;
+  return g;
+}
+
+const std::vector<std::int64_t>& blocks_of(const RequestBlocks& blocks, const LayerLayout& l,
+                                           const char* side) {
+  if (l.kv_cache_group < 0 || static_cast<std::size_t>(l.kv_cache_group) >= blocks.groups.size()) {
+    throw_invalid(fmt::format("layer {}: the {} side's request has no blocks for KV-cache group {}",
+                              l.name, side, l.kv_cache_group));
+  }
+  return blocks.groups[static_cast<std::size_t>(l.kv_cache_group)];
+}
+
+// Heads of `l` (on a side of `tp` ranks) that rank `rank` holds: [begin, begin + count).
+struct HeadRange {
+  int begin = 0;
+  int count = 0;
+};
+HeadRange heads_of_rank(int total, int tp, int rank) {
+  return {static_cast<int>(static_cast<std::int64_t>(rank) * total / tp), std::max(1, total / tp)};
+}
+
+// The lowest prefill rank holding global head h: the one that sends it, so a replicated head
+// (TP > heads, or an MLA latent) is pulled once.
+int first_owner(int total, int tp, int head) {
+  for (int r = 0; r < tp; ++r) {
+    const HeadRange hr = heads_of_rank(total, tp, r);
+    if (head >= hr.begin && head < hr.begin + hr.count) return r;
+  }
+  return -1;
+}
+
+// One side of a layer's transfer: where the slice of token t sits, and how many tokens from t
+// on are contiguous in memory.
+struct Side {
+  layout::LayerGeometry geo;
+  const std::vector<std::int64_t>* blocks = nullptr;
+  std::int64_t head_offset_k = 0;  // bytes into a token's K where the slice starts
+  std::int64_t head_offset_v = 0;
+  bool whole_token = false;  // the slice is the whole token: tokens of a page are contiguous
+  std::int64_t offset(std::int64_t token, bool v) const {
+    const layout::TokenLocation loc = layout::locate_token(geo, *blocks, token);
+    return v ? loc.v_offset + head_offset_v : loc.k_offset + head_offset_k;
+  }
+  std::int64_t contiguous(std::int64_t token) const {
+    return whole_token ? geo.kernel_tokens - (token % geo.block_tokens) % geo.kernel_tokens : 1;
+  }
+};
+
+void check_blocks(const LayerLayout& l, const std::vector<std::int64_t>& blocks, std::int64_t first,
+                  std::int64_t end, const char* side) {
+  if (end > static_cast<std::int64_t>(blocks.size()) * l.block_tokens) {
+    throw_invalid(fmt::format(
+        "layer {}: the {} side's {} blocks of {} tokens do not hold the request's {} tokens",
+        l.name, side, blocks.size(), l.block_tokens, end));
+  }
+  for (std::int64_t b = first / l.block_tokens; first < end && b <= (end - 1) / l.block_tokens;
+       ++b) {
+    if (blocks[static_cast<std::size_t>(b)] <= 0) {
+      throw_invalid(fmt::format(
+          "layer {}: the {} side's block {} (tokens {}..{}) is null or negative, but its tokens "
+          "are read after the prefill boundary",
+          l.name, side, b, b * l.block_tokens, (b + 1) * l.block_tokens - 1));
+    }
+  }
+}
+
+void check_run(const CopyRun& r, const LayoutDescriptor& p, const LayoutDescriptor& d,
+               const LayerLayout& l) {
+  const auto inside = [](int t, std::int64_t off, std::int64_t len,
+                         const std::vector<std::int64_t>& sizes) {
+    return t >= 0 && static_cast<std::size_t>(t) < sizes.size() && off >= 0 && len >= 0 &&
+           off <= sizes[static_cast<std::size_t>(t)] - len;
+  };
+  if (!inside(r.src_tensor, r.src_offset, r.length, p.tensor_bytes) ||
+      !inside(r.dst_tensor, r.dst_offset, r.length, d.tensor_bytes)) {
+    throw_invalid(fmt::format(
+        "layer {}: a {}-byte run at prefill tensor {} offset {} -> decode tensor {} offset {} "
+        "falls outside a tensor: a block id past the pool",
+        l.name, r.length, r.src_tensor, r.src_offset, r.dst_tensor, r.dst_offset));
+  }
+}
+
+}  // namespace
+
+PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& decode,
+                   const RequestBlocks& prefill_blocks, const RequestBlocks& decode_blocks,
+                   const PullSpec& spec) {
+  if (spec.num_tokens < 0 || spec.first_token < 0 || spec.first_token > spec.num_tokens) {
+    throw_invalid(fmt::format("a transfer of tokens [{}, {}) is not a token range",
+                              spec.first_token, spec.num_tokens));
+  }
+  PullPlan plan;
+  for (std::size_t li = 0; li < prefill.layers.size(); ++li) {
+    const LayerLayout& pl = prefill.layers[li];
+    const LayerLayout* dlp = decode.find_layer(pl.name);
+    if (!dlp) throw_invalid(fmt::format("layer {} is missing on the decode side", pl.name));
+    const LayerLayout& dl = *dlp;
+    const auto& pb = blocks_of(prefill_blocks, pl, "prefill");
+    const auto& db = blocks_of(decode_blocks, dl, "decode");
+    if (pl.recurrent) {
+      if (prefill.tp_rank != decode.tp_rank || prefill.tp_size != decode.tp_size) continue;
+      if (pb.empty() || db.empty() || pb[0] <= 0 || db[0] <= 0) {
+        throw_invalid(fmt::format("recurrent layer {}: a side has no live state block", pl.name));
+      }
+      const CopyRun run{pl.tensor, pl.offset + pb[0] * pl.kernel_page_stride, dl.tensor,
+                        dl.offset + db[0] * dl.kernel_page_stride, pl.state_bytes};
+      check_run(run, prefill, decode, pl);
+      plan.units.push_back(
+          {static_cast<int>(li), 0, spec.num_tokens, plan.runs.size(), plan.runs.size() + 1});
+      plan.runs.push_back(run);
+      plan.bytes += run.length;
+      continue;
+    }
+    // The decode rank's heads that this prefill rank sends.
+    int hb = -1;
+    int he = -1;
+    for (int h = dl.kv_head_begin; h < dl.kv_head_begin + dl.num_kv_heads; ++h) {
+      if (first_owner(pl.total_kv_heads, prefill.tp_size, h) != prefill.tp_rank) continue;
+      if (hb < 0) hb = h;
+      he = h + 1;
+    }
+    if (hb < 0) continue;
+    const int heads = he - hb;
+    const std::int64_t k_head = pl.k_token_bytes / pl.num_kv_heads;
+    const std::int64_t v_head = pl.v_token_bytes / pl.num_kv_heads;
+    std::int64_t first = spec.first_token;
+    if (pl.window) first = std::max(first, spec.num_tokens + 1 - *pl.window);
+    if (pl.chunk) first = std::max(first, spec.num_tokens / *pl.chunk * *pl.chunk);
+    const std::int64_t end = spec.num_tokens;
+    check_blocks(pl, pb, first, end, "prefill");
+    check_blocks(dl, db, first, end, "decode");
+    Side src{geometry_of(pl), &pb, (hb - pl.kv_head_begin) * k_head,
+             (hb - pl.kv_head_begin) * v_head, heads == pl.num_kv_heads};
+    Side dst{geometry_of(dl), &db, (hb - dl.kv_head_begin) * k_head,
+             (hb - dl.kv_head_begin) * v_head, heads == dl.num_kv_heads};
+    // One checksum unit per prefill kernel page; in it, K then V, run by run.
+    for (std::int64_t a = first; a < end;) {
+      const std::int64_t b = std::min(
+          end, a + src.geo.kernel_tokens - (a % src.geo.block_tokens) % src.geo.kernel_tokens);
+      ChecksumUnit unit{static_cast<int>(li), a, b, plan.runs.size(), 0};
+      for (int part = 0; part < 2; ++part) {
+        const bool v = part == 1;
+        const std::int64_t slice = heads * (v ? v_head : k_head);
+        if (slice == 0) continue;
+        for (std::int64_t t = a; t < b;) {
+          const std::int64_t n = std::min({b - t, src.contiguous(t), dst.contiguous(t)});
+          const CopyRun run{pl.tensor, src.offset(t, v), dl.tensor, dst.offset(t, v), n * slice};
+          check_run(run, prefill, decode, pl);
+          plan.runs.push_back(run);
+          plan.bytes += run.length;
+          t += n;
+        }
+      }
+      unit.run_end = plan.runs.size();
+      plan.units.push_back(unit);
+      a = b;
+    }
+  }
+  return plan;
+}
+
+std::vector<std::uint64_t> unit_checksums(const PullPlan& plan, const TensorSpans& tensors,
+                                          bool source) {
+  std::vector<std::uint64_t> out;
+  out.reserve(plan.units.size());
+  XXH3_state_t* state = XXH3_createState();
+  if (!state) throw_internal("XXH3_createState failed");
+  for (const auto& u : plan.units) {
+    XXH3_64bits_reset(state);
+    for (std::size_t i = u.run_begin; i < u.run_end; ++i) {
+      const CopyRun& r = plan.runs[i];
+      const int t = source ? r.src_tensor : r.dst_tensor;
+      const std::int64_t off = source ? r.src_offset : r.dst_offset;
+      const std::span<std::byte> bytes = tensors.at(static_cast<std::size_t>(t));
+      if (off < 0 || r.length < 0 || off > static_cast<std::int64_t>(bytes.size()) - r.length) {
+        XXH3_freeState(state);
+        throw_invalid(fmt::format("a checksummed run at tensor {} offset {} is past its {} bytes",
+                                  t, off, bytes.size()));
+      }
+      XXH3_64bits_update(state, bytes.data() + off, static_cast<std::size_t>(r.length));
+    }
+    out.push_back(XXH3_64bits_digest(state));
+  }
+  XXH3_freeState(state);
+  return out;
+}
+
+void apply_locally(const PullPlan& plan, const TensorSpans& prefill, const TensorSpans& decode) {
+  for (const auto& r : plan.runs) {
+    const auto src = prefill.at(static_cast<std::size_t>(r.src_tensor));
+    const auto dst = decode.at(static_cast<std::size_t>(r.dst_tensor));
+    if (r.src_offset + r.length > static_cast<std::int64_t>(src.size()) ||
+        r.dst_offset + r.length > static_cast<std::int64_t>(dst.size())) {
+      throw_invalid("a copy run falls outside the given tensors");
+    }
+    std::memcpy(dst.data() + r.dst_offset, src.data() + r.src_offset,
+                static_cast<std::size_t>(r.length));
+  }
+}
+
+}  // namespace mixkv::transfer
