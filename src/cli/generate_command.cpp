@@ -9,65 +9,16 @@
 #include <ostream>
 
 #include "cli.hpp"
+#include "runner_setup.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/engine/tiny_models.hpp"
-#include "mixkv/model/architecture.hpp"
 #include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/runner/model_runner.hpp"
-#include "mixkv/spec/dflash.hpp"
-#include "mixkv/spec/eagle.hpp"
-#include "mixkv/spec/ngram.hpp"
 #include "mixkv/spec/oracle.hpp"
-#include "mixkv/spec/random.hpp"
 
 namespace mixkv::cli {
 namespace {
-
-struct Loaded {
-  model::ModelSource source;
-  weights::TensorMap weights;
-};
-
-std::string checkpoint_file(const std::filesystem::path& dir) {
-  const auto weights = dir / "model.safetensors";
-  std::error_code ec;
-  if (!std::filesystem::exists(weights, ec)) {
-    throw_invalid(fmt::format("{} has no model.safetensors; generate reads one checkpoint file",
-                              dir.string()));
-  }
-  return weights.string();
-}
-
-bool is_directory(const std::string& ref) {
-  std::error_code ec;
-  return std::filesystem::is_directory(ref, ec);
-}
-
-// A tiny model's name, or a directory with config.json and model.safetensors.
-Loaded load_model(const std::string& ref) {
-  if (const engine::TinyModel* tiny = engine::find_tiny_model(ref)) {
-    if (!tiny->missing.empty()) {
-      throw_unsupported(
-          fmt::format("{} cannot be run yet: the engine lacks {}", ref, tiny->missing));
-    }
-    Loaded l{engine::tiny_model_source(*tiny), {}};
-    const auto config = model::read_architecture(l.source);
-    l.weights =
-        runner::generate_weights(config, model::describe(l.source, std::nullopt, {}), tiny->seed);
-    return l;
-  }
-  const std::filesystem::path dir(ref);
-  if (!is_directory(ref)) {
-    std::string names;
-    for (const auto& m : engine::tiny_models()) names += fmt::format(" {}", m.name);
-    throw_invalid(
-        fmt::format("unknown model '{}': give a tiny model (one of:{}) or a directory "
-                    "holding config.json and model.safetensors",
-                    ref, names));
-  }
-  return {model::load_model_source(ref), weights::read_safetensors(checkpoint_file(dir))};
-}
 
 // Request i of a batch: the prompt, then for i > 0 a suffix repeated 1 to 3 times, so the batch
 // mixes lengths and shares the prompt as a prefix.
@@ -153,48 +104,9 @@ Action add_generate_command(CLI::App& app) {
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
-    Loaded loaded = load_model(args->model);
-    runner::RunnerOptions ro;
-    ro.memory_bytes = plan::parse_memory_size(args->memory);
-    ro.num_spec_tokens = args->draft.empty() ? 0 : args->num_spec_tokens;
-    // A drafter model (a tiny drafter, or a checkpoint directory): its layers join the target's
-    // plan, its weights the target's.
-    const engine::TinyModel* tiny_draft = engine::find_tiny_model(args->draft);
-    const bool keyword = args->draft == "oracle" || args->draft == "ngram" ||
-                         args->draft == "random" || args->draft == model::kMtpDraft;
-    if (!keyword && tiny_draft == nullptr && !args->draft.empty() && is_directory(args->draft)) {
-      ro.draft = model::load_model_source(args->draft);
-      loaded.weights.merge(runner::as_draft_weights(
-          weights::read_safetensors(checkpoint_file(args->draft)), args->draft));
-    }
-    if (tiny_draft != nullptr) {
-      if (!engine::drafts_for(*tiny_draft, args->model)) {
-        throw_invalid(fmt::format(
-            "--draft {} is a drafter for {}, not for {}", args->draft,
-            tiny_draft->draft_for.empty() ? "nothing (it is a target)" : tiny_draft->draft_for,
-            args->model));
-      }
-      ro.draft = engine::tiny_model_source(*tiny_draft);
-      model::DescribeOptions d;
-      d.num_spec_tokens = ro.num_spec_tokens;
-      const auto desc = model::describe(loaded.source, ro.draft, d);
-      loaded.weights.merge(runner::generate_draft_weights(model::read_architecture(*ro.draft), desc,
-                                                          tiny_draft->seed));
-    }
-    // The target's own MTP layers: weights come with a checkpoint's, or are generated for a tiny
-    // model (seed + 1).
-    const bool mtp = args->draft == model::kMtpDraft;
-    if (mtp) {
-      ro.mtp = true;
-      if (const engine::TinyModel* tiny = engine::find_tiny_model(args->model)) {
-        model::DescribeOptions d;
-        d.num_spec_tokens = ro.num_spec_tokens;
-        loaded.weights.merge(runner::generate_draft_weights(model::read_architecture(loaded.source),
-                                                            model::describe_mtp(loaded.source, d),
-                                                            tiny->seed + 1));
-      }
-    }
-    runner::ModelRunner runner(loaded.source, loaded.weights, ro);
+    RunnerSetup setup = prepare_runner(args->model, args->draft, args->num_spec_tokens,
+                                       plan::parse_memory_size(args->memory));
+    runner::ModelRunner runner(setup.source, setup.weights, setup.options);
 
     std::vector<engine::TokenId> prompt = args->prompt_ids;
     if (prompt.empty())
@@ -214,20 +126,8 @@ Action add_generate_command(CLI::App& app) {
                            plain.requests[i].tokens.end());
       }
       drafter = std::make_unique<spec::OracleDrafter>(std::move(refs));
-    } else if (runner.has_block_drafter()) {
-      drafter = std::make_unique<spec::DflashDrafter>(runner);
-    } else if (ro.draft || mtp) {
-      drafter = std::make_unique<spec::EagleDrafter>(runner);
-    } else if (args->draft == "ngram") {
-      drafter = std::make_unique<spec::NgramDrafter>();
-    } else if (args->draft == "random") {
-      drafter = std::make_unique<spec::RandomDrafter>(runner.vocab_size(), args->seed);
-    } else if (!args->draft.empty()) {
-      throw_invalid(
-          fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "
-                      "with MTP layers), tiny-eagle (with tiny-swa), tiny-dflash (with "
-                      "tiny-swa or tiny-hybrid) or a drafter checkpoint directory",
-                      args->draft));
+    } else {
+      drafter = make_drafter(args->draft, runner, args->seed);
     }
     engine::GenerateReport spec;
     if (drafter) {
