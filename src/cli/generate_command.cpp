@@ -9,13 +9,13 @@
 #include <ostream>
 
 #include "cli.hpp"
-#include "runner_setup.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/engine/tiny_models.hpp"
 #include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/runner/model_runner.hpp"
 #include "mixkv/spec/oracle.hpp"
+#include "runner_setup.hpp"
 
 namespace mixkv::cli {
 namespace {

@@ -64,8 +64,8 @@ bool is_directory(const std::string& ref) {
   return std::filesystem::is_directory(ref, ec);
 }
 
-RunnerSetup prepare_runner(const std::string& model, const std::string& draft,
-                           int num_spec_tokens, std::int64_t memory_bytes) {
+RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
+                           std::int64_t memory_bytes) {
   Loaded loaded = load_model(model);
   runner::RunnerOptions ro;
   ro.memory_bytes = memory_bytes;
@@ -73,12 +73,12 @@ RunnerSetup prepare_runner(const std::string& model, const std::string& draft,
   // A drafter model (a tiny drafter, or a checkpoint directory): its layers join the target's
   // plan, its weights the target's.
   const engine::TinyModel* tiny_draft = engine::find_tiny_model(draft);
-  const bool keyword = draft == "oracle" || draft == "ngram" ||
-                       draft == "random" || draft == model::kMtpDraft;
+  const bool keyword =
+      draft == "oracle" || draft == "ngram" || draft == "random" || draft == model::kMtpDraft;
   if (!keyword && tiny_draft == nullptr && !draft.empty() && is_directory(draft)) {
     ro.draft = model::load_model_source(draft);
-    loaded.weights.merge(runner::as_draft_weights(
-        weights::read_safetensors(checkpoint_file(draft)), draft));
+    loaded.weights.merge(
+        runner::as_draft_weights(weights::read_safetensors(checkpoint_file(draft)), draft));
   }
   if (tiny_draft != nullptr) {
     if (!engine::drafts_for(*tiny_draft, model)) {

@@ -21,8 +21,8 @@ struct RunnerSetup {
 
 // MODEL and --draft (empty: none) as a runner's config, weights and options. Throws Error naming
 // the model or drafter that is unknown or does not fit the target.
-RunnerSetup prepare_runner(const std::string& model, const std::string& draft,
-                           int num_spec_tokens, std::int64_t memory_bytes);
+RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
+                           std::int64_t memory_bytes);
 
 // The drafter object for --draft over `runner` (built from prepare_runner's result): ngram,
 // random (seeded), mtp, a drafter model (EAGLE-style or DFlash). Null for an empty --draft.

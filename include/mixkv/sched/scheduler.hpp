@@ -83,14 +83,14 @@ struct Counters {
   std::int64_t generated_tokens = 0;
   std::int64_t preemptions = 0;
   std::int64_t peak_running = 0;
-  std::int64_t prompt_tokens = 0;  // over every admission, re-admissions after preemption too
-  std::int64_t hit_tokens = 0;     // prefix hits over every admission
+  std::int64_t prompt_tokens = 0;    // over every admission, re-admissions after preemption too
+  std::int64_t hit_tokens = 0;       // prefix hits over every admission
   std::int64_t drafted_tokens = 0;   // drafts verified
   std::int64_t accepted_tokens = 0;  // of them, accepted
   // Per draft position p (0 .. k-1): verify steps whose draft p was accepted.
   std::vector<std::int64_t> accepted_per_position;
   std::int64_t cancelled = 0;  // requests cancel() ended
-  double manager_seconds = 0;      // inside KvCacheManager calls only
+  double manager_seconds = 0;  // inside KvCacheManager calls only
 };
 
 struct SchedulerOptions {
