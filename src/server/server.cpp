@@ -224,7 +224,8 @@ struct Server::Impl {
   std::condition_variable engine_cv, jobs_cv;
   std::vector<JobPtr> inbox;
   std::unordered_map<std::size_t, JobPtr> active;
-  std::size_t sched_waiting = 0;
+  std::size_t sched_waiting = 0;  // the scheduler's, as of the last step
+  std::int64_t sched_running = 0;
   bool cancel_pending = false;
   bool stop_engine = false;
   int open_requests = 0;  // handlers and streams still answering
@@ -269,7 +270,8 @@ struct Server::Impl {
       metrics.accepted_at(p).Increment(static_cast<double>(c.accepted_per_position[p] - before));
     }
     seen = c;
-    metrics.running->Set(static_cast<double>(scheduler->num_running()));
+    sched_running = static_cast<std::int64_t>(scheduler->num_running());
+    metrics.running->Set(static_cast<double>(sched_running));
     sched_waiting = scheduler->num_waiting();
     metrics.waiting->Set(static_cast<double>(sched_waiting + inbox.size()));
     const double usable = static_cast<double>(std::max(1, manager->pool().num_blocks() - 1));
@@ -441,12 +443,18 @@ struct Server::Impl {
       throw ApiError(503, "the server is shutting down", "service_unavailable", {},
                      "shutting_down");
     }
-    if (static_cast<std::int64_t>(sched_waiting + inbox.size() + jobs.size()) > opt.max_queue) {
-      throw ApiError(503,
-                     fmt::format("the server is full: {} requests wait (--max-queue {}); retry "
-                                 "later",
-                                 sched_waiting + inbox.size(), opt.max_queue),
-                     "service_unavailable", {}, "queue_full");
+    // The requests that would wait once the free places of the running batch are taken.
+    const auto pending = static_cast<std::int64_t>(sched_waiting + inbox.size() + jobs.size());
+    const std::int64_t free_places = std::max<std::int64_t>(0, opt.max_num_seqs - sched_running);
+    if (pending - free_places > opt.max_queue) {
+      throw ApiError(
+          503,
+          fmt::format("the server is full: {} requests wait (--max-queue {}); retry "
+                      "later",
+                      std::max<std::int64_t>(
+                          0, pending - free_places - static_cast<std::int64_t>(jobs.size())),
+                      opt.max_queue),
+          "service_unavailable", {}, "queue_full");
     }
     for (const JobPtr& j : jobs) inbox.push_back(j);
     engine_cv.notify_one();
