@@ -644,6 +644,11 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
             if (complete && j.error.empty()) {
               out += event(i, "", json::array(), t.stopped() ? "stop" : j.finish_reason, false);
             }
+            if (t.stopped() && !j.done) {
+              j.cancel = true;  // a stop sequence: free its blocks now, not at the stream's end
+              cancel_pending = true;
+              engine_cv.notify_one();
+            }
             st->complete[i] = complete;
             all = all && complete;
           }
