@@ -1,5 +1,6 @@
 # The two commands of the README's quick start, and their helpers.
-#   make demo   installs what is missing, builds, runs the main job on a built-in default
+#   make demo   installs what is missing, builds, runs the main job on a built-in default, and
+#               ends with SmolLM2-135M answering chat prompts, plain and speculative
 #   make test   installs what is missing, builds, runs every test
 BUILD_DIR ?= build
 SANITIZE_DIR ?= build-sanitize
@@ -39,19 +40,26 @@ demo: build
 	./$(BUILD_DIR)/mixkv generate tiny-hybrid --draft tiny-dflash --num-spec-tokens 7 --max-tokens 64
 	@echo
 	./$(BUILD_DIR)/mixkv generate tiny-swa --draft oracle --num-spec-tokens 4 --max-tokens 128
+	@echo
+	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "What is the capital of France?"
+	@echo
+	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "Give me three tips for staying focused." \
+	  --draft ngram --max-tokens 128
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 # Same tests under AddressSanitizer + UndefinedBehaviorSanitizer (debug info, no benchmarks),
 # except the verify sweep over every built-in pair: it runs the same kernels and geometry code as
-# the kernel tests, ten times slower under the sanitizers, and `make test` runs it.
+# the kernel tests, ten times slower under the sanitizers, and `make test` runs it; and the long
+# SmolLM2 runs (SmolLm2Long*: llama.cpp agreement, speculation at batch 16), whose code paths the
+# short SmolLM2 tests cover there.
 test-sanitize: deps
 	cmake -S . -B $(SANITIZE_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DMIXKV_SANITIZE=ON -DMIXKV_BUILD_BENCH=OFF
 	cmake --build $(SANITIZE_DIR) -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j $(JOBS) -E VerifySweep
+	  ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j $(JOBS) -E 'VerifySweep|SmolLm2Long'
 
 bench: build
 	./$(BUILD_DIR)/bench/mixkv_bench

@@ -146,17 +146,19 @@ def main():
         prompt = template.render(messages=messages, add_generation_prompt=True)
         prompt_ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
 
-        # Greedy decoding (temperature 0), one token per step, stopping after EOS.
-        llm.reset()
-        llm.eval(prompt_ids)
+        # Greedy decoding (temperature 0), one token per step, stopping after EOS. The prompt too
+        # goes one token per llama_decode call: its batched evaluation is what moves the logits
+        # (above), and a continuation from moved keys would not be the model's.
+        step.reset()
+        step.eval(prompt_ids)
         greedy = []
         t0 = time.perf_counter()
         while len(greedy) < MAX_NEW_TOKENS:
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = int(np.argmax(step.scores[step.n_tokens - 1]))
             greedy.append(tok)
             if tok == eos:
                 break
-            llm.eval([tok])
+            step.eval([tok])
         decode_seconds += time.perf_counter() - t0
         decode_tokens += len(greedy)
 
@@ -209,7 +211,8 @@ def main():
                                "of prompt_ids + greedy_ids (evaluated in n_batch chunks); margin is top1 - top2 logit; "
                                "teacher_forced_agrees_with_greedy counts continuation positions "
                                "where it equals llama.cpp's own greedy token; teacher_forced_step_* are the same "
-                               "with one token per llama_decode call (greedy decoding's path)",
+                               "with one token per llama_decode call (greedy decoding's path: greedy_ids "
+                               "evaluate the prompt one token per call too)",
         "greedy_decode_tokens_per_s": round(decode_tokens / decode_seconds, 1),
         "max_new_tokens": MAX_NEW_TOKENS,
         "corpus": corpus,

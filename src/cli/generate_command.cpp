@@ -1,38 +1,52 @@
-// `mixkv generate`: greedy generation on a tiny model (or a config.json + model.safetensors
-// directory) through the reference engine, plain and with a drafter, checking that both give the
-// same tokens.
+// `mixkv generate`: greedy generation through the reference engine, plain and with a drafter,
+// checking that both give the same tokens: on a GGUF model (smollm2-135m or a path; its own
+// tokenizer and chat template, the reply printed as text, streamed), a tiny model with random
+// weights (token ids shown, not text), or a config.json + model.safetensors directory.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 
 #include "cli.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/engine/tiny_models.hpp"
+#include "mixkv/model/architecture.hpp"
 #include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/runner/model_runner.hpp"
+#include "mixkv/spec/dflash.hpp"
+#include "mixkv/spec/eagle.hpp"
+#include "mixkv/spec/ngram.hpp"
 #include "mixkv/spec/oracle.hpp"
+#include "mixkv/spec/random.hpp"
+#include "mixkv/tokenizer/chat_template.hpp"
+#include "mixkv/tokenizer/tokenizer.hpp"
+#include "mixkv/weights/gguf_model.hpp"
+#include "mixkv/weights/model_files.hpp"
 #include "runner_setup.hpp"
 
 namespace mixkv::cli {
 namespace {
 
 // Request i of a batch: the prompt, then for i > 0 a suffix repeated 1 to 3 times, so the batch
-// mixes lengths and shares the prompt as a prefix.
-std::vector<std::vector<engine::TokenId>> batch_prompts(const std::vector<engine::TokenId>& prompt,
-                                                        int batch) {
-  std::vector<std::vector<engine::TokenId>> out;
-  for (int i = 0; i < batch; ++i) {
-    std::vector<engine::TokenId> p = prompt;
-    for (int r = 0; i > 0 && r <= i % 3; ++r) {
-      const auto suffix = engine::encode_bytes(fmt::format(" (variant {})", i));
-      p.insert(p.end(), suffix.begin(), suffix.end());
-    }
-    out.push_back(std::move(p));
-  }
+// mixes lengths and shares the prompt as a prefix (with a chat template, the suffix ends the
+// user's message, so the requests share everything before it).
+std::string variant_suffix(int i) {
+  std::string suffix;
+  for (int r = 0; i > 0 && r <= i % 3; ++r) suffix += fmt::format(" (variant {})", i);
+  return suffix;
+}
+
+// Token ids for the terminal: the tiny models' random weights emit bytes that are not text.
+std::string id_list(std::span<const engine::TokenId> ids) {
+  constexpr std::size_t kShown = 24;
+  std::string out = fmt::format("{}", fmt::join(ids.first(std::min(ids.size(), kShown)), " "));
+  if (ids.size() > kShown) out += fmt::format(" ... ({} in all)", ids.size());
   return out;
 }
 
@@ -54,20 +68,27 @@ Action add_generate_command(CLI::App& app) {
     std::uint64_t seed = 0;
     std::string memory = "64MiB";
     bool json = false;
+    bool raw = false;
+    std::string system;
+    std::string chat_template;
+    bool ignore_eos = false;
+    std::int64_t max_model_len = 0;
+    int threads = 0;
   };
   auto args = std::make_shared<Args>();
   CLI::App* cmd = app.add_subcommand(
       "generate", "Greedy generation through the reference engine, plain and speculative");
   cmd->footer(
-      "MODEL: tiny-swa, tiny-hybrid, tiny-mamba or tiny-gemma (mixkv's tiny models have "
-      "generated weights and a byte-level vocabulary; tiny-hybrid mixes Gated DeltaNet and full "
-      "attention layers, tiny-mamba Mamba2 and attention blocks, tiny-gemma soft-capped sliding "
-      "and full layers) or a "
-      "directory with config.json and "
-      "model.safetensors. With --draft, the prompts are "
-      "generated twice, plain and speculative, and the tokens must match (exit status 3 if "
-      "not). --batch B runs B requests: the prompt, then the prompt with a suffix. "
-      "docs/engine.md.");
+      "MODEL: smollm2-135m (SmolLM2-135M-Instruct, fetched by `make deps`) or any llama GGUF "
+      "file: the prompt goes through the model's chat template and the reply is printed as text, "
+      "streamed, until the end-of-turn token or --max-tokens. Or tiny-swa, tiny-hybrid, "
+      "tiny-mamba or tiny-gemma (mixkv's tiny models have random generated weights and a "
+      "byte-level vocabulary, so their output is shown as token ids; tiny-hybrid mixes Gated "
+      "DeltaNet and full attention layers, tiny-mamba Mamba2 and attention blocks, tiny-gemma "
+      "soft-capped sliding and full layers), or a directory with config.json and "
+      "model.safetensors. With --draft, the prompts are generated twice, plain and speculative, "
+      "and the tokens must match (exit status 3 if not). --batch B runs B requests: the prompt, "
+      "then the prompt with a suffix. docs/engine.md.");
   cmd->add_option("MODEL", args->model, "Target model")->required();
   cmd->add_option(
       "--draft", args->draft,
@@ -79,7 +100,9 @@ Action add_generate_command(CLI::App& app) {
                                              "Tokens drafted per step (with --draft)")
                                  ->capture_default_str();
   auto* text = cmd->add_option("--prompt", args->prompt,
-                               "Prompt text (bytes; default \"Once upon a time\")");
+                               "Prompt text: the user's message for a GGUF model (default \"What "
+                               "is the capital of France?\"), bytes for a tiny model (default "
+                               "\"Once upon a time\")");
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids")->excludes(text);
   cmd->add_option("--max-tokens", args->max_tokens, "Tokens generated per request")
       ->capture_default_str();
@@ -88,8 +111,23 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 64MiB)")->capture_default_str();
   cmd->add_flag("--json", args->json,
                 "One JSON object per request: {\"tokens\", \"text\", \"stats\"}");
+  auto* raw = cmd->add_flag("--raw", args->raw,
+                            "GGUF models: tokenize the prompt as it is, without the chat template");
+  cmd->add_option("--system", args->system, "GGUF models: a system message before the prompt")
+      ->excludes(raw);
+  cmd->add_option("--chat-template", args->chat_template,
+                  "GGUF models: render with this template (chatml, smollm2) instead of the one "
+                  "the file's tokenizer.chat_template is recognised as")
+      ->excludes(raw);
+  cmd->add_flag("--ignore-eos", args->ignore_eos,
+                "GGUF models: generate --max-tokens tokens, past the end of the turn");
+  cmd->add_option("--max-model-len", args->max_model_len,
+                  "Longest request the cache is planned for (default: the model's context, at "
+                  "most 2048 for a GGUF model)");
+  cmd->add_option("--threads", args->threads,
+                  "Threads for matrix products and attention (default: one per core, at most 8)");
 
-  return [args, spec_tokens, text](std::ostream& out) {
+  return [args, spec_tokens, text, raw](std::ostream& out) {
     if (text->count() > 0 && args->prompt.empty()) {
       throw_invalid(
           "--prompt is empty; give some text, or leave --prompt out to use the built-in one "
@@ -104,18 +142,82 @@ Action add_generate_command(CLI::App& app) {
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
-    RunnerSetup setup = prepare_runner(args->model, args->draft, args->num_spec_tokens,
-                                       plan::parse_memory_size(args->memory));
-    runner::ModelRunner runner(setup.source, setup.weights, setup.options);
+    if (args->max_model_len < 0) {
+      throw_invalid(fmt::format("--max-model-len {} is negative", args->max_model_len));
+    }
+    RunnerSetup setup =
+        prepare_runner(args->model, args->draft, args->draft.empty() ? 0 : args->num_spec_tokens,
+                       plan::parse_memory_size(args->memory), args->max_model_len, args->threads);
+    const bool gguf = setup.gguf != nullptr;
+    if (!gguf && (raw->count() > 0 || !args->system.empty() || !args->chat_template.empty() ||
+                  args->ignore_eos)) {
+      throw_invalid(fmt::format(
+          "--raw, --system, --chat-template and --ignore-eos are for GGUF models (with a "
+          "tokenizer and chat template); {} has a byte vocabulary and no end of turn",
+          args->model));
+    }
+    runner::ModelRunner runner = setup.make_runner();
 
-    std::vector<engine::TokenId> prompt = args->prompt_ids;
-    if (prompt.empty())
-      prompt = engine::encode_bytes(text->count() > 0 ? args->prompt : "Once upon a time");
-    const auto prompts = batch_prompts(prompt, args->batch);
+    // The prompts: ids as given, else the text through the chat template (GGUF, unless --raw)
+    // or as bytes (tiny models), each request's variant suffix after it.
+    const std::string prompt_text =
+        text->count() > 0 ? args->prompt
+                          : (gguf ? "What is the capital of France?" : "Once upon a time");
+    const tokenizer::ChatTemplate* chat = nullptr;
+    if (gguf && raw->count() == 0 && args->prompt_ids.empty()) {
+      chat = &tokenizer::chat_template_for(
+          *setup.gguf, args->chat_template.empty()
+                           ? std::nullopt
+                           : std::optional<std::string_view>(args->chat_template));
+    }
+    const auto encode = [&](const std::string& s) {
+      return gguf ? setup.tokenizer->encode(s, {.add_special = true, .parse_special = true})
+                  : engine::encode_bytes(s);
+    };
+    std::vector<std::vector<engine::TokenId>> prompts;
+    for (int i = 0; i < args->batch; ++i) {
+      const std::string suffix = variant_suffix(i);
+      if (!args->prompt_ids.empty()) {
+        std::vector<engine::TokenId> p = args->prompt_ids;
+        const auto tail = gguf ? setup.tokenizer->encode(suffix) : engine::encode_bytes(suffix);
+        p.insert(p.end(), tail.begin(), tail.end());
+        prompts.push_back(std::move(p));
+      } else if (chat != nullptr) {
+        std::vector<tokenizer::ChatMessage> messages;
+        if (!args->system.empty()) messages.push_back({"system", args->system});
+        messages.push_back({"user", prompt_text + suffix});
+        prompts.push_back(encode(chat->render(messages, true)));
+      } else {
+        prompts.push_back(encode(prompt_text + suffix));
+      }
+    }
     engine::GenerateOptions go;
     go.max_tokens = args->max_tokens;
     go.max_batch = args->batch;
+    if (gguf && !args->ignore_eos) go.stop_tokens = end_of_generation_ids(*setup.tokenizer);
+    const bool stream = gguf && !args->json && prompts.size() == 1;
+    std::optional<tokenizer::StreamDecoder> decoder;
+    if (!args->json) {
+      out << fmt::format(
+          "generate {}: {} request{}, up to {} tokens each, plain{}{}\n", args->model,
+          prompts.size(), prompts.size() == 1 ? "" : "s", args->max_tokens,
+          args->draft.empty()
+              ? ""
+              : fmt::format(" and with --draft {} (k = {})", args->draft, args->num_spec_tokens),
+          gguf ? "" : " (random weights: the tokens are not text)");
+    }
+    if (stream) {
+      // The plain run's reply as it is generated; the speculative run is then compared with it.
+      decoder.emplace(*setup.tokenizer);
+      out << "reply: " << std::flush;
+      go.on_tokens = [&](std::size_t, std::span<const engine::TokenId> ids) {
+        for (const engine::TokenId id : ids) out << decoder->push(id);
+        out << std::flush;
+      };
+    }
     const engine::GenerateReport plain = engine::generate(runner, prompts, nullptr, go);
+    if (stream) out << decoder->finish() << '\n';
+    go.on_tokens = nullptr;
 
     std::unique_ptr<spec::Drafter> drafter;
     if (args->draft == "oracle") {
@@ -137,19 +239,13 @@ Action add_generate_command(CLI::App& app) {
 
     bool all_identical = true;
     std::string report;
-    if (!args->json) {
-      report += fmt::format("generate {}: {} request{}, {} tokens each, plain{}\n", args->model,
-                            prompts.size(), prompts.size() == 1 ? "" : "s", args->max_tokens,
-                            drafter ? fmt::format(" and with drafter {} (k = {})", drafter->name(),
-                                                  args->num_spec_tokens)
-                                    : "");
-    }
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       const engine::RequestOutput& p = plain.requests[i];
       const engine::RequestOutput& r = drafter ? spec.requests[i] : p;
       const bool identical = r.tokens == p.tokens;
       all_identical = all_identical && identical;
-      const std::string text = engine::decode_bytes(r.tokens);
+      const std::string text =
+          gguf ? setup.tokenizer->decode(r.tokens) : engine::decode_bytes(r.tokens);
       const engine::RequestStats& s = r.stats;
       if (args->json) {
         nlohmann::json stats = {
@@ -174,9 +270,14 @@ Action add_generate_command(CLI::App& app) {
         report += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + '\n';
         continue;
       }
-      report += fmt::format("request {}: {} prompt tokens ({} from the prefix cache)\n", i,
-                            s.prompt_tokens, s.prefix_hit_tokens);
-      report += fmt::format("  text    {}\n", quoted(text));
+      report +=
+          fmt::format("request {}: {} prompt tokens ({} from the prefix cache), {} generated\n", i,
+                      s.prompt_tokens, s.prefix_hit_tokens, r.tokens.size());
+      if (!gguf) {
+        report += fmt::format("  tokens  {}\n", id_list(r.tokens));
+      } else if (!stream) {
+        report += fmt::format("  reply   {}\n", quoted(text));
+      }
       report += fmt::format("  plain   {:.1f} tokens/s\n", p.stats.tokens_per_second());
       if (drafter) {
         report += fmt::format(

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "mixkv/core/error.hpp"
@@ -12,15 +13,14 @@
 #include "mixkv/spec/eagle.hpp"
 #include "mixkv/spec/ngram.hpp"
 #include "mixkv/spec/random.hpp"
+#include "mixkv/weights/gguf_model.hpp"
+#include "mixkv/weights/model_files.hpp"
 #include "mixkv/weights/safetensors.hpp"
 
 namespace mixkv::cli {
 namespace {
 
-struct Loaded {
-  model::ModelSource source;
-  weights::TensorMap weights;
-};
+using Loaded = RunnerSetup;
 
 std::string checkpoint_file(const std::filesystem::path& dir) {
   const auto weights = dir / "model.safetensors";
@@ -32,14 +32,22 @@ std::string checkpoint_file(const std::filesystem::path& dir) {
   return weights.string();
 }
 
-// A tiny model's name, or a directory with config.json and model.safetensors.
+// A tiny model's name, a GGUF (smollm2-135m or a path), or a directory with config.json and
+// model.safetensors.
 Loaded load_model(const std::string& ref) {
+  if (auto path = weights::resolve_gguf(ref)) {
+    Loaded l;
+    l.gguf = std::make_shared<const weights::GgufFile>(weights::GgufFile::open(*path));
+    l.source = weights::model_source_from_gguf(*l.gguf, ref);
+    l.tokenizer = tokenizer::tokenizer_from_gguf(*l.gguf);
+    return l;
+  }
   if (const engine::TinyModel* tiny = engine::find_tiny_model(ref)) {
     if (!tiny->missing.empty()) {
       throw_unsupported(
           fmt::format("{} cannot be run yet: the engine lacks {}", ref, tiny->missing));
     }
-    Loaded l{engine::tiny_model_source(*tiny), {}};
+    Loaded l{engine::tiny_model_source(*tiny), {}, nullptr, nullptr, {}};
     const auto config = model::read_architecture(l.source);
     l.weights =
         runner::generate_weights(config, model::describe(l.source, std::nullopt, {}), tiny->seed);
@@ -50,11 +58,16 @@ Loaded load_model(const std::string& ref) {
     std::string names;
     for (const auto& m : engine::tiny_models()) names += fmt::format(" {}", m.name);
     throw_invalid(
-        fmt::format("unknown model '{}': give a tiny model (one of:{}) or a directory "
-                    "holding config.json and model.safetensors",
-                    ref, names));
+        fmt::format("unknown model '{}': give smollm2-135m (fetched by `make deps` into {}, "
+                    "$MIXKV_MODEL_DIR overrides it), a GGUF file, a tiny model (one of:{}) or a "
+                    "directory holding config.json and model.safetensors",
+                    ref, weights::model_dir(), names));
   }
-  return {model::load_model_source(ref), weights::read_safetensors(checkpoint_file(dir))};
+  return {model::load_model_source(ref),
+          weights::read_safetensors(checkpoint_file(dir)),
+          nullptr,
+          nullptr,
+          {}};
 }
 
 }  // namespace
@@ -64,12 +77,25 @@ bool is_directory(const std::string& ref) {
   return std::filesystem::is_directory(ref, ec);
 }
 
+runner::ModelRunner RunnerSetup::make_runner() const {
+  return gguf != nullptr ? runner::ModelRunner(source, gguf, options)
+                         : runner::ModelRunner(source, weights, options);
+}
+
 RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
-                           std::int64_t memory_bytes) {
+                           std::int64_t memory_bytes, std::int64_t max_model_len, int threads) {
   Loaded loaded = load_model(model);
   runner::RunnerOptions ro;
   ro.memory_bytes = memory_bytes;
   ro.num_spec_tokens = draft.empty() ? 0 : num_spec_tokens;
+  ro.threads = threads;
+  ro.max_model_len = max_model_len;
+  if (loaded.gguf != nullptr && ro.max_model_len == 0) {
+    // SmolLM2's 8,192-token context would take 189 MB of float16 KV for one request; a chat
+    // turn needs far less, and --max-model-len gives more.
+    const auto context = model::describe(loaded.source, std::nullopt, {}).facts;
+    ro.max_model_len = std::min<std::int64_t>(context.max_position_embeddings.value_or(2048), 2048);
+  }
   // A drafter model (a tiny drafter, or a checkpoint directory): its layers join the target's
   // plan, its weights the target's.
   const engine::TinyModel* tiny_draft = engine::find_tiny_model(draft);
@@ -107,7 +133,8 @@ RunnerSetup prepare_runner(const std::string& model, const std::string& draft, i
                                                           tiny->seed + 1));
     }
   }
-  return {std::move(loaded.source), std::move(loaded.weights), std::move(ro)};
+  loaded.options = std::move(ro);
+  return loaded;
 }
 
 std::unique_ptr<spec::Drafter> make_drafter(const std::string& draft, runner::ModelRunner& runner,
@@ -122,6 +149,14 @@ std::unique_ptr<spec::Drafter> make_drafter(const std::string& draft, runner::Mo
                   "with MTP layers), tiny-eagle (with tiny-swa), tiny-dflash (with "
                   "tiny-swa or tiny-hybrid) or a drafter checkpoint directory",
                   draft));
+}
+
+std::vector<tokenizer::TokenId> end_of_generation_ids(const tokenizer::Tokenizer& tok) {
+  std::vector<tokenizer::TokenId> ids;
+  for (tokenizer::TokenId id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.is_end_of_generation(id)) ids.push_back(id);
+  }
+  return ids;
 }
 
 }  // namespace mixkv::cli

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <ostream>
 
 #include "cli.hpp"
@@ -14,6 +15,7 @@
 #include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/server/server.hpp"
 #include "mixkv/tokenizer/byte_tokenizer.hpp"
+#include "mixkv/tokenizer/chat_template.hpp"
 #include "runner_setup.hpp"
 
 namespace mixkv::cli {
@@ -24,6 +26,9 @@ Action add_serve_command(CLI::App& app) {
     int num_spec_tokens = 3;
     std::string memory = "64MiB";
     std::uint64_t seed = 0;
+    std::string chat_template;
+    std::int64_t max_model_len = 0;
+    int threads = 0;
     server::ServeOptions serve;
   };
   auto args = std::make_shared<Args>();
@@ -65,6 +70,16 @@ Action add_serve_command(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 3600.0));
   add_seed_option(*cmd, "--seed", args->seed, "Seed of the random drafter");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "GGUF models: render chats with this template (chatml, smollm2) instead of the "
+                  "one the file's tokenizer.chat_template is recognised as");
+  cmd->add_option("--max-model-len", args->max_model_len,
+                  "Longest request the cache is planned for (default: the model's context, at "
+                  "most 2048 for a GGUF model)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  cmd->add_option("--threads", args->threads,
+                  "Threads for matrix products and attention (default: one per core, at most 8)")
+      ->check(CLI::Range(0, 256));
 
   return [args, spec_tokens](std::ostream& out) {
     if (spec_tokens->count() > 0 && args->draft.empty()) {
@@ -95,18 +110,38 @@ Action add_serve_command(CLI::App& app) {
 
     const int k = args->draft.empty() ? 0 : args->num_spec_tokens;
     RunnerSetup setup =
-        prepare_runner(args->model, args->draft, k, plan::parse_memory_size(args->memory));
-    runner::ModelRunner runner(setup.source, setup.weights, setup.options);
+        prepare_runner(args->model, args->draft, k, plan::parse_memory_size(args->memory),
+                       args->max_model_len, args->threads);
+    runner::ModelRunner runner = setup.make_runner();
     std::unique_ptr<spec::Drafter> drafter = make_drafter(args->draft, runner, args->seed);
-    std::unique_ptr<tokenizer::Tokenizer> tok;
-    if (engine::find_tiny_model(args->model) != nullptr) {
+    // The vocabulary: a GGUF's own (with its chat template and end-of-turn ids), the tiny
+    // models' bytes; a checkpoint directory has none (token-id prompts only).
+    std::unique_ptr<tokenizer::Tokenizer> tok = std::move(setup.tokenizer);
+    if (!tok && engine::find_tiny_model(args->model) != nullptr) {
       tok = std::make_unique<tokenizer::ByteTokenizer>();
+    }
+    const tokenizer::ChatTemplate* chat = nullptr;
+    if (setup.gguf != nullptr) {
+      try {
+        chat = &tokenizer::chat_template_for(
+            *setup.gguf, args->chat_template.empty()
+                             ? std::nullopt
+                             : std::optional<std::string_view>(args->chat_template));
+      } catch (const Error& e) {
+        if (!args->chat_template.empty()) throw;
+        out << fmt::format("mixkv serve: no chat completions ({})\n", e.what());
+      }
+    } else if (!args->chat_template.empty()) {
+      throw_invalid(fmt::format("--chat-template is for GGUF models; {} has no tokenizer for it",
+                                args->model));
     }
     server::ServedModel served;
     served.runner = &runner;
     served.drafter = drafter.get();
     served.num_spec_tokens = k;
     served.tokenizer = tok.get();
+    served.chat_template = chat;
+    if (setup.gguf != nullptr) served.stop_tokens = end_of_generation_ids(*tok);
     srv.attach(served);
 
     const plan::CachePlan& plan = runner.plan();

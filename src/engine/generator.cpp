@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "mixkv/core/error.hpp"
@@ -94,9 +95,11 @@ GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector
   so.max_batch = options.max_batch;
   so.prefill_chunk = options.prefill_chunk;
   so.before_free = options.before_free;
+  so.on_tokens = options.on_tokens;
   sched::Scheduler scheduler(manager, plan, so);
   for (std::size_t i = 0; i < prompts.size(); ++i) {
-    scheduler.add({prompts[i], options.max_tokens, fmt::format("request {}", i)});
+    scheduler.add(
+        {prompts[i], options.max_tokens, fmt::format("request {}", i), options.stop_tokens});
   }
   RunnerModel model(runner, k > 0 && drafter != nullptr);
   const auto start = Clock::now();
@@ -109,10 +112,12 @@ GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     RequestOutput out;
     const std::span<const TokenId> generated = scheduler.outputs(i);
-    out.tokens.assign(generated.begin(),
-                      generated.begin() + static_cast<std::ptrdiff_t>(options.max_tokens));
+    // A speculative step may commit past max_tokens (an oracle's drafts are not capped).
+    const auto n = std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(generated.size()),
+                                            static_cast<std::ptrdiff_t>(options.max_tokens));
+    out.tokens.assign(generated.begin(), generated.begin() + n);
     out.stats = scheduler.stats(i);
-    out.stats.generated_tokens = options.max_tokens;
+    out.stats.generated_tokens = n;
     report.requests.push_back(std::move(out));
   }
   return report;

@@ -23,7 +23,7 @@ std::vector<float> rows(std::int64_t n, std::int64_t width) {
 }  // namespace
 
 Attention::Attention(std::string name, kernels::AttentionSpec spec, layout::LayerGeometry geometry,
-                     Weights w, bool rope, double rope_theta, double eps)
+                     Weights w, Rope rope, double rope_theta, double eps)
     : name_(std::move(name)),
       spec_(spec),
       geometry_(std::move(geometry)),
@@ -32,25 +32,27 @@ Attention::Attention(std::string name, kernels::AttentionSpec spec, layout::Laye
       rope_theta_(rope_theta),
       eps_(eps) {}
 
+void Attention::rotate(float* x, std::int64_t heads, std::int64_t position) const {
+  if (rope_ == Rope::kHalves) ops::rope(x, heads, spec_.head_size, position, rope_theta_);
+  if (rope_ == Rope::kPairs) ops::rope_pairs(x, heads, spec_.head_size, position, rope_theta_);
+}
+
 void Attention::project_kv(std::span<const float> normed, std::span<const std::int64_t> positions,
-                           std::int64_t hidden, std::vector<float>& k,
+                           kernels::ThreadPool* pool, std::vector<float>& k,
                            std::vector<float>& v) const {
   const auto total = static_cast<std::int64_t>(positions.size());
   const std::int64_t kw = kernels::k_row_elements(spec_);
   const std::int64_t vw = kernels::v_row_elements(spec_);
   k.assign(static_cast<std::size_t>(total * kw), 0.0f);
   v.assign(static_cast<std::size_t>(total * vw), 0.0f);
-  ops::matmul(w_.k, normed.data(), total, hidden, kw, k.data());
-  ops::matmul(w_.v, normed.data(), total, hidden, vw, v.data());
+  ops::matmul(w_.k, normed.data(), total, k.data(), pool);
+  ops::matmul(w_.v, normed.data(), total, v.data(), pool);
   for (std::int64_t t = 0; t < total; ++t) {
     float* kt = k.data() + t * kw;
     if (!w_.k_norm.empty()) {
       ops::norm_heads(kt, spec_.params.num_kv_heads, spec_.head_size, w_.k_norm, eps_);
     }
-    if (rope_) {
-      ops::rope(kt, spec_.params.num_kv_heads, spec_.head_size,
-                positions[static_cast<std::size_t>(t)], rope_theta_);
-    }
+    rotate(kt, spec_.params.num_kv_heads, positions[static_cast<std::size_t>(t)]);
   }
 }
 
@@ -75,20 +77,17 @@ void Attention::write_kv(const Step& step, std::span<const float> k,
 }
 
 void Attention::run(const Step& step, std::span<const float> normed, std::span<float> out) const {
-  const std::int64_t h = step.hidden;
   const std::int64_t total = step.rows();
   const std::int64_t hq = spec_.params.num_q_heads;
   const std::int64_t qw = hq * spec_.head_size;
   std::vector<float> q = rows(total, qw), k, v;
-  ops::matmul(w_.q, normed.data(), total, h, qw, q.data());
+  ops::matmul(w_.q, normed.data(), total, q.data(), step.pool);
   for (std::int64_t t = 0; t < total; ++t) {
     float* qt = q.data() + t * qw;
     if (!w_.q_norm.empty()) ops::norm_heads(qt, hq, spec_.head_size, w_.q_norm, eps_);
-    if (rope_) {
-      ops::rope(qt, hq, spec_.head_size, step.positions[static_cast<std::size_t>(t)], rope_theta_);
-    }
+    rotate(qt, hq, step.positions[static_cast<std::size_t>(t)]);
   }
-  project_kv(normed, step.positions, h, k, v);
+  project_kv(normed, step.positions, step.pool, k, v);
   write_kv(step, k, v);
 
   // The attention metadata of the layer's group. Causal: one query per kernel sequence (its
@@ -116,8 +115,8 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   }
   const std::int64_t ow = hq * spec_.head_size_v;
   std::vector<float> attn = rows(total, ow);
-  kernels::paged_attention(spec_, geometry_, {tensor, seqs, q, w_.sinks, {}}, attn);
-  ops::matmul(w_.o, attn.data(), total, ow, h, out.data());
+  kernels::paged_attention(spec_, geometry_, {tensor, seqs, q, w_.sinks, {}, step.pool}, attn);
+  ops::matmul(w_.o, attn.data(), total, out.data(), step.pool);
 }
 
 void step_recurrent(const std::string& layer, const layout::LayerGeometry& geo, const Step& step,
@@ -184,7 +183,6 @@ void GatedDeltaNet::run(const Step& step, std::span<const float> normed,
                         std::span<float> out) const {
   const kernels::GdnSpec& g = spec_.gdn;
   const kernels::ConvSpec& cs = spec_.conv;
-  const std::int64_t h = step.hidden;
   const std::int64_t total = step.rows();
   const std::int64_t hk = g.num_k_heads, hv = g.num_v_heads, dk = g.k_dim, dv = g.v_dim;
   const std::int64_t per = hv / hk;  // value heads per key head
@@ -194,8 +192,8 @@ void GatedDeltaNet::run(const Step& step, std::span<const float> normed,
 
   std::vector<float> qkvz(static_cast<std::size_t>(total * width));
   std::vector<float> ba(static_cast<std::size_t>(total * 2 * hv));
-  ops::matmul(w_.in_qkvz, normed.data(), total, h, width, qkvz.data());
-  ops::matmul(w_.in_ba, normed.data(), total, h, 2 * hv, ba.data());
+  ops::matmul(w_.in_qkvz, normed.data(), total, qkvz.data(), step.pool);
+  ops::matmul(w_.in_ba, normed.data(), total, ba.data(), step.pool);
   // Rows are grouped per key head j: [q_j (dk), k_j (dk), v_j (per dv), z_j (per dv)] and
   // [b_j (per), a_j (per)]; the conv reads [all q; all k; all v].
   std::vector<float> mixed(static_cast<std::size_t>(total * channels));
@@ -258,7 +256,7 @@ void GatedDeltaNet::run(const Step& step, std::span<const float> normed,
       for (std::int64_t i = 0; i < dv; ++i) oh[i] *= ops::silu(zh[i]);
     }
   }
-  ops::matmul(w_.out, o.data(), total, value, h, out.data());
+  ops::matmul(w_.out, o.data(), total, out.data(), step.pool);
 }
 
 Mamba2::Mamba2(std::string name, kernels::Mamba2LayerSpec spec, layout::LayerGeometry geometry,
@@ -275,14 +273,13 @@ Mamba2::Mamba2(std::string name, kernels::Mamba2LayerSpec spec, layout::LayerGeo
 void Mamba2::run(const Step& step, std::span<const float> normed, std::span<float> out) const {
   const kernels::Mamba2Spec& m = spec_.ssm;
   const kernels::ConvSpec& cs = spec_.conv;
-  const std::int64_t h = step.hidden;
   const std::int64_t total = step.rows();
   const std::int64_t inner = m.heads * m.head_dim;
   const std::int64_t bc = m.groups * m.state_size;
   const std::int64_t channels = cs.channels;  // inner + 2 bc
   const std::int64_t width = inner + channels + m.heads;
   std::vector<float> proj(static_cast<std::size_t>(total * width));
-  ops::matmul(w_.in_proj, normed.data(), total, h, width, proj.data());
+  ops::matmul(w_.in_proj, normed.data(), total, proj.data(), step.pool);
 
   std::span<std::byte> tensor = tensor_of(step, geometry_);
   std::vector<float> conv_out(static_cast<std::size_t>(channels));
@@ -320,23 +317,23 @@ void Mamba2::run(const Step& step, std::span<const float> normed, std::span<floa
       for (std::int64_t i = 0; i < per_group; ++i) v[i] = v[i] * inv * w[i];
     }
   }
-  ops::matmul(w_.out, y.data(), total, inner, h, out.data());
+  ops::matmul(w_.out, y.data(), total, out.data(), step.pool);
 }
 
-void Mlp::run(std::span<const float> normed, std::int64_t total, std::int64_t h,
+void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::ThreadPool* pool,
               std::span<float> out) const {
   std::vector<float> u(static_cast<std::size_t>(total * intermediate));
-  ops::matmul(up, normed.data(), total, h, intermediate, u.data());
+  ops::matmul(up, normed.data(), total, u.data(), pool);
   if (activation == Activation::kRelu2) {
     for (float& v : u) v = v > 0.0f ? v * v : 0.0f;
   } else {
     std::vector<float> g(u.size());
-    ops::matmul(gate, normed.data(), total, h, intermediate, g.data());
+    ops::matmul(gate, normed.data(), total, g.data(), pool);
     const bool gelu = activation == Activation::kGeluTanhGated;
     for (std::size_t i = 0; i < g.size(); ++i)
       u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
   }
-  ops::matmul(down, u.data(), total, intermediate, h, out.data());
+  ops::matmul(down, u.data(), total, out.data(), pool);
 }
 
 void Block::run(const Step& step, std::vector<float>& x, std::vector<float>& normed,
@@ -362,7 +359,7 @@ void Block::run(const Step& step, std::vector<float>& x, std::vector<float>& nor
     for (std::int64_t t = 0; t < total; ++t) {
       ops::rms_norm(x.data() + t * h, mlp_norm, h, eps, normed.data() + t * h);
     }
-    mlp->run(normed, total, h, tmp);
+    mlp->run(normed, total, step.pool, tmp);
     residual(mlp_out_norm);
   }
 }

@@ -17,6 +17,7 @@
 #include "mixkv/kernels/recurrent_kernel.hpp"
 #include "mixkv/layout/geometry.hpp"
 #include "mixkv/runner/model_runner.hpp"
+#include "runner/ops.hpp"
 
 namespace mixkv::runner {
 
@@ -26,6 +27,7 @@ struct Step {
   std::span<const std::int64_t> positions;       // per token row
   std::vector<std::vector<std::byte>>* tensors;  // the plan's cache tensors
   std::int64_t hidden = 0;
+  kernels::ThreadPool* pool = nullptr;  // matrix products and attention; null: this thread
   std::int64_t rows() const { return static_cast<std::int64_t>(positions.size()); }
 };
 
@@ -45,25 +47,29 @@ class Mixer {
 class Attention final : public Mixer {
  public:
   struct Weights {
-    std::vector<float> q, k, v, o, sinks;
+    Matrix q, k, v, o;
+    std::vector<float> sinks;
     std::vector<float> q_norm, k_norm;  // empty: none
   };
+  // Which dimensions RoPE rotates together (ops::rope, ops::rope_pairs), or none.
+  enum class Rope { kNone, kHalves, kPairs };
   Attention(std::string name, kernels::AttentionSpec spec, layout::LayerGeometry geometry,
-            Weights w, bool rope, double rope_theta, double eps);
+            Weights w, Rope rope, double rope_theta, double eps);
   void run(const Step& step, std::span<const float> normed, std::span<float> out) const override;
   const kernels::AttentionSpec* attention_spec() const override { return &spec_; }
   // A layer's K and V rows for `normed` inputs at `positions`: projections, k_norm, RoPE; then
   // their write into the cache. DFlash's context features take this path without a query.
   void project_kv(std::span<const float> normed, std::span<const std::int64_t> positions,
-                  std::int64_t hidden, std::vector<float>& k, std::vector<float>& v) const;
+                  kernels::ThreadPool* pool, std::vector<float>& k, std::vector<float>& v) const;
   void write_kv(const Step& step, std::span<const float> k, std::span<const float> v) const;
 
  private:
   std::string name_;
   kernels::AttentionSpec spec_;
   layout::LayerGeometry geometry_;
+  void rotate(float* x, std::int64_t heads, std::int64_t position) const;
   Weights w_;
-  bool rope_;
+  Rope rope_;
   double rope_theta_;
   double eps_;
 };
@@ -74,7 +80,8 @@ class GatedDeltaNet final : public Mixer {
   struct Weights {
     // in_proj_qkvz and in_proj_ba rows grouped per key head, as Qwen3-Next's checkpoints are;
     // a_neg = -exp(A_log); norm over each value head.
-    std::vector<float> in_qkvz, in_ba, conv, dt_bias, a_neg, norm, out;
+    Matrix in_qkvz, in_ba, out;
+    std::vector<float> conv, dt_bias, a_neg, norm;
   };
   GatedDeltaNet(std::string name, kernels::GdnLayerSpec spec, layout::LayerGeometry geometry,
                 Weights w, double eps);
@@ -94,7 +101,8 @@ class Mamba2 final : public Mixer {
   struct Weights {
     // in_proj rows [z; x, B, C; dt]; conv over x, B, C (bias optional); a_neg = -exp(A_log);
     // norm grouped by n_groups.
-    std::vector<float> in_proj, conv, conv_bias, dt_bias, a_neg, d_skip, norm, out;
+    Matrix in_proj, out;
+    std::vector<float> conv, conv_bias, dt_bias, a_neg, d_skip, norm;
   };
   Mamba2(std::string name, kernels::Mamba2LayerSpec spec, layout::LayerGeometry geometry, Weights w,
          double eps);
@@ -113,8 +121,8 @@ struct Mlp {
   enum class Activation { kSwiGlu, kGeluTanhGated, kRelu2 };
   Activation activation = Activation::kSwiGlu;
   std::int64_t intermediate = 0;
-  std::vector<float> gate, up, down;  // gate empty for kRelu2
-  void run(std::span<const float> normed, std::int64_t rows, std::int64_t hidden,
+  Matrix gate, up, down;  // no gate for kRelu2
+  void run(std::span<const float> normed, std::int64_t rows, kernels::ThreadPool* pool,
            std::span<float> out) const;
 };
 

@@ -21,13 +21,17 @@ namespace mixkv::runner {
 // The loaded network, target and drafter.
 struct Network {
   std::vector<Block> blocks;
-  std::vector<float> embed, final_norm, lm_head;
+  Matrix embed, lm_head;  // rows are tokens; a tied head is the embedding
+  std::vector<float> final_norm;
+  // The GGUF the matrices view, kept mapped as long as they are used; null for float weights.
+  std::shared_ptr<const weights::GgufFile> file;
   float embed_scale = 1.0f;                   // Gemma 2: sqrt(hidden)
   std::optional<double> final_logit_softcap;  // Gemma 2
   double eps = 1e-5;
   // The drafter's layers and head (EAGLE, MTP or DFlash); empty without one.
   std::vector<Block> draft_blocks;
-  std::vector<float> draft_fc, draft_norm;
+  Matrix draft_fc;
+  std::vector<float> draft_norm;
   std::vector<float> mtp_norm_embedding, mtp_norm_hidden;  // MTP only: before draft_fc
   std::vector<float> dflash_hidden_norm;                   // DFlash only
   // DFlash only: the drafter layers' attention, for context K/V without a query.
@@ -83,12 +87,12 @@ template <typename Layers>
 void build_model(Assembler& a, Network& net, Layers&& layers) {
   const model::Architecture& c = a.arch;
   net.eps = c.rms_norm_eps;
-  net.embed = a.weights.model(Role::kTokenEmbd, {c.vocab_size, c.hidden_size});
+  net.embed = a.weights.model_matrix(Role::kTokenEmbd, c.vocab_size, c.hidden_size);
   layers();
   net.final_norm = a.weights.model(Role::kOutputNorm, {c.hidden_size});
   net.lm_head = c.tie_word_embeddings
                     ? net.embed
-                    : a.weights.model(Role::kOutput, {c.vocab_size, c.hidden_size});
+                    : a.weights.model_matrix(Role::kOutput, c.vocab_size, c.hidden_size);
 }
 
 // The drafter head and layers (heads.cpp): EAGLE-style, MTP, or DFlash, from desc.draft_info.

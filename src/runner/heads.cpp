@@ -17,7 +17,7 @@ void build_drafter(Assembler& a, Network& net) {
   // embedding beside one hidden state.
   const auto fc_in = dflash ? static_cast<std::int64_t>(info.target_layer_ids.size()) * h : 2 * h;
   net.draft_eps = a.arch.rms_norm_eps;
-  net.draft_fc = w.head(p, Role::kDraftFc, {h, fc_in});
+  net.draft_fc = w.head_matrix(p, Role::kDraftFc, h, fc_in);
   if (mtp) {
     net.mtp_norm_embedding = w.head(p, Role::kMtpNormEmbedding, {h});
     net.mtp_norm_hidden = w.head(p, Role::kMtpNormHidden, {h});

@@ -34,18 +34,20 @@ std::unique_ptr<Attention> attention_mixer(Assembler& a, const model::LayerDesc&
   const std::int64_t kv = std::int64_t{l.num_kv_heads} * l.head_size;
   WeightSource& w = a.weights;
   Attention::Weights aw;
-  aw.q = w.layer(p, Role::kAttnQ, {q, h});
-  aw.k = w.layer(p, Role::kAttnK, {kv, h});
-  aw.v = w.layer(p, Role::kAttnV, {std::int64_t{l.num_kv_heads} * l.head_size_v, h});
-  aw.o = w.layer(p, Role::kAttnOutput, {h, std::int64_t{l.num_q_heads} * l.head_size_v});
+  aw.q = w.layer_matrix(p, Role::kAttnQ, q, h);
+  aw.k = w.layer_matrix(p, Role::kAttnK, kv, h);
+  aw.v = w.layer_matrix(p, Role::kAttnV, std::int64_t{l.num_kv_heads} * l.head_size_v, h);
+  aw.o = w.layer_matrix(p, Role::kAttnOutput, h, std::int64_t{l.num_q_heads} * l.head_size_v);
   if (l.sinks) aw.sinks = w.layer(p, Role::kAttnSinks, {l.num_q_heads});
   if (options.qk_norm) {
     aw.q_norm = w.layer(p, Role::kAttnQNorm, {l.head_size});
     aw.k_norm = w.layer(p, Role::kAttnKNorm, {l.head_size});
   }
+  using Rope = Attention::Rope;
+  const bool pairs = w.naming() == WeightNaming::kGguf && w.names().gguf_rope_pairs;
+  const Rope rope = !options.rope ? Rope::kNone : pairs ? Rope::kPairs : Rope::kHalves;
   return std::make_unique<Attention>(l.name, a.attention_spec(l), a.layer_geometry(l.name),
-                                     std::move(aw), options.rope, a.arch.rope_theta,
-                                     a.arch.rms_norm_eps);
+                                     std::move(aw), rope, a.arch.rope_theta, a.arch.rms_norm_eps);
 }
 
 std::unique_ptr<Mlp> gated_mlp(Assembler& a, const std::string& p, Mlp::Activation act) {
@@ -54,9 +56,9 @@ std::unique_ptr<Mlp> gated_mlp(Assembler& a, const std::string& p, Mlp::Activati
   auto mlp = std::make_unique<Mlp>();
   mlp->activation = act;
   mlp->intermediate = inter;
-  mlp->gate = a.weights.layer(p, Role::kFfnGate, {inter, h});
-  mlp->up = a.weights.layer(p, Role::kFfnUp, {inter, h});
-  mlp->down = a.weights.layer(p, Role::kFfnDown, {h, inter});
+  mlp->gate = a.weights.layer_matrix(p, Role::kFfnGate, inter, h);
+  mlp->up = a.weights.layer_matrix(p, Role::kFfnUp, inter, h);
+  mlp->down = a.weights.layer_matrix(p, Role::kFfnDown, h, inter);
   return mlp;
 }
 

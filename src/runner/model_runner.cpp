@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "mixkv/core/error.hpp"
 #include "mixkv/plan/memory_budget.hpp"
@@ -93,7 +94,7 @@ void check_feature_count(std::string_view what, std::int64_t tokens, std::int64_
 WeightShapes weight_shapes(const model::Architecture& arch, const model::ModelDesc& desc,
                            WeightNaming naming) {
   const Family f = family_of(arch);
-  WeightSource w(f.names, nullptr, desc.model, naming);
+  WeightSource w(f.names, {}, desc.model, naming);
   Assembler a{arch, desc, w};
   Network net;
   f.build(a, net);
@@ -107,7 +108,7 @@ TensorMap generate_weights(const model::Architecture& arch, const model::ModelDe
 
 WeightShapes draft_weight_shapes(const model::Architecture& draft, const model::ModelDesc& desc) {
   if (!desc.draft_info) return {};
-  WeightSource w(llama_names(), nullptr, desc.model);
+  WeightSource w(llama_names(), {}, desc.model);
   Assembler a{draft, desc, w};
   Network net;
   build_drafter(a, net);
@@ -141,7 +142,32 @@ ModelRunner::~ModelRunner() = default;
 
 ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weights,
                          const RunnerOptions& options)
+    : ModelRunner(config, &weights, nullptr, options) {}
+
+ModelRunner::ModelRunner(const model::ModelSource& config,
+                         std::shared_ptr<const weights::GgufFile> file,
+                         const RunnerOptions& options)
+    : ModelRunner(config, nullptr, std::move(file), options) {}
+
+ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weights,
+                         std::shared_ptr<const weights::GgufFile> file,
+                         const RunnerOptions& options)
     : config_(model::read_architecture(config)), net_(std::make_unique<Network>()) {
+  if (file == nullptr && weights == nullptr) throw_internal("ModelRunner: no weights given");
+  if (file != nullptr && (options.draft || options.mtp)) {
+    throw_unsupported(fmt::format(
+        "{}: a drafter model with GGUF weights; the runner reads drafter weights from "
+        "safetensors checkpoints (use --draft ngram, oracle or random with a GGUF target)",
+        config.origin));
+  }
+  if (options.threads < 0 || options.threads > 256) {
+    throw_invalid(fmt::format("--threads {} is out of range; use 1 to 256 (0: one per core)",
+                              options.threads));
+  }
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  if (threads > 1) pool_ = std::make_unique<kernels::ThreadPool>(threads);
   model::DescribeOptions dopt;
   std::optional<model::Architecture> draft_config;
   // Recurrent layers' conv states keep num_spec_tokens extra rows, with or without a drafter.
@@ -241,11 +267,13 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap& weig
 
   // The family's blocks from the weights, each checked against the shape its code states.
   const Family family = family_of(config_);
-  WeightSource target_weights(family.names, &weights, config.origin);
+  net_->file = file;
+  WeightSource target_weights(family.names, {weights, file.get()}, config.origin,
+                              file ? WeightNaming::kGguf : WeightNaming::kHuggingFace);
   Assembler target{config_, desc_, target_weights, &groups_, &geometry_};
   family.build(target, *net_);
   if (draft_config) {
-    WeightSource draft_weights(llama_names(), &weights, config.origin);
+    WeightSource draft_weights(llama_names(), {weights, nullptr}, config.origin);
     Assembler draft{*draft_config, desc_, draft_weights, &groups_, &geometry_};
     build_drafter(draft, *net_);
   }
@@ -269,7 +297,7 @@ void ModelRunner::check_batch(std::span<const SequenceInput> batch,
                               std::vector<std::int64_t>& positions, std::vector<float>& x) const {
   const std::int64_t h = config_.hidden_size;
   const std::int64_t vocab = config_.vocab_size;
-  const std::vector<float>& embed = net_->embed;
+  const kernels::WeightView& embed = net_->embed.view;
   for (std::size_t r = 0; r < batch.size(); ++r) {
     const SequenceInput& s = batch[r];
     if (s.block_tables.size() != plan_.groups.size()) {
@@ -285,7 +313,9 @@ void ModelRunner::check_batch(std::span<const SequenceInput> batch,
         throw_invalid(
             fmt::format("forward: token id {} is outside the vocabulary of {}", t, vocab));
       }
-      x.insert(x.end(), embed.begin() + t * h, embed.begin() + (t + 1) * h);
+      // One row of the embedding, decoded from its stored type.
+      x.resize(x.size() + static_cast<std::size_t>(h));
+      kernels::dequantize_row(embed, t, std::span(x).last(static_cast<std::size_t>(h)));
       positions.push_back(s.start + static_cast<std::int64_t>(i));
     }
   }
@@ -301,7 +331,7 @@ void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
   if (captured != nullptr) {
     captured->assign(static_cast<std::size_t>(total * h) * capture.size(), 0);
   }
-  const Step step{batch, positions, &tensors_, h};
+  const Step step{batch, positions, &tensors_, h, pool_.get()};
   const std::vector<Block>& blocks = draft ? net_->draft_blocks : net_->blocks;
   for (std::size_t index = 0; index < blocks.size(); ++index) {
     blocks[index].run(step, x, normed, tmp);
@@ -355,15 +385,15 @@ void ModelRunner::draft_context(std::span<const SequenceInput> batch,
   // The context features: fc over the chosen layers' states, then hidden_norm. Unlike block
   // tokens they enter each layer's k_proj and v_proj without the layer's input norm.
   std::vector<float> context(static_cast<std::size_t>(total * h));
-  ops::matmul(net_->draft_fc, features.data(), total, width, h, context.data());
+  ops::matmul(net_->draft_fc, features.data(), total, context.data(), pool_.get());
   for (std::int64_t t = 0; t < total; ++t) {
     ops::rms_norm(context.data() + t * h, net_->dflash_hidden_norm, h, net_->draft_eps,
                   context.data() + t * h);
   }
-  const Step step{batch, positions, &tensors_, h};
+  const Step step{batch, positions, &tensors_, h, pool_.get()};
   std::vector<float> k, v;
   for (const Attention* layer : net_->dflash_attention) {
-    layer->project_kv(context, positions, h, k, v);
+    layer->project_kv(context, positions, pool_.get(), k, v);
     layer->write_kv(step, k, v);
   }
 }
@@ -412,7 +442,7 @@ ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
     }
   }
   std::vector<float> x(static_cast<std::size_t>(total * h));
-  ops::matmul(net_->draft_fc, both.data(), total, 2 * h, h, x.data());
+  ops::matmul(net_->draft_fc, both.data(), total, x.data(), pool_.get());
   run_blocks(true, batch, positions, x);
   return head(std::move(x), net_->draft_norm, net_->draft_eps);
 }
@@ -428,7 +458,7 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
   }
   ForwardOutput out;
   out.logits.resize(static_cast<std::size_t>(total * vocab));
-  ops::matmul(net_->lm_head, normed.data(), total, h, vocab, out.logits.data());
+  ops::matmul(net_->lm_head, normed.data(), total, out.logits.data(), pool_.get());
   if (net_->final_logit_softcap) {
     const auto cap = static_cast<float>(*net_->final_logit_softcap);
     for (float& v : out.logits) v = std::tanh(v / cap) * cap;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/weights/dequantize.hpp"
 
 namespace mixkv::runner {
 namespace {
@@ -108,7 +109,7 @@ const TensorName& NameTable::find(Role role) const {
 }
 
 const NameTable& llama_names() {
-  static const NameTable t{"llama", "model.layers.{}.", kLlamaModel, kLlamaLayer};
+  static const NameTable t{"llama", "model.layers.{}.", kLlamaModel, kLlamaLayer, "blk.{}.", true};
   return t;
 }
 const NameTable& qwen3_next_names() {
@@ -128,9 +129,9 @@ const NameTable& draft_head_names() {
   return t;
 }
 
-WeightSource::WeightSource(const NameTable& names, const weights::TensorMap* weights,
-                           std::string origin, WeightNaming naming)
-    : names_(names), weights_(weights), origin_(std::move(origin)), naming_(naming) {}
+WeightSource::WeightSource(const NameTable& names, WeightStore store, std::string origin,
+                           WeightNaming naming)
+    : names_(names), store_(store), origin_(std::move(origin)), naming_(naming) {}
 
 namespace {
 
@@ -150,34 +151,92 @@ std::string WeightSource::layer_prefix(int index) const {
                      index);
 }
 
-std::vector<float> WeightSource::model(Role role, std::vector<std::int64_t> shape) {
-  return get(std::string(spelling(names_.find(role), naming_, names_.family)), std::move(shape));
+std::string WeightSource::name_of(std::string_view prefix, Role role) const {
+  return fmt::format("{}{}", prefix, spelling(names_.find(role), naming_, names_.family));
 }
 
+std::vector<float> WeightSource::model(Role role, std::vector<std::int64_t> shape) {
+  return values(name_of("", role), std::move(shape));
+}
 std::vector<float> WeightSource::layer(std::string_view prefix, Role role,
                                        std::vector<std::int64_t> shape) {
-  return get(fmt::format("{}{}", prefix, spelling(names_.find(role), naming_, names_.family)),
-             std::move(shape));
+  return values(name_of(prefix, role), std::move(shape));
 }
-
+Matrix WeightSource::model_matrix(Role role, std::int64_t rows, std::int64_t cols) {
+  return matrix(name_of("", role), rows, cols);
+}
+Matrix WeightSource::layer_matrix(std::string_view prefix, Role role, std::int64_t rows,
+                                  std::int64_t cols) {
+  return matrix(name_of(prefix, role), rows, cols);
+}
 std::vector<float> WeightSource::head(std::string_view prefix, Role role,
                                       std::vector<std::int64_t> shape) {
-  return get(fmt::format("{}{}", prefix, draft_head_names().find(role).hf), std::move(shape));
+  return values(fmt::format("{}{}", prefix, draft_head_names().find(role).hf), std::move(shape));
+}
+Matrix WeightSource::head_matrix(std::string_view prefix, Role role, std::int64_t rows,
+                                 std::int64_t cols) {
+  return matrix(fmt::format("{}{}", prefix, draft_head_names().find(role).hf), rows, cols);
 }
 
-std::vector<float> WeightSource::get(std::string name, std::vector<std::int64_t> shape) {
+const weights::GgufTensor* WeightSource::find(const std::string& name,
+                                              const std::vector<std::int64_t>& shape,
+                                              const weights::Tensor** tensor) {
   requested_.emplace_back(name, shape);
-  if (weights_ == nullptr) return {};
-  const auto it = weights_->find(name);
-  if (it == weights_->end()) {
+  *tensor = nullptr;
+  const std::vector<std::int64_t>* found = nullptr;
+  const weights::GgufTensor* g = nullptr;
+  if (store_.gguf != nullptr) {
+    g = store_.gguf->find_tensor(name);
+    if (g != nullptr) found = &g->shape;
+  } else if (store_.tensors != nullptr) {
+    const auto it = store_.tensors->find(name);
+    if (it != store_.tensors->end()) *tensor = &it->second, found = &it->second.shape;
+  } else {
+    return nullptr;  // listing shapes
+  }
+  if (found == nullptr) {
     throw_invalid(fmt::format("{}: weight {} (shape [{}]) is missing from the checkpoint", origin_,
                               name, fmt::join(shape, ", ")));
   }
-  if (it->second.shape != shape) {
+  if (*found != shape) {
     throw_invalid(fmt::format("{}: weight {} has shape [{}], the config needs [{}]", origin_, name,
-                              fmt::join(it->second.shape, ", "), fmt::join(shape, ", ")));
+                              fmt::join(*found, ", "), fmt::join(shape, ", ")));
   }
-  return it->second.values;
+  if (g != nullptr && !weights::can_dequantize(g->type)) {
+    throw_unsupported(fmt::format("{}: weight {} is stored as {}, a type mixkv does not decode",
+                                  origin_, name, weights::to_string(g->type)));
+  }
+  return g;
+}
+
+std::vector<float> WeightSource::values(const std::string& name, std::vector<std::int64_t> shape) {
+  const weights::Tensor* t = nullptr;
+  if (const weights::GgufTensor* g = find(name, shape, &t)) return weights::dequantize(*g);
+  return t != nullptr ? t->values : std::vector<float>{};
+}
+
+Matrix WeightSource::matrix(const std::string& name, std::int64_t rows, std::int64_t cols) {
+  const weights::Tensor* t = nullptr;
+  const weights::GgufTensor* g = find(name, {rows, cols}, &t);
+  Matrix m;
+  m.view.rows = rows;
+  m.view.cols = cols;
+  const auto kernel_type = g != nullptr
+                               ? kernels::weight_type_from_ggml(static_cast<std::uint32_t>(g->type))
+                               : std::nullopt;
+  if (kernel_type) {
+    m.view.dtype = *kernel_type;  // in place, in the mapping
+    m.view.data = g->bytes.data();
+    return m;
+  }
+  // Float tensors, and GGUF types the kernels do not read (Q5_0, Q8_1, ...), as float32 copies.
+  if (g == nullptr && t == nullptr) return m;
+  auto owned = std::make_shared<const std::vector<float>>(g != nullptr ? weights::dequantize(*g)
+                                                                       : t->values);
+  m.view.dtype = kernels::WeightType::kFloat32;
+  m.view.data = reinterpret_cast<const std::byte*>(owned->data());
+  m.owned = std::move(owned);
+  return m;
 }
 
 }  // namespace mixkv::runner

@@ -12,7 +12,9 @@
 #include <vector>
 
 #include "mixkv/runner/model_runner.hpp"
+#include "mixkv/weights/gguf.hpp"
 #include "mixkv/weights/safetensors.hpp"
+#include "runner/ops.hpp"
 
 namespace mixkv::runner {
 
@@ -70,6 +72,10 @@ struct NameTable {
   std::span<const TensorName> model;  // full names
   std::span<const TensorName> layer;  // suffixes
   std::string_view gguf_layer_prefix = "blk.{}.";
+  // llama.cpp's converter permuted the rows of the family's GGUF attn_q / attn_k for ggml's
+  // adjacent-pair RoPE (convert_hf_to_gguf.py, LlamaModel.permute): the runner rotates pairs
+  // there (ops::rope_pairs) instead of HF's halves, leaving the file's bytes as they are.
+  bool gguf_rope_pairs = false;
   const TensorName& find(Role role) const;  // throws (internal) when the family lacks it
 };
 
@@ -83,29 +89,48 @@ const NameTable& draft_head_names();
 
 using ShapeList = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
 
+// Where a WeightSource reads: float tensors (generated or safetensors; copied), or a GGUF file
+// (viewed in place: matrices stay in their stored type in the mapping). Neither: shapes only.
+struct WeightStore {
+  const weights::TensorMap* tensors = nullptr;
+  const weights::GgufFile* gguf = nullptr;
+};
+
 // Hands out the weights of one model (or drafter) by role, each checked against the shape the
-// caller states, and records every (name, shape) it was asked for. Without a TensorMap it only
-// records, returning empty tensors: weight_shapes() runs the same family code the loader runs.
+// caller states, and records every (name, shape) it was asked for. Without a store it only
+// records, returning empty weights: weight_shapes() runs the same family code the loader runs.
+// Matrices (projections, embedding, LM head) come as kernel views; the small tensors (norms,
+// biases, convolutions, sinks) as float values.
 class WeightSource {
  public:
-  WeightSource(const NameTable& names, const weights::TensorMap* weights, std::string origin,
+  WeightSource(const NameTable& names, WeightStore store, std::string origin,
                WeightNaming naming = WeightNaming::kHuggingFace);
 
   // A whole-model tensor, or one of a layer under `prefix` (layer_prefix(index) for the family's
   // layers; "draft.layers.0.", "mtp.layers.0." for a drafter's).
   std::vector<float> model(Role role, std::vector<std::int64_t> shape);
   std::vector<float> layer(std::string_view prefix, Role role, std::vector<std::int64_t> shape);
+  Matrix model_matrix(Role role, std::int64_t rows, std::int64_t cols);
+  Matrix layer_matrix(std::string_view prefix, Role role, std::int64_t rows, std::int64_t cols);
   // A drafter head's tensor under `prefix` ("draft.", "mtp.").
   std::vector<float> head(std::string_view prefix, Role role, std::vector<std::int64_t> shape);
+  Matrix head_matrix(std::string_view prefix, Role role, std::int64_t rows, std::int64_t cols);
   std::string layer_prefix(int index) const;
 
   const ShapeList& requested() const { return requested_; }
   const NameTable& names() const { return names_; }
+  WeightNaming naming() const { return naming_; }
 
  private:
-  std::vector<float> get(std::string name, std::vector<std::int64_t> shape);
+  std::string name_of(std::string_view prefix, Role role) const;
+  // Records the request; the GGUF tensor or float tensor of that name and shape (both null when
+  // listing shapes only).
+  const weights::GgufTensor* find(const std::string& name, const std::vector<std::int64_t>& shape,
+                                  const weights::Tensor** tensor);
+  std::vector<float> values(const std::string& name, std::vector<std::int64_t> shape);
+  Matrix matrix(const std::string& name, std::int64_t rows, std::int64_t cols);
   const NameTable& names_;
-  const weights::TensorMap* weights_;
+  WeightStore store_;
   std::string origin_;
   WeightNaming naming_;
   ShapeList requested_;

@@ -20,7 +20,7 @@ std::unique_ptr<Mamba2> mamba2_mixer(Assembler& a, const model::LayerDesc& l,
   const std::int64_t conv = m.conv.channels;  // x, B, C
   WeightSource& w = a.weights;
   Mamba2::Weights mw;
-  mw.in_proj = w.layer(p, Role::kSsmIn, {inner + conv + m.ssm.heads, h});
+  mw.in_proj = w.layer_matrix(p, Role::kSsmIn, inner + conv + m.ssm.heads, h);
   mw.conv = w.layer(p, Role::kSsmConv, {conv, 1, m.conv.kernel});
   if (a.arch.conv_bias) mw.conv_bias = w.layer(p, Role::kSsmConvBias, {conv});
   mw.dt_bias = w.layer(p, Role::kSsmDtBias, {m.ssm.heads});
@@ -28,7 +28,7 @@ std::unique_ptr<Mamba2> mamba2_mixer(Assembler& a, const model::LayerDesc& l,
   for (float& v : mw.a_neg) v = -std::exp(v);
   mw.d_skip = w.layer(p, Role::kSsmD, {m.ssm.heads});
   mw.norm = w.layer(p, Role::kSsmNorm, {inner});
-  mw.out = w.layer(p, Role::kSsmOut, {h, inner});
+  mw.out = w.layer_matrix(p, Role::kSsmOut, h, inner);
   return std::make_unique<Mamba2>(l.name, m, a.layer_geometry(l.name), std::move(mw),
                                   a.arch.rms_norm_eps);
 }
@@ -51,8 +51,8 @@ void build_nemotron_h(Assembler& a, Network& net) {
         auto mlp = std::make_unique<Mlp>();
         mlp->activation = Mlp::Activation::kRelu2;
         mlp->intermediate = c.intermediate_size;
-        mlp->up = w.layer(p, Role::kFfnUp, {c.intermediate_size, h});
-        mlp->down = w.layer(p, Role::kFfnDown, {h, c.intermediate_size});
+        mlp->up = w.layer_matrix(p, Role::kFfnUp, c.intermediate_size, h);
+        mlp->down = w.layer_matrix(p, Role::kFfnDown, h, c.intermediate_size);
         b.mlp_norm = std::move(norm);
         b.mlp = std::move(mlp);
         net.blocks.push_back(std::move(b));

@@ -5,26 +5,10 @@
 
 namespace mixkv::runner::ops {
 
-// The order depends only on `in`, never on how many tokens share the call, so a token's result
-// is bit-identical alone or in any batch. Sharing each weight row across four tokens measured
-// slower on the tiny models (their weights sit in L2; the loop is compute bound), so the cost is
-// linear in tokens: see docs/engine.md on what speculation can gain on a CPU.
-float dot(const float* row, const float* x, std::int64_t in) {
-  constexpr std::int64_t kLanes = 8;
-  const std::int64_t body = in / kLanes * kLanes;
-  float lane[kLanes] = {};
-  for (std::int64_t i = 0; i < body; i += kLanes) {
-    for (std::int64_t j = 0; j < kLanes; ++j) lane[j] += row[i + j] * x[i + j];
-  }
-  for (std::int64_t i = body; i < in; ++i) lane[i - body] += row[i] * x[i];
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
-void matmul(std::span<const float> w, const float* x, std::int64_t tokens, std::int64_t in,
-            std::int64_t out, float* y) {
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    for (std::int64_t o = 0; o < out; ++o) y[t * out + o] = dot(w.data() + o * in, x + t * in, in);
-  }
+void matmul(const Matrix& w, const float* x, std::int64_t tokens, float* y,
+            kernels::ThreadPool* pool) {
+  kernels::matmul(w.view, std::span<const float>(x, static_cast<std::size_t>(tokens * w.cols())),
+                  std::span<float>(y, static_cast<std::size_t>(tokens * w.rows())), pool);
 }
 
 void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y) {
@@ -53,6 +37,21 @@ void rope(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, d
       const float a = v[i], b = v[i + half];
       v[i] = a * c - b * s;
       v[i + half] = b * c + a * s;
+    }
+  }
+}
+
+void rope_pairs(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta) {
+  for (std::int64_t i = 0; i < d / 2; ++i) {
+    const double angle = static_cast<double>(position) *
+                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    const auto c = static_cast<float>(std::cos(angle));
+    const auto s = static_cast<float>(std::sin(angle));
+    for (std::int64_t h = 0; h < heads; ++h) {
+      float* v = x + h * d + 2 * i;
+      const float a = v[0], b = v[1];
+      v[0] = a * c - b * s;
+      v[1] = b * c + a * s;
     }
   }
 }

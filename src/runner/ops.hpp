@@ -5,23 +5,44 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "mixkv/cache/block_pool.hpp"
+#include "mixkv/kernels/matmul.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
+
+namespace mixkv::runner {
+
+// A weight matrix [rows, cols] as the kernels read it, in its stored type: a view into a
+// memory-mapped GGUF file (which the runner keeps open), or into float values the runner holds
+// (generated weights, safetensors checkpoints, or a type the kernels do not read, decoded once).
+// Copies share the values (a tied LM head is the embedding).
+struct Matrix {
+  kernels::WeightView view;
+  std::shared_ptr<const std::vector<float>> owned;  // null for a view into a file
+  std::int64_t rows() const { return view.rows; }
+  std::int64_t cols() const { return view.cols; }
+};
+
+}  // namespace mixkv::runner
 
 namespace mixkv::runner::ops {
 
-// One dot product: eight interleaved partial sums (lane j takes i = j mod 8), folded pairwise.
-float dot(const float* row, const float* x, std::int64_t in);
-// Y[t, o] = sum_i W[o, i] X[t, i] for `tokens` rows of X, one dot() per output.
-void matmul(std::span<const float> w, const float* x, std::int64_t tokens, std::int64_t in,
-            std::int64_t out, float* y);
+// Y[t, o] = sum_i W[o, i] X[t, i] for `tokens` rows of X in one kernels::matmul call (W streamed
+// once for all rows); each output's bits depend on its own row alone.
+void matmul(const Matrix& w, const float* x, std::int64_t tokens, float* y,
+            kernels::ThreadPool* pool);
 void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y);
 // RMSNorm of each `d`-wide head of `v` with the same weights (Qwen3's q_norm and k_norm).
 void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w, double eps);
-// Rotary embedding, the rotate-half (GPT-NeoX / HF Llama) form.
+// Rotary embedding, the rotate-half (GPT-NeoX / HF Llama) form: dimension i pairs with i + d/2.
 void rope(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta);
+// The same rotation over adjacent pairs (2i, 2i + 1), ggml's default mode: what Llama GGUF files
+// need, whose attn_q / attn_k rows llama.cpp's converter permuted so that pair (2i, 2i + 1) of a
+// head holds HF's dimensions (i, i + d/2). Attention scores are then those of HF's model.
+void rope_pairs(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta);
 // Scales each `d`-wide head to unit L2 norm (flash-linear-attention's l2norm, eps 1e-6).
 void l2_normalise(float* v, std::int64_t heads, std::int64_t d);
 float silu(float v);

@@ -21,14 +21,14 @@ Block gdn_layer(Assembler& a, const model::LayerDesc& l, const std::string& p) {
   b.eps = a.arch.rms_norm_eps;
   b.mixer_norm = w.layer(p, Role::kAttnNorm, {h});
   GatedDeltaNet::Weights gw;
-  gw.in_qkvz = w.layer(p, Role::kSsmInQkvz, {2 * key + 2 * value, h});
-  gw.in_ba = w.layer(p, Role::kSsmInBa, {2 * g.gdn.num_v_heads, h});
+  gw.in_qkvz = w.layer_matrix(p, Role::kSsmInQkvz, 2 * key + 2 * value, h);
+  gw.in_ba = w.layer_matrix(p, Role::kSsmInBa, 2 * g.gdn.num_v_heads, h);
   gw.conv = w.layer(p, Role::kSsmConv, {g.conv.channels, 1, g.conv.kernel});
   gw.dt_bias = w.layer(p, Role::kSsmDtBias, {g.gdn.num_v_heads});
   gw.a_neg = w.layer(p, Role::kSsmALog, {g.gdn.num_v_heads});
   for (float& v : gw.a_neg) v = -std::exp(v);
   gw.norm = w.layer(p, Role::kSsmNorm, {g.gdn.v_dim});
-  gw.out = w.layer(p, Role::kSsmOut, {h, value});
+  gw.out = w.layer_matrix(p, Role::kSsmOut, h, value);
   b.mixer = std::make_unique<GatedDeltaNet>(l.name, g, a.layer_geometry(l.name), std::move(gw),
                                             a.arch.rms_norm_eps);
   b.mlp_norm = w.layer(p, Role::kFfnNorm, {h});

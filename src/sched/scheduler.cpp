@@ -69,6 +69,7 @@ std::size_t Scheduler::add(Request request) {
   r.stats.prompt_tokens = static_cast<std::int64_t>(request.prompt.size());
   r.tokens = std::move(request.prompt);
   r.max_tokens = request.max_tokens;
+  r.stop_tokens = std::move(request.stop_tokens);
   r.label = std::move(request.label);
   reqs_.push_back(std::move(r));
   waiting_.push_back(reqs_.size() - 1);
@@ -321,9 +322,24 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
       ++counters_.decode_steps;
       counters_.decode_tokens += v.verified;
     }
+    // A stop token ends the request: nothing after it is kept (nor counted as accepted).
+    const auto stop = std::find_first_of(v.sampled.begin(), v.sampled.end(), r.stop_tokens.begin(),
+                                         r.stop_tokens.end());
+    if (stop != v.sampled.end()) {
+      const auto kept = static_cast<std::int64_t>(stop - v.sampled.begin()) + 1;
+      v.sampled.resize(static_cast<std::size_t>(kept));
+      if (!w.prefill) {
+        r.stats.accepted_tokens -= v.accepted - static_cast<int>(kept - 1);
+        counters_.decode_tokens -= v.verified - kept;
+        v.accepted = static_cast<int>(kept - 1);
+        v.verified = kept;
+      }
+      r.stopped = true;
+    }
     ++counters_.request_steps;
     r.computed += v.verified;
     r.tokens.insert(r.tokens.end(), v.sampled.begin(), v.sampled.end());
+    if (options_.on_tokens && !v.sampled.empty()) options_.on_tokens(w.request, v.sampled);
     r.stats.generated_tokens += static_cast<std::int64_t>(v.sampled.size());
     counters_.generated_tokens += static_cast<std::int64_t>(v.sampled.size());
     if (drafter != nullptr) {
@@ -347,7 +363,7 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
   for (const std::size_t i : running_) {
     const Req& r = reqs_[i];
     if (!r.prefilling &&
-        static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) >= r.max_tokens) {
+        (r.stopped || static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) >= r.max_tokens)) {
       retire(i, drafter);
     } else {
       running_[kept++] = i;

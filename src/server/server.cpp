@@ -335,7 +335,8 @@ struct Server::Impl {
       });
       if (stop_engine) break;
       for (const JobPtr& j : inbox) {
-        j->sched = scheduler->add({j->prompt, j->max_tokens, fmt::format("request {}", next_id++)});
+        j->sched = scheduler->add({j->prompt, j->max_tokens, fmt::format("request {}", next_id++),
+                                   j->stop_at_eos ? model.stop_tokens : std::vector<TokenId>{}});
         active[j->sched] = j;
       }
       inbox.clear();

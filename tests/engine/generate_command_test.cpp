@@ -10,6 +10,7 @@
 #include "cli_test_support.hpp"
 #include "engine_test_support.hpp"
 #include "mixkv/runner/model_runner.hpp"
+#include "weights/smollm2.hpp"
 
 namespace mixkv {
 namespace {
@@ -191,6 +192,45 @@ TEST(GenerateCommand, ReadsADrafterCheckpointDirectory) {
   EXPECT_EQ(missing.status, 2);
   EXPECT_NE(missing.err.find("draft.hidden_norm.weight"), std::string::npos) << missing.err;
   std::filesystem::remove_all(dir);
+}
+
+TEST(GenerateCommand, Smollm2RepliesInTextThroughItsChatTemplate) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  // The question as a chat turn: the reply's text, stopped at the end of the turn (<|im_end|>,
+  // which the text leaves out) or at --max-tokens; the oracle's tokens are the plain ones.
+  const auto r = run_cli("generate", {"smollm2-135m", "--prompt", "What is the capital of France?",
+                                      "--draft", "oracle", "--max-tokens", "8", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = json_lines(r.out).at(0);
+  EXPECT_EQ(j["stats"]["prompt_tokens"], 37);  // as llama.cpp tokenized the rendered chat
+  EXPECT_EQ(j["stats"]["identical_to_plain"], true);
+  EXPECT_LE(j["tokens"].size(), 8u);
+  EXPECT_NE(j["text"].get<std::string>().find("capital of France"), std::string::npos) << j;
+  EXPECT_EQ(j["text"].get<std::string>().find("<|im_end|>"), std::string::npos) << j;
+
+  // Without --json: the reply streamed as text; the same path also by file name.
+  const auto text = run_cli("generate", {path, "--max-tokens", "4", "--system", "Be brief."});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("reply: "), std::string::npos) << text.out;
+  // --raw: the prompt's tokens as they are, no template around them.
+  const auto raw = run_cli("generate", {"smollm2-135m", "--raw", "--prompt", "Hello",
+                                        "--max-tokens", "2", "--json"});
+  ASSERT_EQ(raw.status, 0) << raw.err;
+  EXPECT_EQ(json_lines(raw.out).at(0)["stats"]["prompt_tokens"], 1);
+  // A template of another name is an error listing the names.
+  const auto bad = run_cli("generate", {"smollm2-135m", "--chat-template", "nope"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("chatml"), std::string::npos) << bad.err;
+}
+
+TEST(GenerateCommand, ChatOptionsAreRefusedForTinyModels) {
+  const auto r = run_cli("generate", {"tiny-swa", "--raw"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("are for GGUF models"), std::string::npos) << r.err;
+  const auto text = run_cli("generate", {"tiny-swa", "--max-tokens", "4"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("random weights: the tokens are not text"), std::string::npos)
+      << text.out;
 }
 
 TEST(GenerateCommand, BadInputIsAnErrorWithStatusTwo) {

@@ -35,18 +35,23 @@ class RunnerModel final : public sched::Model {
 };
 
 struct GenerateOptions {
-  std::int64_t max_tokens = 32;     // generated tokens per request (no EOS stop: see docs)
+  std::int64_t max_tokens = 32;     // generated tokens per request, at most
   int num_spec_tokens = 0;          // k; 0 or no drafter: plain decoding
   int max_batch = 16;               // requests running at once
   std::int64_t prefill_chunk = 32;  // prompt tokens one request computes per step
   bool prefix_caching = true;
+  // Tokens that end a request (the tokenizer's end-of-generation ids); empty: every request
+  // generates max_tokens (the tiny models, whose random weights have no notion of an end).
+  std::vector<TokenId> stop_tokens;
+  // Called after every step with the tokens it committed to request `request` (streaming).
+  std::function<void(std::size_t request, std::span<const TokenId> tokens)> on_tokens;
   // Called for each finished request just before its blocks are freed (tests inspect the cache).
   std::function<void(const cache::KvCacheManager&, cache::RequestId, std::size_t request)>
       before_free;
 };
 
 struct RequestOutput {
-  std::vector<TokenId> tokens;  // generated, max_tokens of them
+  std::vector<TokenId> tokens;  // generated: max_tokens, or fewer up to a stop token
   RequestStats stats;
 };
 

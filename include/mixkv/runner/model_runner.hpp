@@ -19,10 +19,12 @@
 #include "mixkv/cache/block_pool.hpp"
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 #include "mixkv/layout/geometry.hpp"
 #include "mixkv/model/architecture.hpp"
 #include "mixkv/model/describe.hpp"
 #include "mixkv/plan/plan.hpp"
+#include "mixkv/weights/gguf.hpp"
 #include "mixkv/weights/safetensors.hpp"
 
 namespace mixkv::runner {
@@ -79,6 +81,9 @@ struct RunnerOptions {
   bool mtp = false;
   // Recurrent states' dtype (model::DescribeOptions::ssm_dtype); nullopt: the config's.
   std::optional<DType> ssm_dtype = std::nullopt;
+  // Threads for the matrix products and attention (the caller's included); 0: one per core,
+  // at most 8. Results are the same bits whatever the count.
+  int threads = 0;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),
@@ -113,7 +118,14 @@ class ModelRunner {
   // Throws Error when a layer kind is not served (Mamba2 outside nemotron_h, MLA, chunked, KDA,
   // Mamba1), a weight is missing or misshapen, a DFlash drafter's target layers or mask token do
   // not fit the target, or the cache cannot be planned.
+  // Float weights (generated, or a safetensors checkpoint): copied into the runner.
   ModelRunner(const model::ModelSource& config, const TensorMap& weights,
+              const RunnerOptions& options = {});
+  // A GGUF file (`config` is weights::model_source_from_gguf of it): matrices stay in the file's
+  // mapping in their stored type (Q4_1, Q8_0, F16, ...; types the kernels do not read are decoded
+  // to float32 once), embedding rows are decoded on lookup, only norms are converted to float.
+  // The runner holds `file` open. A drafter model needs float weights (the other constructor).
+  ModelRunner(const model::ModelSource& config, std::shared_ptr<const weights::GgufFile> file,
               const RunnerOptions& options = {});
   ModelRunner(ModelRunner&&) noexcept;
   ModelRunner& operator=(ModelRunner&&) noexcept;
@@ -166,6 +178,8 @@ class ModelRunner {
   const kernels::AttentionSpec& attention_spec(std::string_view layer) const;
 
  private:
+  ModelRunner(const model::ModelSource& config, const TensorMap* weights,
+              std::shared_ptr<const weights::GgufFile> file, const RunnerOptions& options);
   void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
                    std::vector<float>& x) const;
   // `capture` (optional): the ids of layers whose outputs go to captured, [tokens, ids x hidden].
@@ -181,6 +195,7 @@ class ModelRunner {
   layout::Geometry geometry_;
   std::vector<std::vector<std::byte>> tensors_;
   std::unique_ptr<Network> net_;
+  std::unique_ptr<kernels::ThreadPool> pool_;
   // DFlash only.
   std::vector<int> dflash_layer_ids_;
   TokenId mask_token_ = 0;

@@ -58,6 +58,10 @@ struct Request {
   std::vector<TokenId> prompt;  // not empty
   std::int64_t max_tokens = 1;  // generated tokens after which the request finishes
   std::string label;            // names it in errors: "request 3", "trace.jsonl:7"
+  // Generated tokens that end the request (EOS, end-of-turn markers): it stops after the first
+  // of them, which is its last output; tokens a speculative step accepted after it are dropped,
+  // so a request stops where plain decoding stops.
+  std::vector<TokenId> stop_tokens = {};
 };
 
 struct RequestStats {
@@ -103,6 +107,8 @@ struct SchedulerOptions {
   // Called for each finished request just before its blocks are freed (tests inspect the cache).
   std::function<void(const cache::KvCacheManager&, cache::RequestId, std::size_t request)>
       before_free;
+  // Called after every step with the tokens it committed to a request (streaming output).
+  std::function<void(std::size_t request, std::span<const TokenId> tokens)> on_tokens;
 };
 
 // Drives one KvCacheManager, built from `plan` for num_spec_tokens look-ahead tokens. Requests
@@ -152,6 +158,8 @@ class Scheduler {
     std::vector<TokenId> tokens;  // prompt, then verified outputs
     std::size_t prompt_len = 0;
     std::int64_t max_tokens = 1;
+    std::vector<TokenId> stop_tokens;
+    bool stopped = false;  // a stop token was generated
     std::string label;
     std::int64_t computed = 0;  // mirrors the manager's num_computed
     bool prefilling = true;     // false once tokens.back() is a sampled, uncomputed token

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mixkv/runner/model_runner.hpp"
 #include "mixkv/spec/drafter.hpp"
@@ -14,6 +15,8 @@
 #include "mixkv/tokenizer/tokenizer.hpp"
 
 namespace mixkv::server {
+
+using TokenId = tokenizer::TokenId;
 
 struct ServeOptions {
   std::string host = "127.0.0.1";
@@ -39,6 +42,9 @@ struct ServedModel {
   int num_spec_tokens = 0;
   const tokenizer::Tokenizer* tokenizer = nullptr;         // null: token-id prompts only
   const tokenizer::ChatTemplate* chat_template = nullptr;  // null: no chat completions
+  // Tokens that end a request unless it asks for ignore_eos (the vocabulary's EOS and
+  // end-of-turn ids); the scheduler stops there, speculative or not.
+  std::vector<TokenId> stop_tokens;
 };
 
 class Server {

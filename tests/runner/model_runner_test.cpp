@@ -1,7 +1,7 @@
 // The reference runner: tiny models through the describe path, weights from a seed or a
 // safetensors checkpoint, and logits independent of batch composition and chunking.
 #include "mixkv/runner/model_runner.hpp"
-#include "engine_test_support.hpp"
+#include "engine/engine_test_support.hpp"
 
 #include <gtest/gtest.h>
 
@@ -113,7 +113,7 @@ TEST(ModelRunner, Mamba2LayersOutsideNemotronHAndMamba1LayersAreRefusedNamingThe
     "mamba_n_groups": 1, "mamba_d_conv": 4, "vocab_size": 260, "max_position_embeddings": 512,
     "torch_dtype": "float32"})");
   try {
-    ModelRunner runner(src, {});
+    ModelRunner runner(src, weights::TensorMap{});
     FAIL() << "a Mamba2 layer ran";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
@@ -126,7 +126,7 @@ TEST(ModelRunner, Mamba2LayersOutsideNemotronHAndMamba1LayersAreRefusedNamingThe
     "num_key_value_heads": 2, "mamba_expand": 2, "mamba_d_state": 16, "mamba_d_conv": 4,
     "vocab_size": 260, "max_position_embeddings": 512, "torch_dtype": "float32"})");
   try {
-    ModelRunner runner(jamba, {});
+    ModelRunner runner(jamba, weights::TensorMap{});
     FAIL() << "a Mamba1 layer ran";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);

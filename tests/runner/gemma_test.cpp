@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "engine_test_support.hpp"
+#include "engine/engine_test_support.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/kernels/dense_reference.hpp"
@@ -139,7 +139,7 @@ TEST(TinyGemma, Gemma3IsRefusedByItsModelType) {
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
     "vocab_size": 260, "torch_dtype": "float32"})");
   try {
-    ModelRunner runner(src, {});
+    ModelRunner runner(src, weights::TensorMap{});
     FAIL() << "a gemma3 config ran";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);

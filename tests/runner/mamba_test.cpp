@@ -8,7 +8,7 @@
 #include <cstring>
 #include <map>
 
-#include "engine_test_support.hpp"
+#include "engine/engine_test_support.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/kernels/recurrent_kernel.hpp"
@@ -153,7 +153,7 @@ TEST(TinyMamba, WhatTheRunnerDoesNotComputeIsRefusedByName) {
   const auto refused = [](const char* json, const char* needle) {
     const model::ModelSource src = model::parse_model_source("m", "test config", json);
     try {
-      ModelRunner runner(src, {});
+      ModelRunner runner(src, weights::TensorMap{});
       ADD_FAILURE() << "ran: " << needle;
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
