@@ -8,7 +8,6 @@
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <regex>
 #include <thread>
 
 #include "cli/runner_setup.hpp"
@@ -246,23 +245,34 @@ TokenList stream_tokens(httplib::Client& c, const TokenList& prompt, std::int64_
   return ids;
 }
 
-// The value of metric `name` (first sample whose line starts with it) in the text format.
+// The samples of the text format whose name (with its labels, if `name` gives them) is `name`:
+// "NAME VALUE" or "NAME{labels} VALUE" lines. No std::regex: GCC 12 warns inside it under
+// the sanitizers.
+std::vector<double> samples(const std::string& text, const std::string& name) {
+  std::vector<double> out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    if (line.empty() || line[0] == '#' || line.compare(0, name.size(), name) != 0) continue;
+    const char next = line.size() > name.size() ? line[name.size()] : '\0';
+    if (next != ' ' && !(next == '{' && name.find('{') == std::string::npos)) continue;
+    out.push_back(std::stod(line.substr(line.rfind(' ') + 1)));
+  }
+  return out;
+}
+
+// The value of metric `name` (its first sample), -1 when absent.
 double metric(const std::string& text, const std::string& name) {
-  std::smatch m;
-  const std::regex re("(^|\n)" +
-                      std::regex_replace(name, std::regex(R"([{}\[\]()+.*?^$|\\])"), R"(\$&)") +
-                      R"((\{[^}]*\})? ([-0-9.e+]+))");
-  if (!std::regex_search(text, m, re)) return -1;
-  return std::stod(m[3]);
+  const std::vector<double> v = samples(text, name);
+  return v.empty() ? -1 : v.front();
 }
 
 double kv_usage_sum(const std::string& text) {
   double sum = 0;
-  const std::regex re(R"(mixkv:kv_cache_usage_perc\{[^}]*\} ([-0-9.e+]+))");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
-       ++it) {
-    sum += std::stod((*it)[1]);
-  }
+  for (const double v : samples(text, "mixkv:kv_cache_usage_perc")) sum += v;
   return sum;
 }
 
