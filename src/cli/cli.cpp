@@ -73,6 +73,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   add(add_generate_command);
   add(add_tokenize_command);
   add(add_detokenize_command);
+  add(add_serve_command);
 
   try {
     std::vector<std::string> reversed(args.rbegin(),

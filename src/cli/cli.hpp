@@ -29,6 +29,7 @@ Action add_simulate_command(CLI::App& app);
 Action add_generate_command(CLI::App& app);
 Action add_tokenize_command(CLI::App& app);
 Action add_detokenize_command(CLI::App& app);
+Action add_serve_command(CLI::App& app);
 
 // Adds `--seed`-style option `name` that reads a decimal integer from 0 to 2^64 - 1 into `seed`;
 // anything else (a sign, a larger number, trailing text) is a usage error (exit 2), not the

@@ -28,67 +28,10 @@
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/gguf_model.hpp"
 #include "mixkv/weights/model_files.hpp"
+#include "runner_setup.hpp"
 
 namespace mixkv::cli {
 namespace {
-
-struct Loaded {
-  model::ModelSource source;
-  weights::TensorMap weights;
-  // A GGUF model: the runner views its tensors; its tokenizer and chat template make the prompt.
-  std::shared_ptr<const weights::GgufFile> gguf;
-  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
-};
-
-std::string checkpoint_file(const std::filesystem::path& dir) {
-  const auto weights = dir / "model.safetensors";
-  std::error_code ec;
-  if (!std::filesystem::exists(weights, ec)) {
-    throw_invalid(fmt::format("{} has no model.safetensors; generate reads one checkpoint file",
-                              dir.string()));
-  }
-  return weights.string();
-}
-
-bool is_directory(const std::string& ref) {
-  std::error_code ec;
-  return std::filesystem::is_directory(ref, ec);
-}
-
-// A tiny model's name, a GGUF (smollm2-135m or a path), or a directory with config.json and
-// model.safetensors.
-Loaded load_model(const std::string& ref) {
-  if (auto path = weights::resolve_gguf(ref)) {
-    Loaded l;
-    l.gguf = std::make_shared<const weights::GgufFile>(weights::GgufFile::open(*path));
-    l.source = weights::model_source_from_gguf(*l.gguf, ref);
-    l.tokenizer = tokenizer::tokenizer_from_gguf(*l.gguf);
-    return l;
-  }
-  if (const engine::TinyModel* tiny = engine::find_tiny_model(ref)) {
-    if (!tiny->missing.empty()) {
-      throw_unsupported(
-          fmt::format("{} cannot be run yet: the engine lacks {}", ref, tiny->missing));
-    }
-    Loaded l{engine::tiny_model_source(*tiny), {}, nullptr, nullptr};
-    const auto config = model::read_architecture(l.source);
-    l.weights =
-        runner::generate_weights(config, model::describe(l.source, std::nullopt, {}), tiny->seed);
-    return l;
-  }
-  const std::filesystem::path dir(ref);
-  if (!is_directory(ref)) {
-    std::string names;
-    for (const auto& m : engine::tiny_models()) names += fmt::format(" {}", m.name);
-    throw_invalid(
-        fmt::format("unknown model '{}': give smollm2-135m (fetched by `make deps` into {}, "
-                    "$MIXKV_MODEL_DIR overrides it), a GGUF file, a tiny model (one of:{}) or a "
-                    "directory holding config.json and model.safetensors",
-                    ref, weights::model_dir(), names));
-  }
-  return {model::load_model_source(ref), weights::read_safetensors(checkpoint_file(dir)), nullptr,
-          nullptr};
-}
 
 // Request i of a batch: the prompt, then for i > 0 a suffix repeated 1 to 3 times, so the batch
 // mixes lengths and shares the prompt as a prefix (with a chat template, the suffix ends the
@@ -97,15 +40,6 @@ std::string variant_suffix(int i) {
   std::string suffix;
   for (int r = 0; i > 0 && r <= i % 3; ++r) suffix += fmt::format(" (variant {})", i);
   return suffix;
-}
-
-// Every id the tokenizer calls an end of generation (EOS, end-of-turn markers).
-std::vector<engine::TokenId> end_of_generation_ids(const tokenizer::Tokenizer& tok) {
-  std::vector<engine::TokenId> ids;
-  for (engine::TokenId id = 0; id < tok.vocab_size(); ++id) {
-    if (tok.is_end_of_generation(id)) ids.push_back(id);
-  }
-  return ids;
 }
 
 // Token ids for the terminal: the tiny models' random weights emit bytes that are not text.
@@ -213,8 +147,13 @@ Action add_generate_command(CLI::App& app) {
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
-    Loaded loaded = load_model(args->model);
-    const bool gguf = loaded.gguf != nullptr;
+    if (args->max_model_len < 0) {
+      throw_invalid(fmt::format("--max-model-len {} is negative", args->max_model_len));
+    }
+    RunnerSetup setup =
+        prepare_runner(args->model, args->draft, args->draft.empty() ? 0 : args->num_spec_tokens,
+                       plan::parse_memory_size(args->memory), args->max_model_len, args->threads);
+    const bool gguf = setup.gguf != nullptr;
     if (!gguf && (raw->count() > 0 || !args->system.empty() || !args->chat_template.empty() ||
                   args->ignore_eos)) {
       throw_invalid(fmt::format(
@@ -222,60 +161,7 @@ Action add_generate_command(CLI::App& app) {
           "tokenizer and chat template); {} has a byte vocabulary and no end of turn",
           args->model));
     }
-    if (args->max_model_len < 0) {
-      throw_invalid(fmt::format("--max-model-len {} is negative", args->max_model_len));
-    }
-    runner::RunnerOptions ro;
-    ro.memory_bytes = plan::parse_memory_size(args->memory);
-    ro.num_spec_tokens = args->draft.empty() ? 0 : args->num_spec_tokens;
-    ro.threads = args->threads;
-    ro.max_model_len = args->max_model_len;
-    if (gguf && ro.max_model_len == 0) {
-      // SmolLM2's 8,192-token context would take 189 MB of float16 KV for one request; a chat
-      // turn needs far less, and --max-model-len gives more.
-      const auto context = model::describe(loaded.source, std::nullopt, {}).facts;
-      ro.max_model_len =
-          std::min<std::int64_t>(context.max_position_embeddings.value_or(2048), 2048);
-    }
-    // A drafter model (a tiny drafter, or a checkpoint directory): its layers join the target's
-    // plan, its weights the target's.
-    const engine::TinyModel* tiny_draft = engine::find_tiny_model(args->draft);
-    const bool keyword = args->draft == "oracle" || args->draft == "ngram" ||
-                         args->draft == "random" || args->draft == model::kMtpDraft;
-    if (!keyword && tiny_draft == nullptr && !args->draft.empty() && is_directory(args->draft)) {
-      ro.draft = model::load_model_source(args->draft);
-      loaded.weights.merge(runner::as_draft_weights(
-          weights::read_safetensors(checkpoint_file(args->draft)), args->draft));
-    }
-    if (tiny_draft != nullptr) {
-      if (!engine::drafts_for(*tiny_draft, args->model)) {
-        throw_invalid(fmt::format(
-            "--draft {} is a drafter for {}, not for {}", args->draft,
-            tiny_draft->draft_for.empty() ? "nothing (it is a target)" : tiny_draft->draft_for,
-            args->model));
-      }
-      ro.draft = engine::tiny_model_source(*tiny_draft);
-      model::DescribeOptions d;
-      d.num_spec_tokens = ro.num_spec_tokens;
-      const auto desc = model::describe(loaded.source, ro.draft, d);
-      loaded.weights.merge(runner::generate_draft_weights(model::read_architecture(*ro.draft), desc,
-                                                          tiny_draft->seed));
-    }
-    // The target's own MTP layers: weights come with a checkpoint's, or are generated for a tiny
-    // model (seed + 1).
-    const bool mtp = args->draft == model::kMtpDraft;
-    if (mtp) {
-      ro.mtp = true;
-      if (const engine::TinyModel* tiny = engine::find_tiny_model(args->model)) {
-        model::DescribeOptions d;
-        d.num_spec_tokens = ro.num_spec_tokens;
-        loaded.weights.merge(runner::generate_draft_weights(model::read_architecture(loaded.source),
-                                                            model::describe_mtp(loaded.source, d),
-                                                            tiny->seed + 1));
-      }
-    }
-    runner::ModelRunner runner = gguf ? runner::ModelRunner(loaded.source, loaded.gguf, ro)
-                                      : runner::ModelRunner(loaded.source, loaded.weights, ro);
+    runner::ModelRunner runner = setup.make_runner();
 
     // The prompts: ids as given, else the text through the chat template (GGUF, unless --raw)
     // or as bytes (tiny models), each request's variant suffix after it.
@@ -285,12 +171,12 @@ Action add_generate_command(CLI::App& app) {
     const tokenizer::ChatTemplate* chat = nullptr;
     if (gguf && raw->count() == 0 && args->prompt_ids.empty()) {
       chat = &tokenizer::chat_template_for(
-          *loaded.gguf, args->chat_template.empty()
-                            ? std::nullopt
-                            : std::optional<std::string_view>(args->chat_template));
+          *setup.gguf, args->chat_template.empty()
+                           ? std::nullopt
+                           : std::optional<std::string_view>(args->chat_template));
     }
     const auto encode = [&](const std::string& s) {
-      return gguf ? loaded.tokenizer->encode(s, {.add_special = true, .parse_special = true})
+      return gguf ? setup.tokenizer->encode(s, {.add_special = true, .parse_special = true})
                   : engine::encode_bytes(s);
     };
     std::vector<std::vector<engine::TokenId>> prompts;
@@ -298,7 +184,7 @@ Action add_generate_command(CLI::App& app) {
       const std::string suffix = variant_suffix(i);
       if (!args->prompt_ids.empty()) {
         std::vector<engine::TokenId> p = args->prompt_ids;
-        const auto tail = gguf ? loaded.tokenizer->encode(suffix) : engine::encode_bytes(suffix);
+        const auto tail = gguf ? setup.tokenizer->encode(suffix) : engine::encode_bytes(suffix);
         p.insert(p.end(), tail.begin(), tail.end());
         prompts.push_back(std::move(p));
       } else if (chat != nullptr) {
@@ -315,7 +201,7 @@ Action add_generate_command(CLI::App& app) {
     go.sampling = args->sampling;
     go.sampling.seed = args->seed;
     go.max_batch = args->batch;
-    if (gguf && !args->ignore_eos) go.stop_tokens = end_of_generation_ids(*loaded.tokenizer);
+    if (gguf && !args->ignore_eos) go.stop_tokens = end_of_generation_ids(*setup.tokenizer);
     const bool stream = gguf && !args->json && prompts.size() == 1;
     std::optional<tokenizer::StreamDecoder> decoder;
     if (!args->json) {
@@ -329,7 +215,7 @@ Action add_generate_command(CLI::App& app) {
     }
     if (stream) {
       // The plain run's reply as it is generated; the speculative run is then compared with it.
-      decoder.emplace(*loaded.tokenizer);
+      decoder.emplace(*setup.tokenizer);
       out << "reply: " << std::flush;
       go.on_tokens = [&](std::size_t, std::span<const engine::TokenId> ids) {
         for (const engine::TokenId id : ids) out << decoder->push(id);
@@ -349,20 +235,8 @@ Action add_generate_command(CLI::App& app) {
                            plain.requests[i].tokens.end());
       }
       drafter = std::make_unique<spec::OracleDrafter>(std::move(refs));
-    } else if (runner.has_block_drafter()) {
-      drafter = std::make_unique<spec::DflashDrafter>(runner);
-    } else if (ro.draft || mtp) {
-      drafter = std::make_unique<spec::EagleDrafter>(runner);
-    } else if (args->draft == "ngram") {
-      drafter = std::make_unique<spec::NgramDrafter>();
-    } else if (args->draft == "random") {
-      drafter = std::make_unique<spec::RandomDrafter>(runner.vocab_size(), args->seed);
-    } else if (!args->draft.empty()) {
-      throw_invalid(
-          fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "
-                      "with MTP layers), tiny-eagle (with tiny-swa), tiny-dflash (with "
-                      "tiny-swa or tiny-hybrid) or a drafter checkpoint directory",
-                      args->draft));
+    } else {
+      drafter = make_drafter(args->draft, runner, args->seed);
     }
     engine::GenerateReport spec;
     if (drafter) {
@@ -380,7 +254,7 @@ Action add_generate_command(CLI::App& app) {
       const bool identical = r.tokens == p.tokens;
       all_identical = all_identical && (identical || !compare);
       const std::string text =
-          gguf ? loaded.tokenizer->decode(r.tokens) : engine::decode_bytes(r.tokens);
+          gguf ? setup.tokenizer->decode(r.tokens) : engine::decode_bytes(r.tokens);
       const engine::RequestStats& s = r.stats;
       if (args->json) {
         nlohmann::json stats = {

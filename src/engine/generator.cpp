@@ -13,54 +13,42 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The reference runner as the scheduler's model: one forward over the step's works, greedy
-// picks on the rows the scheduler reads, and the features its drafter observes.
-class RunnerModel final : public sched::Model {
- public:
-  RunnerModel(runner::ModelRunner& runner, bool features) : runner_(runner), features_(features) {}
-
-  sched::ModelOutput forward(std::span<const sched::Work> batch) override {
-    std::vector<runner::SequenceInput> inputs;
-    inputs.reserve(batch.size());
-    for (const sched::Work& w : batch) {
-      runner::SequenceInput in;
-      in.tokens = w.tokens;
-      in.start = w.start;
-      in.block_tables = w.block_tables;
-      in.checkpoints = !w.prefill;
-      in.recurrent = w.recurrent;
-      inputs.push_back(std::move(in));
-    }
-    runner::ForwardOutput fwd = runner_.forward(inputs);
-    sched::ModelOutput out;
-    const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
-    std::size_t row = 0;
-    for (const sched::Work& w : batch) {
-      for (std::size_t i = 0; i < w.tokens.size(); ++i, ++row) {
-        // Greedy picks only where they are read: a prefill's earlier rows pick nothing.
-        const bool read = w.sample && (!w.prefill || i + 1 == w.tokens.size());
-        out.picks.push_back(
-            read ? runner::argmax(std::span<const float>(fwd.logits).subspan(row * vocab, vocab))
-                 : 0);
-      }
-    }
-    // Sampled requests read the logits rows; they move, no copy.
-    out.logits = std::move(fwd.logits);
-    if (features_) {
-      out.feature_width = runner_.draft_feature_width();
-      out.features =
-          runner_.has_block_drafter() ? std::move(fwd.layer_hidden) : std::move(fwd.hidden);
-    }
-    return out;
-  }
-  std::int64_t vocab_size() const override { return runner_.vocab_size(); }
-
- private:
-  runner::ModelRunner& runner_;
-  bool features_;
-};
-
 }  // namespace
+
+sched::ModelOutput RunnerModel::forward(std::span<const sched::Work> batch) {
+  std::vector<runner::SequenceInput> inputs;
+  inputs.reserve(batch.size());
+  for (const sched::Work& w : batch) {
+    runner::SequenceInput in;
+    in.tokens = w.tokens;
+    in.start = w.start;
+    in.block_tables = w.block_tables;
+    in.checkpoints = !w.prefill;
+    in.recurrent = w.recurrent;
+    inputs.push_back(std::move(in));
+  }
+  runner::ForwardOutput fwd = runner_.forward(inputs);
+  sched::ModelOutput out;
+  const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  std::size_t row = 0;
+  for (const sched::Work& w : batch) {
+    for (std::size_t i = 0; i < w.tokens.size(); ++i, ++row) {
+      // Greedy picks only where they are read: a prefill's earlier rows pick nothing.
+      const bool read = w.sample && (!w.prefill || i + 1 == w.tokens.size());
+      out.picks.push_back(
+          read ? runner::argmax(std::span<const float>(fwd.logits).subspan(row * vocab, vocab))
+               : 0);
+    }
+  }
+  // Sampled requests read the logits rows; they move, no copy.
+  out.logits = std::move(fwd.logits);
+  if (features_) {
+    out.feature_width = runner_.draft_feature_width();
+    out.features =
+        runner_.has_block_drafter() ? std::move(fwd.layer_hidden) : std::move(fwd.hidden);
+  }
+  return out;
+}
 
 std::int64_t GenerateReport::generated_tokens() const {
   std::int64_t n = 0;

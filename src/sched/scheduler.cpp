@@ -174,6 +174,30 @@ void Scheduler::retire(std::size_t i, spec::Drafter* drafter) {
   ++finished_;
 }
 
+void Scheduler::cancel(std::size_t i, spec::Drafter* drafter) {
+  Req& r = reqs_.at(i);
+  if (r.finished) return;
+  if (const auto w = std::find(waiting_.begin(), waiting_.end(), i); w != waiting_.end()) {
+    // Never admitted, or preempted: the manager holds nothing for it.
+    waiting_.erase(w);
+    r.finished = true;
+    if (r.started) r.stats.seconds = static_cast<double>(now_ns() - r.admitted_at_ns) * 1e-9;
+    ++finished_;
+  } else {
+    running_.erase(std::find(running_.begin(), running_.end(), i));
+    retire(i, drafter);
+  }
+  ++counters_.cancelled;
+}
+
+void Scheduler::release(std::size_t i) {
+  Req& r = reqs_.at(i);
+  if (!r.finished) throw_invalid(fmt::format("{} is still running; cancel it first", r.label));
+  r.tokens = {};
+  r.step_input = {};
+  r.prompt_len = 0;
+}
+
 void Scheduler::run(Model& model, spec::Drafter* drafter) {
   while (!idle()) step(model, drafter);
 }
@@ -311,6 +335,14 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
       v.sampled = std::move(a.tokens);
       r.stats.drafted_tokens += static_cast<std::int64_t>(n - 1);
       r.stats.accepted_tokens += a.accepted;
+      counters_.drafted_tokens += static_cast<std::int64_t>(n - 1);
+      counters_.accepted_tokens += a.accepted;
+      if (counters_.accepted_per_position.size() < n - 1) {
+        counters_.accepted_per_position.resize(n - 1, 0);
+      }
+      for (int p = 0; p < a.accepted; ++p) {
+        ++counters_.accepted_per_position[static_cast<std::size_t>(p)];
+      }
       ++r.stats.decode_steps;
       ++counters_.decode_steps;
       counters_.decode_tokens += v.verified;

@@ -162,6 +162,47 @@ TEST(Scheduler, ATightPoolPreemptsAndStillFinishesWithThePlainTokens) {
   EXPECT_EQ(squeezed.outputs, plain.outputs);
 }
 
+TEST(Scheduler, CancelFreesARunningOrWaitingRequestBetweenSteps) {
+  const auto plan = small_plan(256 * kMiB, 2);
+  cache::KvCacheManager manager(plan, 2);
+  SchedulerOptions o;
+  o.num_spec_tokens = 2;
+  o.max_batch = 2;
+  Scheduler s(manager, plan, o);
+  const auto reqs = requests(3);
+  for (const Request& r : reqs) s.add(r);
+  StreamModel model;
+  FixedDrafter d(1);
+  s.step(model, &d);
+  ASSERT_EQ(s.num_running(), 2u);
+  ASSERT_EQ(s.num_waiting(), 1u);
+  const std::int32_t used = manager.pool().num_used();
+  s.cancel(0, &d);  // running: its blocks go back now
+  EXPECT_TRUE(s.finished(0));
+  EXPECT_LT(manager.pool().num_used(), used);
+  s.cancel(2, &d);  // waiting: nothing held, it just leaves the queue
+  EXPECT_EQ(s.num_waiting(), 0u);
+  EXPECT_EQ(s.num_running(), 1u);
+  EXPECT_EQ(manager.check_invariants(), "");
+  s.cancel(0, &d);  // a no-op once finished
+  EXPECT_EQ(s.counters().cancelled, 2);
+  s.run(model, &d);
+  EXPECT_EQ(manager.pool().num_used(), 0);
+  // The one left ran to its end with the plain tokens; the others keep what they had.
+  const Outcome plain = run(plan, 0, nullptr);
+  const auto out1 = s.outputs(1);
+  EXPECT_EQ(std::vector<TokenId>(out1.begin(), out1.end()), plain.outputs[1]);
+  EXPECT_EQ(s.counters().drafted_tokens, s.stats(0).drafted_tokens + s.stats(1).drafted_tokens);
+  std::int64_t per_pos = 0;
+  for (const std::int64_t a : s.counters().accepted_per_position) per_pos += a;
+  EXPECT_EQ(per_pos, s.counters().accepted_tokens);
+  // release() drops a finished request's tokens, and refuses a running one.
+  s.release(1);
+  EXPECT_TRUE(s.outputs(1).empty());
+  s.add(reqs[0]);
+  EXPECT_THROW(s.release(3), Error);
+}
+
 TEST(Scheduler, RefusesWhatCanNeverRun) {
   const auto plan = small_plan(256 * kMiB, 0);
   cache::KvCacheManager manager(plan, 0);

@@ -21,6 +21,20 @@ namespace mixkv::engine {
 using cache::TokenId;
 using sched::RequestStats;
 
+// The reference runner as the scheduler's model: one forward over the step's works, greedy
+// picks on the rows the scheduler reads, and (with `features`) what its drafter observes.
+// `generate` and the server (mixkv::server) run it.
+class RunnerModel final : public sched::Model {
+ public:
+  RunnerModel(runner::ModelRunner& runner, bool features) : runner_(runner), features_(features) {}
+  sched::ModelOutput forward(std::span<const sched::Work> batch) override;
+  std::int64_t vocab_size() const override { return runner_.vocab_size(); }
+
+ private:
+  runner::ModelRunner& runner_;
+  bool features_;
+};
+
 struct GenerateOptions {
   std::int64_t max_tokens = 32;     // generated tokens per request, at most
   int num_spec_tokens = 0;          // k; 0 or no drafter: plain decoding

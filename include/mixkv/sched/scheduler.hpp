@@ -96,9 +96,14 @@ struct Counters {
   std::int64_t generated_tokens = 0;
   std::int64_t preemptions = 0;
   std::int64_t peak_running = 0;
-  std::int64_t prompt_tokens = 0;  // over every admission, re-admissions after preemption too
-  std::int64_t hit_tokens = 0;     // prefix hits over every admission
-  double manager_seconds = 0;      // inside KvCacheManager calls only
+  std::int64_t prompt_tokens = 0;    // over every admission, re-admissions after preemption too
+  std::int64_t hit_tokens = 0;       // prefix hits over every admission
+  std::int64_t drafted_tokens = 0;   // drafts verified
+  std::int64_t accepted_tokens = 0;  // of them, accepted
+  // Per draft position p (0 .. k-1): verify steps whose draft p was accepted.
+  std::vector<std::int64_t> accepted_per_position;
+  std::int64_t cancelled = 0;  // requests cancel() ended
+  double manager_seconds = 0;  // inside KvCacheManager calls only
 };
 
 struct SchedulerOptions {
@@ -131,6 +136,13 @@ class Scheduler {
   void step(Model& model, spec::Drafter* drafter);
   // Steps until every queued request has finished.
   void run(Model& model, spec::Drafter* drafter);
+  // Ends request `i` between steps, waiting or running: its blocks go back to the pool now (its
+  // verified blocks stay in the prefix cache) and `drafter` (may be null) forgets it. A server
+  // calls it when a client disconnects or a stop condition matched. No-op once finished.
+  void cancel(std::size_t i, spec::Drafter* drafter);
+  // Drops the prompt and outputs of a finished request, so a long-running server holds only a
+  // small record per past request. Throws Error for a request that has not finished.
+  void release(std::size_t i);
 
   bool idle() const { return running_.empty() && waiting_.empty(); }
   std::size_t num_requests() const { return reqs_.size(); }

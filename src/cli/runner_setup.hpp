@@ -1,0 +1,49 @@
+// How `generate` and `serve` turn MODEL and --draft into a runner: a GGUF model (smollm2-135m or
+// a path: the runner views its mapped tensors, with its tokenizer), a tiny model (generated
+// weights) or a checkpoint directory; a drafter model whose layers join the target's plan, or the
+// target's own MTP layers; then the drafter object that proposes tokens.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "mixkv/model/describe.hpp"
+#include "mixkv/runner/model_runner.hpp"
+#include "mixkv/spec/drafter.hpp"
+#include "mixkv/tokenizer/tokenizer.hpp"
+#include "mixkv/weights/gguf.hpp"
+
+namespace mixkv::cli {
+
+struct RunnerSetup {
+  model::ModelSource source;
+  weights::TensorMap weights;
+  // A GGUF model: the runner views its tensors; its tokenizer and chat template make prompts.
+  std::shared_ptr<const weights::GgufFile> gguf;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;  // the GGUF's; null for the others
+  runner::RunnerOptions options;
+
+  runner::ModelRunner make_runner() const;
+};
+
+// MODEL and --draft (empty: none) as a runner's config, weights and options. `max_model_len` 0:
+// the model's context, at most 2048 for a GGUF model. Throws Error naming the model or drafter
+// that is unknown or does not fit the target.
+RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
+                           std::int64_t memory_bytes, std::int64_t max_model_len = 0,
+                           int threads = 0);
+
+// The drafter object for --draft over `runner` (built from prepare_runner's result): ngram,
+// random (seeded), mtp, a drafter model (EAGLE-style or DFlash). Null for an empty --draft.
+// "oracle" needs the plain outputs and is the caller's; any other name is an Error.
+std::unique_ptr<spec::Drafter> make_drafter(const std::string& draft, runner::ModelRunner& runner,
+                                            std::uint64_t seed);
+
+// Every id the tokenizer calls an end of generation (EOS, end-of-turn markers): the scheduler's
+// stop tokens.
+std::vector<tokenizer::TokenId> end_of_generation_ids(const tokenizer::Tokenizer& tok);
+
+bool is_directory(const std::string& ref);
+
+}  // namespace mixkv::cli

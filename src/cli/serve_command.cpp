@@ -1,0 +1,169 @@
+// `mixkv serve MODEL`: the OpenAI-compatible server (mixkv::server) over the reference engine.
+// It listens first (so /health says 503 while the model loads), loads the model as `generate`
+// does, prints the plan and the URL, and serves until SIGINT or SIGTERM, then drains.
+#include <fmt/format.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <optional>
+#include <ostream>
+
+#include "cli.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/engine/tiny_models.hpp"
+#include "mixkv/plan/memory_budget.hpp"
+#include "mixkv/server/server.hpp"
+#include "mixkv/tokenizer/byte_tokenizer.hpp"
+#include "mixkv/tokenizer/chat_template.hpp"
+#include "runner_setup.hpp"
+
+namespace mixkv::cli {
+
+Action add_serve_command(CLI::App& app) {
+  struct Args {
+    std::string model, draft;
+    int num_spec_tokens = 3;
+    std::string memory = "64MiB";
+    std::uint64_t seed = 0;
+    std::string chat_template;
+    std::int64_t max_model_len = 0;
+    int threads = 0;
+    server::ServeOptions serve;
+  };
+  auto args = std::make_shared<Args>();
+  CLI::App* cmd = app.add_subcommand("serve", "Serve MODEL over an OpenAI-compatible HTTP API");
+  cmd->footer(
+      "Endpoints: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET "
+      "/v1/models, /health, /metrics, /openapi.json. Greedy decoding: temperature, top_p, top_k "
+      "and seed are checked but not applied yet. SIGINT or SIGTERM drains and exits 0. "
+      "docs/server.md.");
+  cmd->add_option("MODEL", args->model, "Target model (as for generate)")->required();
+  cmd->add_option("--draft", args->draft,
+                  "Drafter (as for generate, except oracle): ngram, random, mtp, tiny-eagle, "
+                  "tiny-dflash or a drafter checkpoint directory");
+  CLI::Option* spec_tokens = cmd->add_option("--num-spec-tokens", args->num_spec_tokens,
+                                             "Tokens drafted per step (with --draft)")
+                                 ->capture_default_str();
+  cmd->add_option("--host", args->serve.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", args->serve.port, "Port to listen on (0: any free one)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--max-num-seqs", args->serve.max_num_seqs, "Requests running at once")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{4096}));
+  cmd->add_option("--max-queue", args->serve.max_queue,
+                  "Requests waiting beyond which new ones get 503 + Retry-After")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{65536}));
+  cmd->add_option("--prefill-chunk", args->serve.prefill_chunk,
+                  "Prompt tokens one request computes per step")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
+  cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 64MiB)")->capture_default_str();
+  cmd->add_option("--api-key", args->serve.api_key,
+                  "Ask for 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize");
+  cmd->add_option("--served-model-name", args->serve.served_model_name,
+                  "Model name in /v1/models and requests (default: MODEL)");
+  cmd->add_option("--shutdown-timeout", args->serve.shutdown_timeout,
+                  "Seconds running requests get to finish after SIGINT/SIGTERM")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 3600.0));
+  add_seed_option(*cmd, "--seed", args->seed, "Seed of the random drafter");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "GGUF models: render chats with this template (chatml, smollm2) instead of the "
+                  "one the file's tokenizer.chat_template is recognised as");
+  cmd->add_option("--max-model-len", args->max_model_len,
+                  "Longest request the cache is planned for (default: the model's context, at "
+                  "most 2048 for a GGUF model)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  cmd->add_option("--threads", args->threads,
+                  "Threads for matrix products and attention (default: one per core, at most 8)")
+      ->check(CLI::Range(0, 256));
+
+  return [args, spec_tokens](std::ostream& out) {
+    if (spec_tokens->count() > 0 && args->draft.empty()) {
+      throw_invalid(fmt::format(
+          "--num-spec-tokens {} needs a drafter: add --draft, or drop --num-spec-tokens",
+          args->num_spec_tokens));
+    }
+    if (args->draft == "oracle") {
+      throw_invalid(
+          "--draft oracle replays known outputs, which a server does not have; use ngram, a "
+          "drafter model or mtp");
+    }
+    // SIGINT and SIGTERM go to sigwait() below, not to a handler: every thread the server
+    // starts inherits this mask.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+    server::ServeOptions so = args->serve;
+    if (so.served_model_name.empty()) so.served_model_name = args->model;
+    server::Server srv(so);
+    srv.start();
+    out << fmt::format("mixkv serve: loading {} (GET /health answers 503 until ready)\n",
+                       args->model)
+        << std::flush;
+
+    const int k = args->draft.empty() ? 0 : args->num_spec_tokens;
+    RunnerSetup setup =
+        prepare_runner(args->model, args->draft, k, plan::parse_memory_size(args->memory),
+                       args->max_model_len, args->threads);
+    runner::ModelRunner runner = setup.make_runner();
+    std::unique_ptr<spec::Drafter> drafter = make_drafter(args->draft, runner, args->seed);
+    // The vocabulary: a GGUF's own (with its chat template and end-of-turn ids), the tiny
+    // models' bytes; a checkpoint directory has none (token-id prompts only).
+    std::unique_ptr<tokenizer::Tokenizer> tok = std::move(setup.tokenizer);
+    if (!tok && engine::find_tiny_model(args->model) != nullptr) {
+      tok = std::make_unique<tokenizer::ByteTokenizer>();
+    }
+    const tokenizer::ChatTemplate* chat = nullptr;
+    if (setup.gguf != nullptr) {
+      try {
+        chat = &tokenizer::chat_template_for(
+            *setup.gguf, args->chat_template.empty()
+                             ? std::nullopt
+                             : std::optional<std::string_view>(args->chat_template));
+      } catch (const Error& e) {
+        if (!args->chat_template.empty()) throw;
+        out << fmt::format("mixkv serve: no chat completions ({})\n", e.what());
+      }
+    } else if (!args->chat_template.empty()) {
+      throw_invalid(fmt::format("--chat-template is for GGUF models; {} has no tokenizer for it",
+                                args->model));
+    }
+    server::ServedModel served;
+    served.runner = &runner;
+    served.drafter = drafter.get();
+    served.num_spec_tokens = k;
+    served.tokenizer = tok.get();
+    served.chat_template = chat;
+    if (setup.gguf != nullptr) served.stop_tokens = end_of_generation_ids(*tok);
+    srv.attach(served);
+
+    const plan::CachePlan& plan = runner.plan();
+    out << fmt::format("plan: {} KV-cache group{}, {} blocks in {} MiB, max_model_len {}{}\n",
+                       plan.groups.size(), plan.groups.size() == 1 ? "" : "s",
+                       plan.pools.empty() ? 0 : plan.pools.front().num_blocks,
+                       plan.memory_bytes >> 20, plan.max_model_len,
+                       drafter ? fmt::format(", drafter {} (k = {})", drafter->name(), k) : "")
+        << fmt::format("serving {} at http://{}:{} (SIGINT/SIGTERM to stop)\n",
+                       so.served_model_name, so.host, srv.port())
+        << std::flush;
+
+    int sig = 0;
+    sigwait(&signals, &sig);
+    out << fmt::format("mixkv serve: {}, draining (up to {} s)\n",
+                       sig == SIGTERM ? "SIGTERM" : "SIGINT", so.shutdown_timeout)
+        << std::flush;
+    const bool drained = srv.shutdown();
+    out << (drained ? "mixkv serve: drained, stopped\n"
+                    : "mixkv serve: shutdown timeout; unfinished requests were cancelled\n")
+        << std::flush;
+  };
+}
+
+}  // namespace mixkv::cli
