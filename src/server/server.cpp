@@ -47,7 +47,8 @@ struct Job {
   std::vector<TokenId> prompt;
   std::int64_t max_tokens = 1;
   bool stop_at_eos = true;
-  std::vector<TokenId> tokens;  // generated so far, never past max_tokens or an EOS
+  sample::SamplingParams sampling;  // greedy unless the request gave a temperature
+  std::vector<TokenId> tokens;      // generated so far, never past max_tokens or an EOS
   bool done = false;
   std::string finish_reason;  // "stop" or "length" once done without error
   std::string error;          // the engine could not finish it
@@ -57,6 +58,22 @@ struct Job {
   bool emitted = false;
 };
 using JobPtr = std::shared_ptr<Job>;
+
+// The engine's sampling parameters for a request's fields. An absent temperature is greedy (not
+// OpenAI's default of 1), so a client that sends none gets the reproducible greedy reply; choice
+// `choice` of a request draws with seed + choice. Without a seed, the draws are seeded from the
+// clock.
+sample::SamplingParams sampling_params(const Sampling& s, std::size_t choice) {
+  sample::SamplingParams p;
+  p.temperature = s.temperature.value_or(0.0);
+  p.top_p = s.top_p.value_or(1.0);
+  p.top_k = static_cast<int>(s.top_k.value_or(0));
+  const std::uint64_t seed =
+      s.seed ? static_cast<std::uint64_t>(*s.seed)
+             : static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
+  p.seed = seed + choice;
+  return p;
+}
 
 // cpp-httplib listens with a backlog of 5: a burst of clients then waits a SYN retry (1 s).
 // Linux takes a second listen() on the bound socket as a new backlog.
@@ -336,7 +353,8 @@ struct Server::Impl {
       if (stop_engine) break;
       for (const JobPtr& j : inbox) {
         j->sched = scheduler->add({j->prompt, j->max_tokens, fmt::format("request {}", next_id++),
-                                   j->stop_at_eos ? model.stop_tokens : std::vector<TokenId>{}});
+                                   j->stop_at_eos ? model.stop_tokens : std::vector<TokenId>{},
+                                   j->sampling});
         active[j->sched] = j;
       }
       inbox.clear();
@@ -436,6 +454,7 @@ struct Server::Impl {
       j->prompt = std::move(prompt);
       j->max_tokens = max_tokens;
       j->stop_at_eos = !p.ignore_eos;
+      j->sampling = sampling_params(p.sampling, jobs.size());
       j->arrival = now;
       jobs.push_back(std::move(j));
     }

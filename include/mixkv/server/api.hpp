@@ -49,8 +49,7 @@ struct Prompt {
   bool operator==(const Prompt&) const = default;
 };
 
-// The sampling fields. They are validated and recorded; the engine decodes greedily today
-// (docs/server.md: they take effect when sampling lands, issue 15).
+// The sampling fields, validated here and applied by the engine's sampler (docs/server.md).
 struct Sampling {
   std::optional<double> temperature, top_p;
   std::optional<std::int64_t> top_k, seed;
