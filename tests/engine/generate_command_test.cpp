@@ -194,7 +194,8 @@ TEST(GenerateCommand, ReadsADrafterCheckpointDirectory) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(GenerateCommand, Smollm2RepliesInTextThroughItsChatTemplate) {
+// Five SmolLM2 runs: `make test` only (the sanitizer run skips SmolLm2Long*, see the Makefile).
+TEST(SmolLm2LongGenerateCommand, RepliesInTextThroughItsChatTemplate) {
   MIXKV_SMOLLM2_OR_SKIP(path);
   // The question as a chat turn: the reply's text, stopped at the end of the turn (<|im_end|>,
   // which the text leaves out) or at --max-tokens; the oracle's tokens are the plain ones.
@@ -213,8 +214,8 @@ TEST(GenerateCommand, Smollm2RepliesInTextThroughItsChatTemplate) {
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_NE(text.out.find("reply: "), std::string::npos) << text.out;
   // --raw: the prompt's tokens as they are, no template around them.
-  const auto raw = run_cli("generate", {"smollm2-135m", "--raw", "--prompt", "Hello",
-                                        "--max-tokens", "2", "--json"});
+  const auto raw = run_cli(
+      "generate", {"smollm2-135m", "--raw", "--prompt", "Hello", "--max-tokens", "2", "--json"});
   ASSERT_EQ(raw.status, 0) << raw.err;
   EXPECT_EQ(json_lines(raw.out).at(0)["stats"]["prompt_tokens"], 1);
   // A template of another name is an error listing the names.
