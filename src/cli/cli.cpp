@@ -71,6 +71,7 @@ int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& e
   add(add_verify_command);
   add(add_simulate_command);
   add(add_generate_command);
+  add(add_bench_generate_command);
   add(add_tokenize_command);
   add(add_detokenize_command);
   add(add_serve_command);

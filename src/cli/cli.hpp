@@ -27,6 +27,7 @@ Action add_plan_command(CLI::App& app);
 Action add_verify_command(CLI::App& app);
 Action add_simulate_command(CLI::App& app);
 Action add_generate_command(CLI::App& app);
+Action add_bench_generate_command(CLI::App& app);
 Action add_tokenize_command(CLI::App& app);
 Action add_detokenize_command(CLI::App& app);
 Action add_serve_command(CLI::App& app);

@@ -201,6 +201,7 @@ Action add_generate_command(CLI::App& app) {
     go.sampling = args->sampling;
     go.sampling.seed = args->seed;
     go.max_batch = args->batch;
+    go.adaptive_draft = true;
     if (gguf && !args->ignore_eos) go.stop_tokens = end_of_generation_ids(*setup.tokenizer);
     const bool stream = gguf && !args->json && prompts.size() == 1;
     std::optional<tokenizer::StreamDecoder> decoder;
@@ -272,6 +273,8 @@ Action add_generate_command(CLI::App& app) {
           stats["accepted_tokens"] = s.accepted_tokens;
           stats["acceptance_rate"] = s.acceptance_rate();
           stats["mean_accepted_length"] = s.mean_accepted_length();
+          stats["drafted_per_position"] = s.drafted_per_position;
+          stats["accepted_per_position"] = s.accepted_per_position;
           stats["identical_to_plain"] = identical;
         }
         const nlohmann::json j = {

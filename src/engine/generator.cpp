@@ -95,6 +95,7 @@ GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector
   sched::SchedulerOptions so;
   so.num_spec_tokens = k;
   so.max_batch = options.max_batch;
+  so.adaptive_draft = options.adaptive_draft;
   so.prefill_chunk = options.prefill_chunk;
   so.before_free = options.before_free;
   so.on_tokens = options.on_tokens;

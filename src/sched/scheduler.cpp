@@ -25,6 +25,25 @@ void charge(double& total, Clock::time_point t0) {
   total += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Steps a request decodes plainly after its drafts failed at length 1, before it tries again.
+constexpr int kPlainStepsBeforeRetry = 8;
+
+// The next step's draft length from this one's: all accepted, one more (up to k); some accepted,
+// one past what was; none, half (down to 0, plain decoding, retried at length 1 after
+// kPlainStepsBeforeRetry steps). A verify row costs less than a decode step but not nothing, so
+// drafts that keep failing must stop (greedy output does not depend on the length).
+int next_draft_length(int current, int drafted, int accepted, int k, int& plain_steps) {
+  if (current == 0) {
+    if (++plain_steps < kPlainStepsBeforeRetry) return 0;
+    plain_steps = 0;
+    return 1;
+  }
+  if (drafted == 0) return current;  // the drafter had nothing: no evidence either way
+  if (accepted == drafted) return std::min(k, current + 1);
+  if (accepted > 0) return std::min(k, accepted + 1);
+  return current / 2;
+}
+
 }  // namespace
 
 double RequestStats::acceptance_rate() const {
@@ -77,6 +96,9 @@ std::size_t Scheduler::add(Request request) {
   }
   r.reads_logits = !r.sampler.greedy() || sample::has_penalties(request.sampling);
   r.label = std::move(request.label);
+  r.draft_len = k_;
+  r.stats.drafted_per_position.assign(static_cast<std::size_t>(k_), 0);
+  r.stats.accepted_per_position.assign(static_cast<std::size_t>(k_), 0);
   reqs_.push_back(std::move(r));
   waiting_.push_back(reqs_.size() - 1);
   return reqs_.size() - 1;
@@ -257,7 +279,8 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     const std::int64_t vocab = model.vocab_size();
     for (std::size_t c = 0; c < ctxs.size(); ++c) {
       Req& r = reqs_[ctxs[c].request];
-      std::size_t n = std::min(proposed[c].size(), static_cast<std::size_t>(k_));
+      std::size_t n = std::min(
+          proposed[c].size(), static_cast<std::size_t>(options_.adaptive_draft ? r.draft_len : k_));
       if (options_.cap_drafts) {
         const auto left =
             r.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
@@ -343,6 +366,10 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
       for (int p = 0; p < a.accepted; ++p) {
         ++counters_.accepted_per_position[static_cast<std::size_t>(p)];
       }
+      if (options_.adaptive_draft && k_ > 0) {
+        r.draft_len =
+            next_draft_length(r.draft_len, static_cast<int>(n - 1), a.accepted, k_, r.plain_steps);
+      }
       ++r.stats.decode_steps;
       ++counters_.decode_steps;
       counters_.decode_tokens += v.verified;
@@ -360,6 +387,12 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
         v.verified = kept;
       }
       r.stopped = true;
+    }
+    if (!w.prefill) {
+      for (std::size_t d = 0; d + 1 < n && d < r.stats.drafted_per_position.size(); ++d) {
+        ++r.stats.drafted_per_position[d];
+        if (static_cast<int>(d) < v.accepted) ++r.stats.accepted_per_position[d];
+      }
     }
     ++counters_.request_steps;
     r.computed += v.verified;

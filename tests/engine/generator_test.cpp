@@ -70,6 +70,45 @@ TEST(Generate, SpeculationIsBitIdenticalToPlainDecodingAtBatchOne) {
   EXPECT_GT(slow.requests[0].stats.drafted_tokens, 900);
 }
 
+// Adaptive draft length: drafts that keep failing shrink towards plain decoding (few drafted
+// tokens), drafts that always pass stay at k; tokens stay plain's. Per draft position, the
+// oracle's drafts are all accepted and the counts add up to the totals.
+TEST(Generate, AdaptiveDraftLengthFallsBackOnFailingDraftsAndKeepsPlainTokens) {
+  ModelRunner runner = make_runner({.num_spec_tokens = 4});
+  const std::vector<std::vector<TokenId>> prompts = {text("Once upon a time, in a paged cache,")};
+  GenerateOptions o;
+  o.max_tokens = 96;
+  const GenerateReport plain = generate(runner, prompts, nullptr, o);
+  o.num_spec_tokens = 4;
+  RandomDrafter fixed_random(runner.vocab_size(), 1);
+  const GenerateReport fixed = generate(runner, prompts, &fixed_random, o);
+  o.adaptive_draft = true;
+  RandomDrafter random(runner.vocab_size(), 1);
+  const GenerateReport adaptive = generate(runner, prompts, &random, o);
+  expect_same_tokens(plain, adaptive);
+  const RequestStats& a = adaptive.requests[0].stats;
+  EXPECT_GT(fixed.requests[0].stats.drafted_tokens, 300);
+  EXPECT_LT(a.drafted_tokens, 60);  // 4 + 2 + 1, then one try every 8 steps
+  EXPECT_GT(a.drafted_tokens, 5);
+  ASSERT_EQ(a.drafted_per_position.size(), 4u);
+  EXPECT_GE(a.drafted_per_position[0], a.drafted_per_position[3]);
+
+  OracleDrafter oracle(references(prompts, plain));
+  const GenerateReport fast = generate(runner, prompts, &oracle, o);
+  expect_same_tokens(plain, fast);
+  const RequestStats& s = fast.requests[0].stats;
+  EXPECT_EQ(s.decode_steps, 19);  // 95 tokens in steps of 1 + 4: the length stays at k
+  std::int64_t drafted = 0;
+  std::int64_t accepted = 0;
+  for (std::size_t p = 0; p < 4; ++p) {
+    EXPECT_EQ(s.accepted_per_position[p], s.drafted_per_position[p]) << "position " << p;
+    drafted += s.drafted_per_position[p];
+    accepted += s.accepted_per_position[p];
+  }
+  EXPECT_EQ(drafted, s.drafted_tokens);
+  EXPECT_EQ(accepted, s.accepted_tokens);
+}
+
 TEST(Generate, SpeculationIsBitIdenticalInAMixedBatchOfSixteen) {
   ModelRunner runner = make_runner({.num_spec_tokens = 3});
   const auto prompts = mixed_batch();

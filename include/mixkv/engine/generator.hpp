@@ -36,9 +36,12 @@ class RunnerModel final : public sched::Model {
 };
 
 struct GenerateOptions {
-  std::int64_t max_tokens = 32;     // generated tokens per request, at most
-  int num_spec_tokens = 0;          // k; 0 or no drafter: plain decoding
-  int max_batch = 16;               // requests running at once
+  std::int64_t max_tokens = 32;  // generated tokens per request, at most
+  int num_spec_tokens = 0;       // k; 0 or no drafter: plain decoding
+  int max_batch = 16;            // requests running at once
+  // SchedulerOptions::adaptive_draft. Off by default here: the engine's tests pin k drafts a step
+  // to exercise rejection and rollback; `mixkv generate` and `bench-generate` turn it on.
+  bool adaptive_draft = false;
   std::int64_t prefill_chunk = 32;  // prompt tokens one request computes per step
   bool prefix_caching = true;
   // Tokens that end a request (the tokenizer's end-of-generation ids); empty: every request

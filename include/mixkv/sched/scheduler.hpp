@@ -81,6 +81,10 @@ struct RequestStats {
   std::int64_t accepted_tokens = 0;
   std::int64_t decode_steps = 0;  // model steps that verified (or plainly decoded) a token
   std::int64_t preemptions = 0;
+  // Per draft position p (0 .. k-1): verify steps that drafted a token at p, and those in which
+  // it was accepted (vLLM's num_accepted_tokens_per_pos).
+  std::vector<std::int64_t> drafted_per_position;
+  std::vector<std::int64_t> accepted_per_position;
   double seconds = 0;                   // from the first admission to the last token
   double acceptance_rate() const;       // accepted / drafted (0 when nothing was drafted)
   double mean_accepted_length() const;  // tokens per decode step, the bonus token included
@@ -113,6 +117,9 @@ struct SchedulerOptions {
   // Drafts stop at a request's max_tokens (generate knows each request's length). The simulator
   // turns it off: a server does not know where a request will stop, so it drafts k every step.
   bool cap_drafts = true;
+  // Each request's draft length follows its recent acceptance (at most num_spec_tokens), so a
+  // request whose drafts keep failing falls back towards plain decoding. Off: k every step.
+  bool adaptive_draft = true;
   // Called for each finished request just before its blocks are freed (tests inspect the cache).
   std::function<void(const cache::KvCacheManager&, cache::RequestId, std::size_t request)>
       before_free;
@@ -178,6 +185,8 @@ class Scheduler {
     bool finished = false;
     std::int64_t admitted_at_ns = 0;
     std::vector<TokenId> step_input;  // decode: last token + drafts
+    int draft_len = 0;                // tokens to draft next step (adaptive: next_draft_length)
+    int plain_steps = 0;              // steps decoded plainly since draft_len fell to 0
     RequestStats stats;
   };
   cache::KvCacheManager& manager_;
