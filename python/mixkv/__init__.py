@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _core
 from ._core import CapacityError, Error, InternalError, InvalidInput, KvCacheManager
@@ -341,9 +341,10 @@ class Generator:
         for token in gen.stream("Once upon a time", max_tokens=16):
             ...
 
-    Each call runs :func:`generate` with these settings. ``stream`` yields the generated token
-    ids one by one; the engine computes a call's tokens in one run (greedy, batched) and the
-    iterator hands them out as they come from that run, not step by step.
+    ``generate`` runs :func:`generate` with these settings. ``stream`` yields each token id as
+    the engine commits it (one per step, or a step's accepted draft tokens one by one), from a
+    C++ thread; its tokens equal ``generate``'s (with a drafter, only the speculative run is
+    made).
     """
 
     def __init__(self, model: str, draft: Optional[str] = None, *,
@@ -366,14 +367,85 @@ class Generator:
                           seed=self.seed, memory=self.memory)
         return out
 
-    def stream(self, prompt: Union[str, Sequence[int]], max_tokens: int = 32) -> Iterator[int]:
-        """The generated token ids of one request, in order."""
-        yield from self.generate(prompt, max_tokens).tokens
+    def stream(self, prompt: Union[str, Sequence[int]], max_tokens: int = 32, *,
+               buffer: int = 64) -> "_TokenIterator":
+        """The generated token ids of one request, yielded as the engine commits them.
+
+        The request runs on a C++ thread (no GIL) as ``mixkv generate`` runs it (a GGUF model's
+        chat template and end-of-turn tokens; a tiny model's bytes); the engine runs at most one
+        step plus ``buffer`` unread tokens ahead of the reader. Errors (an unknown model, a
+        prompt too long for the cache) come from the first ``next()`` as :class:`Error`
+        subclasses. Breaking out of the loop, ``close()`` or dropping the iterator stops the
+        generation at its next step; ``with gen.stream(...) as it:`` closes it on exit. The
+        iterator's ``generated`` counts the tokens committed so far, ``finished`` says whether
+        the run has ended."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidInput("prompt (--prompt) is empty; give some text or token ids")
+            text, ids = _str("prompt", prompt, False), []
+        else:
+            if isinstance(prompt, bytes) or not hasattr(prompt, "__iter__"):
+                _fail("prompt", "a str or a sequence of ints", prompt)
+            text, ids = "", [_int("prompt_ids", t, False) for t in prompt]
+            if not ids:
+                raise InvalidInput("prompt_ids (--prompt-ids) is empty; give at least one token id")
+        if self.num_spec_tokens is not None and self.draft is None:
+            raise InvalidInput(
+                f"--num-spec-tokens {self.num_spec_tokens} needs a drafter: add --draft (oracle, "
+                "ngram, random, mtp, a tiny drafter or a checkpoint directory), or drop "
+                "--num-spec-tokens")
+        seed = _int("seed", self.seed, False)
+        if seed < 0:
+            raise InvalidInput(f"seed (--seed) {seed} is negative; give an int from 0 to 2^64 - 1")
+        spec = 3 if self.num_spec_tokens is None else self.num_spec_tokens
+        if not -(2**31) <= spec < 2**31:
+            raise InvalidInput(f"num_spec_tokens (--num-spec-tokens) {spec} is out of range")
+        model = _positional("model", self.model)
+        draft = "" if self.draft is None else _positional("draft", self.draft)
+        return _TokenIterator(_core.TokenStream(
+            model=model, draft=draft, num_spec_tokens=spec, prompt=text, prompt_ids=ids,
+            max_tokens=_int("max_tokens", max_tokens, False), seed=seed,
+            memory=_memory("memory", self.memory), buffer=_int("buffer", buffer, False)))
 
     __call__ = generate
 
     def __repr__(self) -> str:
         return f"Generator({self.model!r}, draft={self.draft!r})"
+
+
+class _TokenIterator:
+    """Generator.stream's iterator: the C++ stream, closed on exit from a ``with`` block."""
+
+    __slots__ = ("_stream",)
+
+    def __init__(self, stream: "_core.TokenStream") -> None:
+        self._stream = stream
+
+    def __iter__(self) -> "_TokenIterator":
+        return self
+
+    def __next__(self) -> int:
+        return self._stream.__next__()
+
+    def close(self) -> None:
+        """Stops the generation at its next step and waits for its thread."""
+        self._stream.close()
+
+    @property
+    def generated(self) -> int:
+        """Tokens the engine has committed so far (read or not)."""
+        return self._stream.generated
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run has ended (done, failed or closed)."""
+        return self._stream.finished
+
+    def __enter__(self) -> "_TokenIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def models() -> List[Dict[str, Any]]:

@@ -12,29 +12,40 @@
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <exception>
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.hpp"
 #include "mixkv/attn/attention_groups.hpp"
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/core/error.hpp"
+#include "mixkv/engine/generator.hpp"
+#include "mixkv/engine/tiny_models.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
 #include "mixkv/layout/geometry.hpp"
 #include "mixkv/layout/geometry_json.hpp"
 #include "mixkv/model/describe.hpp"
 #include "mixkv/model/model_json.hpp"
+#include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/plan/plan.hpp"
 #include "mixkv/plan/plan_json.hpp"
+#include "mixkv/spec/oracle.hpp"
+#include "mixkv/tokenizer/chat_template.hpp"
 #include "mixkv/weights/gguf_model.hpp"
 #include "model_options.hpp"
+#include "runner_setup.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -377,6 +388,148 @@ const PlanHandle& plan_handle_of(nb::handle plan) {
   if (!nb::isinstance<PlanHandle>(h)) bad_argument("plan", "a mixkv.Plan", plan);
   return nb::cast<const PlanHandle&>(h);
 }
+
+// ---- Streaming generation ----------------------------------------------------------------------
+// One request generated on its own C++ thread, which never touches Python: the engine's per-step
+// callback (GenerateOptions::on_tokens) appends the step's tokens to a queue that the Python
+// iterator pops with the GIL released while it waits. The callback then waits while more than
+// `buffer` tokens are unread, so the engine runs at most one step plus `buffer` tokens ahead of
+// the reader (bounded memory, and a reader can see that tokens come before the run ends). Closing
+// the stream (close(), or the object's destruction) makes the next callback throw Cancelled,
+// which unwinds the engine; the thread is joined.
+struct StreamArgs {
+  std::string model;
+  std::string draft;  // empty: plain decoding
+  int num_spec_tokens = 3;
+  std::string prompt;  // used when prompt_ids is empty
+  std::vector<engine::TokenId> prompt_ids;
+  std::int64_t max_tokens = 32;
+  std::uint64_t seed = 0;
+  std::string memory = "64MiB";
+  std::size_t buffer = 64;
+};
+
+class TokenStream {
+ public:
+  explicit TokenStream(StreamArgs args) : state_(std::make_shared<State>()) {
+    state_->buffer = args.buffer;
+    worker_ = std::thread([state = state_, args = std::move(args)] { run(*state, args); });
+  }
+  TokenStream(const TokenStream&) = delete;
+  TokenStream& operator=(const TokenStream&) = delete;
+  ~TokenStream() { close(); }
+
+  // The next token, or nullopt once the run ended; the engine's error, rethrown here once.
+  std::optional<engine::TokenId> next() {
+    std::unique_lock lock(state_->mutex);
+    state_->changed.wait(lock, [&] { return !state_->queue.empty() || state_->finished; });
+    if (!state_->queue.empty()) {
+      const engine::TokenId t = state_->queue.front();
+      state_->queue.pop_front();
+      state_->changed.notify_all();
+      return t;
+    }
+    if (state_->error) std::rethrow_exception(std::exchange(state_->error, nullptr));
+    return std::nullopt;
+  }
+
+  // Stops the run (at its next step) and waits for its thread; unread tokens are dropped.
+  void close() {
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->cancelled = true;
+      state_->queue.clear();
+    }
+    state_->changed.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  std::int64_t generated() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->generated;
+  }
+  bool finished() const {
+    std::lock_guard lock(state_->mutex);
+    return state_->finished;
+  }
+
+ private:
+  struct Cancelled {};  // not an Error: nothing catches it on the way out of the engine
+  struct State {
+    mutable std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<engine::TokenId> queue;
+    std::size_t buffer = 0;
+    std::int64_t generated = 0;  // tokens the engine committed so far
+    bool cancelled = false;
+    bool finished = false;
+    std::exception_ptr error;
+  };
+
+  // Turns MODEL, --draft and the prompt into a runner and a request as `mixkv generate` does
+  // (src/cli/generate_command.cpp: a GGUF model's chat template and stop tokens, a tiny model's
+  // bytes), so the tokens equal the CLI's; with a drafter, only the speculative run is made.
+  static void run(State& st, const StreamArgs& a) {
+    try {
+      cli::RunnerSetup setup =
+          cli::prepare_runner(a.model, a.draft, a.draft.empty() ? 0 : a.num_spec_tokens,
+                              plan::parse_memory_size(a.memory));
+      runner::ModelRunner runner = setup.make_runner();
+      const bool gguf = setup.gguf != nullptr;
+      std::vector<std::vector<engine::TokenId>> prompts(1);
+      if (!a.prompt_ids.empty()) {
+        prompts[0] = a.prompt_ids;
+      } else if (gguf) {
+        const tokenizer::ChatTemplate& chat =
+            tokenizer::chat_template_for(*setup.gguf, std::nullopt);
+        const std::vector<tokenizer::ChatMessage> messages{{"user", a.prompt}};
+        prompts[0] = setup.tokenizer->encode(chat.render(messages, true),
+                                             {.add_special = true, .parse_special = true});
+      } else {
+        prompts[0] = engine::encode_bytes(a.prompt);
+      }
+      engine::GenerateOptions go;
+      go.max_tokens = a.max_tokens;
+      go.sampling.seed = a.seed;
+      go.max_batch = 1;
+      if (gguf) go.stop_tokens = cli::end_of_generation_ids(*setup.tokenizer);
+      std::unique_ptr<spec::Drafter> drafter;
+      if (a.draft == "oracle") {
+        // The oracle proposes the plain continuation, so the plain run comes first, unstreamed.
+        const engine::GenerateReport plain = engine::generate(runner, prompts, nullptr, go);
+        std::vector<std::vector<engine::TokenId>> refs{prompts[0]};
+        refs[0].insert(refs[0].end(), plain.requests[0].tokens.begin(),
+                       plain.requests[0].tokens.end());
+        drafter = std::make_unique<spec::OracleDrafter>(std::move(refs));
+      } else {
+        drafter = cli::make_drafter(a.draft, runner, a.seed);
+      }
+      if (drafter) go.num_spec_tokens = a.num_spec_tokens;
+      go.on_tokens = [&st](std::size_t, std::span<const engine::TokenId> ids) {
+        std::unique_lock lock(st.mutex);
+        if (st.cancelled) throw Cancelled{};
+        st.queue.insert(st.queue.end(), ids.begin(), ids.end());
+        st.generated += static_cast<std::int64_t>(ids.size());
+        st.changed.notify_all();
+        st.changed.wait(lock, [&] { return st.cancelled || st.queue.size() <= st.buffer; });
+        if (st.cancelled) throw Cancelled{};
+      };
+      engine::generate(runner, prompts, drafter.get(), go);
+    } catch (const Cancelled&) {
+    } catch (...) {
+      std::lock_guard lock(st.mutex);
+      st.error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(st.mutex);
+      st.finished = true;
+    }
+    st.changed.notify_all();
+  }
+
+  std::shared_ptr<State> state_;
+  std::thread worker_;
+};
 
 // ---- The CLI in process ------------------------------------------------------------------------
 std::tuple<int, std::string, std::string> run_cli(const std::vector<std::string>& args) {
@@ -743,6 +896,60 @@ NB_MODULE(_core, m) {
       .def_prop_ro(
           "usage", [](py::Manager& self) { return self.get().pool().usage(); },
           "Share of the usable blocks that are referenced, in [0, 1].");
+
+  // ---- Streaming generation ----
+  nb::class_<py::TokenStream>(m, "TokenStream",
+                              "One request generated on a C++ thread; iterate for its tokens "
+                              "as the engine commits them (mixkv.Generator.stream).")
+      .def(
+          "__init__",
+          [](py::TokenStream* self, std::string model, std::string draft, int num_spec_tokens,
+             std::string prompt, std::vector<std::int64_t> prompt_ids, std::int64_t max_tokens,
+             std::uint64_t seed, std::string memory, std::int64_t buffer) {
+            if (buffer < 0 || buffer > (std::int64_t{1} << 20)) {
+              mixkv::throw_invalid("buffer " + std::to_string(buffer) +
+                                   " is out of range; give an int from 0 to 2^20");
+            }
+            py::StreamArgs a;
+            a.model = std::move(model);
+            a.draft = std::move(draft);
+            a.num_spec_tokens = num_spec_tokens;
+            a.prompt = std::move(prompt);
+            for (const std::int64_t t : prompt_ids) {
+              if (t < 0 || t > std::numeric_limits<mixkv::engine::TokenId>::max()) {
+                mixkv::throw_invalid("prompt_ids (--prompt-ids) holds " + std::to_string(t) +
+                                     ", which is no token id");
+              }
+              a.prompt_ids.push_back(static_cast<mixkv::engine::TokenId>(t));
+            }
+            a.max_tokens = max_tokens;
+            a.seed = seed;
+            a.memory = std::move(memory);
+            a.buffer = static_cast<std::size_t>(buffer);
+            new (self) py::TokenStream(std::move(a));
+          },
+          "model"_a, "draft"_a, "num_spec_tokens"_a, "prompt"_a, "prompt_ids"_a, "max_tokens"_a,
+          "seed"_a, "memory"_a, "buffer"_a)
+      .def("__iter__", [](nb::handle self) { return self; })
+      .def(
+          "__next__",
+          [](py::TokenStream& self) {
+            std::optional<mixkv::engine::TokenId> t;
+            {
+              nb::gil_scoped_release release;
+              t = self.next();
+            }
+            if (!t) throw nb::stop_iteration();
+            return *t;
+          },
+          "The next token id (the GIL is released while it waits); the engine's error as a "
+          "mixkv.Error subclass.")
+      .def("close", &py::TokenStream::close, nb::call_guard<nb::gil_scoped_release>(),
+           "Stops the generation at its next step and waits for its thread.")
+      .def_prop_ro("generated", &py::TokenStream::generated,
+                   "Tokens the engine has committed so far (read or not).")
+      .def_prop_ro("finished", &py::TokenStream::finished,
+                   "Whether the generation has ended (done, failed or closed).");
 
   // ---- The CLI ----
   m.def("run_cli", &py::run_cli, "args"_a, nb::call_guard<nb::gil_scoped_release>(),
