@@ -1,0 +1,46 @@
+// `mixkv bench-generate`: plain and speculative tokens/s over the built-in prompt set, greedy
+// tokens checked against plain, and its options' errors.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_support.hpp"
+
+namespace mixkv::cli {
+namespace {
+
+using testing::run_cli;
+
+TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCounts) {
+  auto r = run_cli("bench-generate", {"tiny-swa", "--draft", "ngram,oracle", "--max-tokens", "8",
+                                      "--runs", "1", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("categories")) << r.out;
+  ASSERT_EQ(j["categories"].size(), 2u);  // copy and novel prompts
+  for (const auto& c : j["categories"]) {
+    EXPECT_GT(c["plain_tokens_per_second"].get<double>(), 0) << c;
+    for (const char* d : {"ngram", "oracle"}) {
+      ASSERT_TRUE(c.contains(d)) << c;
+      const auto& s = c[d];
+      EXPECT_GT(s["tokens_per_second"].get<double>(), 0);
+      EXPECT_GE(s["acceptance_rate"].get<double>(), 0);
+      EXPECT_LE(s["acceptance_rate"].get<double>(), 1);
+      const auto drafted = s["drafted_per_position"].get<std::vector<std::int64_t>>();
+      const auto accepted = s["accepted_per_position"].get<std::vector<std::int64_t>>();
+      ASSERT_EQ(drafted.size(), accepted.size());
+      for (std::size_t p = 0; p < drafted.size(); ++p) EXPECT_LE(accepted[p], drafted[p]);
+    }
+    // The oracle proposes plain's own continuation: it is accepted.
+    EXPECT_GT(c["oracle"]["acceptance_rate"].get<double>(), 0.9) << c;
+  }
+}
+
+TEST(BenchGenerateCommand, AnUnknownDrafterIsAUsageError) {
+  const auto r = run_cli("bench-generate", {"tiny-swa", "--draft", "bogus", "--max-tokens", "4"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace mixkv::cli
