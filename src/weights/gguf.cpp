@@ -1,5 +1,6 @@
 #include "mixkv/weights/gguf.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -288,8 +289,10 @@ std::size_t GgufValue::array_size() const {
 }
 
 std::int64_t GgufTensor::numel() const {
+  // The parser checked that the product of the non-zero dimensions fits.
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   std::int64_t n = 1;
-  for (auto d : shape) n *= d;  // checked when the file was parsed
+  for (auto d : shape) n *= d;
   return n;
 }
 
@@ -431,9 +434,10 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string origin) {
         checked_mul(row / info->block_elements, info->block_bytes, what + " size");
     std::int64_t nbytes = bytes_per_row;
     for (std::size_t d = 1; d < ne.size(); ++d) nbytes = checked_mul(nbytes, ne[d], what + " size");
-    checked_product(
-        {row, ne.size() > 1 ? ne[1] : 1, ne.size() > 2 ? ne[2] : 1, ne.size() > 3 ? ne[3] : 1},
-        what + " element count");
+    // The product of the non-zero dimensions must fit: then every partial product in any order
+    // fits too (numel(), a reader's row counts), a zero dimension making the count 0.
+    const auto nonzero = [&](std::size_t d) { return d < ne.size() && ne[d] != 0 ? ne[d] : 1; };
+    checked_product({nonzero(0), nonzero(1), nonzero(2), nonzero(3)}, what + " element count");
     if (t.offset % f.alignment_ != 0) {
       throw_invalid(fmt::format("{}: {} data offset {} is not a multiple of the alignment {}", o,
                                 what, t.offset, f.alignment_));

@@ -253,6 +253,15 @@ TEST(Gguf, BadValuesAndTensorInfosNameTheField) {
   GgufBuilder huge;
   huge.tensor("w", {std::uint64_t{1} << 40, std::uint64_t{1} << 40}, 0, {});
   expect_error([&] { parse(huge.build()); }, ErrorCode::kInvalidInput, {"'w'"});
+  // A zero dimension makes the size 0, but the others' product must still fit (the libFuzzer
+  // target found the element count overflowing through such a tensor).
+  GgufBuilder zero_huge;
+  zero_huge.tensor("w", {0, std::uint64_t{1} << 40, std::uint64_t{1} << 40}, 0, {});
+  expect_error([&] { parse(zero_huge.build()); }, ErrorCode::kInvalidInput,
+               {"'w'", "element count"});
+  GgufBuilder zero;
+  zero.tensor("w", {0, 4}, 0, {});
+  EXPECT_EQ(parse(zero.build()).tensor("w").numel(), 0);
   GgufBuilder twice;
   twice.tensor("w", {1}, 0, floats({1}));
   twice.tensor("w", {1}, 0, floats({2}));
