@@ -255,6 +255,9 @@ struct Server::Impl {
     so.num_spec_tokens = k;
     so.max_batch = opt.max_num_seqs;
     so.prefill_chunk = opt.prefill_chunk;
+    // Each request's draft length follows its acceptance, as in `generate`: a request whose drafts
+    // keep failing decodes plainly instead of paying for verify rows.
+    so.adaptive_draft = true;
     scheduler = std::make_unique<sched::Scheduler>(*manager, model.runner->plan(), so);
     seen = {};
   }
