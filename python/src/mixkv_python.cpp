@@ -180,20 +180,6 @@ model::ModelSource load_source(std::string_view ref) {
   return weights::load_model_source(ref);
 }
 
-// "auto" (or empty) -> nullopt; otherwise a dtype. The same check and message as the CLI's
-// --kv-dtype (src/cli/model_options.cpp), which keeps it private to the CLI.
-std::optional<DType> dtype_option(std::string_view option, const std::string& text) {
-  if (text.empty() || text == "auto") return std::nullopt;
-  auto dtype = parse_dtype(text);
-  if (!dtype) {
-    std::string names;
-    for (const auto& n : dtype_names()) names += (names.empty() ? "" : ", ") + std::string(n);
-    throw_invalid("" + std::string(option) + " '" + text + "' is not a dtype; use auto or one of " +
-                  names);
-  }
-  return dtype;
-}
-
 struct DescribeArgs {
   ModelRef model;
   std::optional<ModelRef> draft;
@@ -219,15 +205,14 @@ model::ModelDesc describe_impl(const DescribeArgs& a) {
   std::optional<std::string> draft;
   if (a.draft) draft = name_of(*a.draft, "draft");
   if (target.empty()) throw_invalid("model is empty; give a built-in name, a path or a dict");
-  model::DescribeOptions options;
-  options.tp = a.tp;
-  options.num_spec_tokens = a.num_spec_tokens;
-  options.kv_dtype = dtype_option("--kv-dtype", a.kv_dtype);
-  options.draft_kv_dtype = dtype_option("--draft-kv-dtype", a.draft_kv_dtype);
-  options.ssm_dtype = dtype_option("--ssm-dtype", a.ssm_dtype);
-  for (const auto& text : a.layer_kv_dtype) {
-    options.layer_kv_dtypes.push_back(model::parse_layer_dtype_override(text));
-  }
+  cli::ModelArgs cli_args;
+  cli_args.tp = a.tp;
+  cli_args.num_spec_tokens = a.num_spec_tokens;
+  cli_args.kv_dtype = a.kv_dtype;
+  cli_args.draft_kv_dtype = a.draft_kv_dtype;
+  cli_args.ssm_dtype = a.ssm_dtype;
+  cli_args.layer_kv_dtypes = a.layer_kv_dtype;
+  const model::DescribeOptions options = cli::describe_options_from_args(cli_args);
   t_documents = &documents;
   struct Reset {
     ~Reset() { t_documents = nullptr; }

@@ -50,7 +50,7 @@ void add_model_options(CLI::App& cmd, ModelArgs& args) {
       ->capture_default_str();
 }
 
-model::ModelDesc describe_from_args(const ModelArgs& args) {
+model::DescribeOptions describe_options_from_args(const ModelArgs& args) {
   model::DescribeOptions options;
   options.tp = args.tp;
   options.num_spec_tokens = args.num_spec_tokens;
@@ -60,6 +60,11 @@ model::ModelDesc describe_from_args(const ModelArgs& args) {
   for (const auto& text : args.layer_kv_dtypes) {
     options.layer_kv_dtypes.push_back(model::parse_layer_dtype_override(text));
   }
+  return options;
+}
+
+model::ModelDesc describe_from_args(const ModelArgs& args) {
+  const model::DescribeOptions options = describe_options_from_args(args);
   std::optional<std::string_view> draft;
   if (!args.draft.empty()) draft = args.draft;
   return weights::describe_refs(args.model, draft, options);  // GGUF files too

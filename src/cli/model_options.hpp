@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "mixkv/model/describe.hpp"
 #include "mixkv/model/model.hpp"
 #include "mixkv/plan/plan.hpp"
 
@@ -26,6 +27,9 @@ struct ModelArgs {
 };
 
 void add_model_options(CLI::App& cmd, ModelArgs& args);
+// The describe options of `args` (tp, speculative tokens, dtypes checked and parsed); the
+// Python binding uses it too, so both refuse a bad dtype with the same message.
+model::DescribeOptions describe_options_from_args(const ModelArgs& args);
 model::ModelDesc describe_from_args(const ModelArgs& args);
 
 // Plan options as `plan` reads them (memory, backend, block size, lengths, policy).
