@@ -100,6 +100,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt", default="The history of the city of Paris begins")
     ap.add_argument("--max-num-seqs", default="32")
+    ap.add_argument("--threads", help="mixkv serve --threads (default: its own)")
     args = ap.parse_args()
     proc, model = None, None
     if args.url:
@@ -110,6 +111,8 @@ def main():
                "--max-queue", "256"]
         if args.draft:
             cmd += ["--draft", args.draft, "--num-spec-tokens", args.num_spec_tokens]
+        if args.threads:
+            cmd += ["--threads", args.threads]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         host, port = "127.0.0.1", None
         for line in proc.stdout:

@@ -16,6 +16,7 @@
 #include "mixkv/server/server.hpp"
 #include "mixkv/tokenizer/byte_tokenizer.hpp"
 #include "mixkv/tokenizer/chat_template.hpp"
+#include "mixkv/weights/gguf_model.hpp"
 #include "runner_setup.hpp"
 
 namespace mixkv::cli {
@@ -25,6 +26,8 @@ Action add_serve_command(CLI::App& app) {
     std::string model, draft;
     int num_spec_tokens = 3;
     std::string memory = "64MiB";
+    std::string gpu;
+    double gpu_memory_utilization = 0.9;
     std::uint64_t seed = 0;
     std::string chat_template;
     std::int64_t max_model_len = 0;
@@ -35,9 +38,12 @@ Action add_serve_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("serve", "Serve MODEL over an OpenAI-compatible HTTP API");
   cmd->footer(
       "Endpoints: POST /v1/completions, /v1/chat/completions, /tokenize, /detokenize; GET "
-      "/v1/models, /health, /metrics, /openapi.json. Greedy decoding: temperature, top_p, top_k "
-      "and seed are checked but not applied yet. SIGINT or SIGTERM drains and exits 0. "
-      "docs/server.md.");
+      "/v1/models, /health, /metrics, /openapi.json. Requests without temperature decode "
+      "greedily; temperature, top_p, top_k and seed are applied (with a drafter, speculative "
+      "sampling keeps the target's distribution). The KV cache gets --memory bytes, or, as "
+      "`plan --gpu` budgets it, the GPU's memory times --gpu-memory-utilization minus the "
+      "estimated weights (host memory holds it: at most 16 GiB). SIGINT or SIGTERM drains and "
+      "exits 0. docs/server.md.");
   cmd->add_option("MODEL", args->model, "Target model (as for generate)")->required();
   cmd->add_option("--draft", args->draft,
                   "Drafter (as for generate, except oracle): ngram, random, mtp, tiny-eagle, "
@@ -60,7 +66,17 @@ Action add_serve_command(CLI::App& app) {
                   "Prompt tokens one request computes per step")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 64MiB)")->capture_default_str();
+  CLI::Option* memory =
+      cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 64MiB)")->capture_default_str();
+  CLI::Option* gpu = cmd->add_option("--gpu", args->gpu,
+                                     "Budget the KV cache as plan does for this GPU: "
+                                     "h100|h200|b200|b300 (memory minus estimated weights)")
+                         ->excludes(memory);
+  cmd->add_option("--gpu-memory-utilization", args->gpu_memory_utilization,
+                  "With --gpu: share of the GPU's memory the cache and weights may use")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0))
+      ->needs(gpu);
   cmd->add_option("--api-key", args->serve.api_key,
                   "Ask for 'Authorization: Bearer KEY' on /v1/*, /tokenize and /detokenize");
   cmd->add_option("--served-model-name", args->serve.served_model_name,
@@ -92,6 +108,23 @@ Action add_serve_command(CLI::App& app) {
           "--draft oracle replays known outputs, which a server does not have; use ngram, a "
           "drafter model or mtp");
     }
+    // The budget is checked before the server listens: a bad one is the user's input.
+    std::int64_t memory_bytes = 0;
+    std::string memory_note;
+    if (args->gpu.empty()) {
+      memory_bytes = plan::parse_memory_size(args->memory);
+    } else {
+      const engine::TinyModel* tiny = engine::find_tiny_model(args->model);
+      const model::ModelDesc desc =
+          tiny != nullptr ? model::describe(engine::tiny_model_source(*tiny), std::nullopt, {})
+                          : weights::describe_refs(args->model, std::nullopt, {});
+      const plan::MemoryBudget budget =
+          plan::budget_for_gpu(plan::find_gpu(args->gpu), args->gpu_memory_utilization, desc);
+      plan::check_host_cache_bytes(budget.kv_bytes, fmt::format("--gpu {}'s KV budget", args->gpu),
+                                   "--gpu-memory-utilization, or --memory");
+      memory_note = "KV memory: " + budget.explanation + "\n";
+      memory_bytes = budget.kv_bytes;
+    }
     // SIGINT and SIGTERM go to sigwait() below, not to a handler: every thread the server
     // starts inherits this mask.
     sigset_t signals;
@@ -109,9 +142,8 @@ Action add_serve_command(CLI::App& app) {
         << std::flush;
 
     const int k = args->draft.empty() ? 0 : args->num_spec_tokens;
-    RunnerSetup setup =
-        prepare_runner(args->model, args->draft, k, plan::parse_memory_size(args->memory),
-                       args->max_model_len, args->threads);
+    RunnerSetup setup = prepare_runner(args->model, args->draft, k, memory_bytes,
+                                       args->max_model_len, args->threads);
     runner::ModelRunner runner = setup.make_runner();
     std::unique_ptr<spec::Drafter> drafter = make_drafter(args->draft, runner, args->seed);
     // The vocabulary: a GGUF's own (with its chat template and end-of-turn ids), the tiny
@@ -150,7 +182,7 @@ Action add_serve_command(CLI::App& app) {
                        plan.pools.empty() ? 0 : plan.pools.front().num_blocks,
                        plan.memory_bytes >> 20, plan.max_model_len,
                        drafter ? fmt::format(", drafter {} (k = {})", drafter->name(), k) : "")
-        << fmt::format("serving {} at http://{}:{} (SIGINT/SIGTERM to stop)\n",
+        << memory_note << fmt::format("serving {} at http://{}:{} (SIGINT/SIGTERM to stop)\n",
                        so.served_model_name, so.host, srv.port())
         << std::flush;
 

@@ -109,5 +109,17 @@ TEST(BadInputCommand, SizesThatCannotBeAllocatedAreRefusedWithTheBytes) {
                    {"1864135111 blocks needs 63947290880 bytes of host metadata"});
 }
 
+// serve's --gpu budget is checked before the server listens: a budget the host cannot hold, a
+// share without a GPU and a GPU beside --memory are the user's input.
+TEST(BadInputCommand, ServeGpuBudgetsAreCheckedBeforeListening) {
+  expect_bad_input({"serve", "tiny-swa", "--gpu", "h100"},
+                   {"--gpu h100's KV budget", "16 GiB", "--gpu-memory-utilization, or --memory"});
+  expect_bad_input({"serve", "tiny-swa", "--gpu-memory-utilization", "0.5"},
+                   {"--gpu-memory-utilization", "--gpu"});
+  expect_bad_input({"serve", "tiny-swa", "--gpu", "h100", "--memory", "64MiB"},
+                   {"--gpu", "--memory"});
+  expect_bad_input({"serve", "tiny-swa", "--gpu", "a100"}, {"a100", "h100"});
+}
+
 }  // namespace
 }  // namespace mixkv::cli
