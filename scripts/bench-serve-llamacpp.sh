@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Serving figures side by side from one sitting (issue 16's closing note): `mixkv serve` without
 # and with a drafter, and llama.cpp's own server (PyPI's llama-cpp-python, `python -m
-# llama_cpp.server`) on the same GGUF and the same number of threads. Each server in turn runs
-# alone on the machine; scripts/bench_serve.py drives it at 1, 8 and 32 streaming clients and
-# prints one JSON line per client count (tokens/s, TTFT and inter-token latency p50/p99).
+# llama_cpp.server`, which runs one request at a time: --interrupt_requests False queues the
+# others instead of cutting their streams) on the same GGUF and the same number of threads. Each
+# server in turn runs alone on the machine; scripts/bench_serve.py drives it at 1, 8 and 32
+# streaming clients and prints one JSON line per client count (tokens/s, TTFT and inter-token
+# latency p50/p99, failed requests).
 # Not part of CI.
 #
 # Usage: scripts/bench-serve-llamacpp.sh [BUILD_DIR]   (default: build)
@@ -52,7 +54,8 @@ bench "$build/mixkv" smollm2-135m --threads "$threads" --draft "$draft" | sed "s
 port=$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 echo "# llama.cpp server (llama-cpp-python $version) on $gguf, --n_threads $threads"
 "$venv/bin/python" -m llama_cpp.server --model "$gguf" --n_threads "$threads" \
-  --n_threads_batch "$threads" --n_ctx 2048 --host 127.0.0.1 --port "$port" >/dev/null 2>&1 &
+  --n_threads_batch "$threads" --n_ctx 2048 --interrupt_requests False --host 127.0.0.1 \
+  --port "$port" >/dev/null 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true; [ -n "${LLAMA_CPP_VENV:-}" ] || rm -rf "$venv"' EXIT
 for _ in $(seq 600); do

@@ -62,13 +62,18 @@ def stream_once(host, port, prompt, max_tokens, model):
 
 
 def run_level(host, port, clients, seconds, prompt, max_tokens, model):
-    ttft, itl, tokens = [], [], [0]
+    ttft, itl, tokens, errors = [], [], [0], [0]
     lock = threading.Lock()
     stop_at = time.perf_counter() + seconds
 
     def client():
         while time.perf_counter() < stop_at:
-            t0, times = stream_once(host, port, prompt, max_tokens, model)
+            try:
+                t0, times = stream_once(host, port, prompt, max_tokens, model)
+            except (OSError, RuntimeError, http.client.HTTPException, ValueError):
+                with lock:  # a stream cut short or refused: counted, not timed
+                    errors[0] += 1
+                continue
             with lock:
                 if times:
                     ttft.append(times[0] - t0)
@@ -83,6 +88,7 @@ def run_level(host, port, clients, seconds, prompt, max_tokens, model):
         t.join()
     wall = time.perf_counter() - start
     return {"clients": clients, "tokens_per_s": round(tokens[0] / wall, 1), "requests": len(ttft),
+            "failed_requests": errors[0],
             "ttft_p50_ms": round(1e3 * pct(ttft, 50), 1), "ttft_p99_ms": round(1e3 * pct(ttft, 99), 1),
             "itl_p50_ms": round(1e3 * pct(itl, 50), 2), "itl_p99_ms": round(1e3 * pct(itl, 99), 2),
             "itl_mean_ms": round(1e3 * statistics.mean(itl), 2) if itl else 0}
