@@ -7,6 +7,7 @@
 // never serve a wrong token and leave both pools idle.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -308,9 +309,13 @@ TEST(PdFaults, ASlowPrefillServerPastTheTimeoutIsRecomputedOrFails) {
 
 // --- processes: a prefill or decode server in another process, killed mid-transfer ---
 
-// The other process: this program again, running one server (MIXKV_PD_CHILD=ROLE[@PEER]:FD):
-// "prefill" writes its HTTP and KV ports to FD and serves until killed; "decode-die@PEER"
-// serves as a decode server that kills itself once the offer of its first pull arrived.
+// The other process: this program again, running one server (MIXKV_PD_CHILD=ROLE[@WHERE]:FD):
+// "prefill[@HOST]" serves on HOST (default loopback), writes its HTTP and KV ports to FD and
+// serves until killed; "decode-die@PEER" serves as a decode server that kills itself once the
+// offer of its first pull arrived; "decode-client@PEER" serves as a decode server, completes
+// kClientPrompt itself and writes the token ids and the bytes it pulled to FD.
+constexpr int kClientPrompt = 70;
+
 TEST(PdChild, Run) {
   const char* env = std::getenv("MIXKV_PD_CHILD");
   if (env == nullptr) GTEST_SKIP() << "runs only as the other process of the PdProcess tests";
@@ -318,17 +323,33 @@ TEST(PdChild, Run) {
   const int fd = std::stoi(spec.substr(spec.rfind(':') + 1));
   spec = spec.substr(0, spec.rfind(':'));
   const std::string role = spec.substr(0, spec.find('@'));
+  const std::string where =
+      spec.find('@') == std::string::npos ? "" : spec.substr(spec.find('@') + 1);
   Instance inst("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  ServeOptions o = role == "prefill"
-                       ? serve_options(KvRole::kPrefill)
-                       : serve_options(KvRole::kDecode, spec.substr(spec.find('@') + 1));
+  ServeOptions o =
+      role == "prefill" ? serve_options(KvRole::kPrefill) : serve_options(KvRole::kDecode, where);
+  if (role == "prefill" && !where.empty()) o.host = o.kv.host = where;
   if (role == "decode-die") o.kv.agent.after_offer = [] { ::kill(::getpid(), SIGKILL); };
   Server s(o);
   s.start();
   s.attach(inst.served());
-  const std::string ports = fmt::format("{} {}\n", s.port(), s.kv_port());
-  if (::write(fd, ports.data(), ports.size()) < 0) std::_Exit(3);
+  std::string line = fmt::format("{} {}\n", s.port(), s.kv_port());
+  if (role == "decode-client") {
+    const TokenList out = ids(complete(s.port(), long_prompt(kClientPrompt), 6));
+    line = fmt::format("{} {}\n", fmt::join(out, ","), metric(s, "mixkv:kv_transfer_bytes_total"));
+  }
+  if (::write(fd, line.data(), line.size()) < 0) std::_Exit(3);
+  if (role == "decode-client") {
+    s.shutdown();
+    std::_Exit(0);
+  }
   for (;;) std::this_thread::sleep_for(1s);
+}
+
+std::string self_path() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
 }
 
 struct Child {
@@ -341,38 +362,48 @@ struct Child {
     }
     if (from_child >= 0) ::close(from_child);
   }
-  void spawn(const std::string& role) {
+  // This test program again as `role`, inside network namespace `netns` if given.
+  void spawn(const std::string& role, const std::string& netns = "") {
+    const std::string exe = self_path();
     int fds[2];
     ASSERT_EQ(::pipe(fds), 0);
     pid = ::fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::close(fds[0]);
-      const std::string env = fmt::format("MIXKV_PD_CHILD={}:{}", role, fds[1]);
-      char* const argv[] = {const_cast<char*>("/proc/self/exe"),
-                            const_cast<char*>("--gtest_filter=PdChild.Run"), nullptr};
-      char* const envp[] = {const_cast<char*>(env.c_str()), nullptr};
-      ::execve("/proc/self/exe", argv, envp);
+      ::setenv("MIXKV_PD_CHILD", (role + ":" + std::to_string(fds[1])).c_str(), 1);
+      if (netns.empty()) {
+        ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=PdChild.Run",
+                static_cast<char*>(nullptr));
+      } else {
+        ::execlp("ip", "ip", "netns", "exec", netns.c_str(), exe.c_str(),
+                 "--gtest_filter=PdChild.Run", static_cast<char*>(nullptr));
+      }
       std::_Exit(127);
     }
     ::close(fds[1]);
     from_child = fds[0];
   }
-  // "HTTP KV" ports once the child serves (empty after the timeout).
-  std::pair<int, int> ports(std::chrono::seconds timeout = 30s) {
-    std::string line;
+  // The child's line (empty after the timeout).
+  std::string line(std::chrono::seconds timeout = 30s) {
+    std::string text;
     const auto until = std::chrono::steady_clock::now() + timeout;
     ::fcntl(from_child, F_SETFL, O_NONBLOCK);
-    while (std::chrono::steady_clock::now() < until && line.find('\n') == std::string::npos) {
-      char buf[64];
+    while (std::chrono::steady_clock::now() < until && text.find('\n') == std::string::npos) {
+      char buf[256];
       const ssize_t n = ::read(from_child, buf, sizeof buf);
-      if (n > 0)
-        line.append(buf, static_cast<std::size_t>(n));
-      else
+      if (n > 0) {
+        text.append(buf, static_cast<std::size_t>(n));
+      } else {
         std::this_thread::sleep_for(5ms);
+      }
     }
+    return text.substr(0, text.find('\n'));
+  }
+  // The HTTP and KV ports a serving child wrote ({0, 0} after the timeout).
+  std::pair<int, int> ports() {
     int http = 0, kv = 0;
-    if (std::sscanf(line.c_str(), "%d %d", &http, &kv) != 2) return {0, 0};
+    if (std::sscanf(line().c_str(), "%d %d", &http, &kv) != 2) return {0, 0};
     return {http, kv};
   }
   int wait_exit() {
@@ -389,7 +420,7 @@ TEST(PdProcess, PrefillKilledMidTransferIsRecomputed) {
   const auto [http, kv] = child.ports();
   ASSERT_GT(kv, 0) << "the prefill process did not start";
   Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  const TokenList prompt = long_prompt(70);
+  const TokenList prompt = long_prompt(kClientPrompt);
   const TokenList expected = ds.generate({prompt}, 6)[0];
   ServeOptions o = serve_options(KvRole::kDecode, "127.0.0.1:" + std::to_string(kv));
   o.kv.agent.after_offer = [&] {
@@ -427,8 +458,61 @@ TEST(PdProcess, DecodeKilledMidTransferFreesThePrefillBlocks) {
     EXPECT_FALSE(res) << "the decode process answered before dying";
   }
   EXPECT_EQ(child.wait_exit(), 128 + SIGKILL);  // by its own hand, once the offer came
-  EXPECT_EQ(metric(prefill, "mixkv:prompt_tokens_total"), 69);  // it prefilled and offered
+  EXPECT_EQ(metric(prefill, "mixkv:prompt_tokens_total"),
+            kClientPrompt - 1);  // it prefilled and offered
   EXPECT_TRUE(idle(prefill, 8s)) << prefill.metrics_text();
+}
+
+// Two hosts: two network namespaces joined by a veth pair, made here and removed after; the
+// prefill server in one, the decode server (and its client) in the other, UCX and the control
+// channel over TCP between them.
+class PdTwoHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string id = std::to_string(::getpid());
+    prefill_ns_ = "mixkv-sp" + id;
+    decode_ns_ = "mixkv-sd" + id;
+    if (std::system(("ip netns add " + prefill_ns_ + " >/dev/null 2>&1").c_str()) != 0) {
+      GTEST_SKIP() << "cannot create network namespaces here (`ip netns add` needs root and the "
+                      "iproute2 package): the two-host serving test is skipped";
+    }
+    made_ = true;
+    const std::string vp = "mksp" + id, vd = "mksd" + id;
+    const std::string script =
+        "ip netns add " + decode_ns_ + " && ip link add " + vp + " type veth peer name " + vd +
+        " && ip link set " + vp + " netns " + prefill_ns_ + " && ip link set " + vd + " netns " +
+        decode_ns_ + " && ip -n " + prefill_ns_ + " addr add " + kPrefillIp + "/24 dev " + vp +
+        " && ip -n " + decode_ns_ + " addr add " + kDecodeIp + "/24 dev " + vd + " && ip -n " +
+        prefill_ns_ + " link set " + vp + " up && ip -n " + decode_ns_ + " link set " + vd +
+        " up && ip -n " + prefill_ns_ + " link set lo up && ip -n " + decode_ns_ +
+        " link set lo up";
+    ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
+  }
+  void TearDown() override {
+    if (!made_) return;
+    // Removing a namespace removes its end of the veth pair, and with it the other end.
+    (void)std::system(("ip netns del " + prefill_ns_ + " >/dev/null 2>&1").c_str());
+    (void)std::system(("ip netns del " + decode_ns_ + " >/dev/null 2>&1").c_str());
+  }
+  static constexpr const char* kPrefillIp = "10.178.0.1";
+  static constexpr const char* kDecodeIp = "10.178.0.2";
+  std::string prefill_ns_, decode_ns_;
+  bool made_ = false;
+};
+
+TEST_F(PdTwoHosts, DecodeHostServesTheTokensOfOneInstance) {
+  Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
+  const TokenList expected = ds.generate({long_prompt(kClientPrompt)}, 6)[0];
+  Child prefill;
+  prefill.spawn(std::string("prefill@") + kPrefillIp, prefill_ns_);
+  const auto [http, kv] = prefill.ports();
+  ASSERT_GT(kv, 0) << "the prefill server did not start";
+  Child decode;
+  decode.spawn(fmt::format("decode-client@{}:{}", kPrefillIp, kv), decode_ns_);
+  const std::string line = decode.line();
+  EXPECT_EQ(line.substr(0, line.find(' ')), fmt::format("{}", fmt::join(expected, ",")));
+  EXPECT_GT(std::stod(line.substr(line.find(' ') + 1)), 0) << line;  // pulled, not recomputed
+  EXPECT_EQ(decode.wait_exit(), 0);
 }
 
 }  // namespace
