@@ -16,7 +16,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <regex>
 #include <thread>
 
 #include "cli/runner_setup.hpp"
@@ -137,11 +136,11 @@ double metric(const Server& s, const std::string& series) {
 // Sum of every kv_cache_usage_perc series, and the prefill side's held requests.
 double usage(const Server& s) {
   const std::string text = s.metrics_text();
-  const std::regex line("\\nmixkv:kv_cache_usage_perc\\{[^}]*\\} ([0-9.e+-]+)");
+  const std::string name = "\nmixkv:kv_cache_usage_perc{";
   double sum = 0;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator();
-       ++it) {
-    sum += std::stod((*it)[1].str());
+  for (std::size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    const std::size_t value = text.find("} ", at);
+    if (value != std::string::npos) sum += std::stod(text.substr(value + 2));
   }
   return sum + metric(s, "mixkv:kv_transfer_held_requests") +
          metric(s, "mixkv:num_requests_running");
