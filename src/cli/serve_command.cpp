@@ -32,6 +32,10 @@ Action add_serve_command(CLI::App& app) {
     std::string chat_template;
     std::int64_t max_model_len = 0;
     int threads = 0;
+    std::int64_t block_size = 16;
+    std::string policy = "mixkv";
+    std::string kv_role, kv_load_failure = "recompute";
+    double kv_timeout = 10, kv_lease = 5;
     server::ServeOptions serve;
   };
   auto args = std::make_shared<Args>();
@@ -97,6 +101,38 @@ Action add_serve_command(CLI::App& app) {
                   "Threads for matrix products and attention (default: one per core, at most 8)")
       ->check(CLI::Range(0, 256));
 
+  cmd->add_option("--block-size", args->block_size, "Attention manager block (tokens)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  cmd->add_option("--policy", args->policy, "Planning policy: mixkv or vllm")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"mixkv", "vllm"}));
+  cmd->add_option("--kv-role", args->kv_role,
+                  "Prefill/decode disaggregation: prefill (computes prompts for decode servers) "
+                  "or decode (takes requests, prefills them on --kv-peer, pulls their KV)")
+      ->check(CLI::IsMember({"prefill", "decode"}));
+  cmd->add_option("--kv-port", args->serve.kv.port,
+                  "--kv-role prefill: port of the KV agent's bootstrap socket (0: any free one), "
+                  "on --host")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--kv-peer", args->serve.kv.peer,
+                  "--kv-role decode: HOST:PORT of the prefill server's --kv-port (IPv4)");
+  cmd->add_option("--kv-load-failure", args->kv_load_failure,
+                  "--kv-role decode: when a remote prefill or KV pull fails, recompute the "
+                  "prompt here or fail the request with 503")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"recompute", "fail"}));
+  cmd->add_option("--kv-timeout", args->kv_timeout,
+                  "--kv-role decode: seconds a remote prefill, and then its pull, may take")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+  cmd->add_option("--kv-lease", args->kv_lease,
+                  "--kv-role prefill: seconds a prefilled request's blocks stay pinned without "
+                  "a sign of life from its reader")
+      ->capture_default_str()
+      ->check(CLI::Range(0.01, 3600.0));
+
   return [args, spec_tokens](std::ostream& out) {
     if (spec_tokens->count() > 0 && args->draft.empty()) {
       throw_invalid(fmt::format(
@@ -135,6 +171,20 @@ Action add_serve_command(CLI::App& app) {
 
     server::ServeOptions so = args->serve;
     if (so.served_model_name.empty()) so.served_model_name = args->model;
+    so.kv.role = args->kv_role == "prefill"  ? server::KvRole::kPrefill
+                 : args->kv_role == "decode" ? server::KvRole::kDecode
+                                             : server::KvRole::kNone;
+    if ((so.kv.role == server::KvRole::kDecode) != !so.kv.peer.empty()) {
+      throw_invalid(so.kv.peer.empty()
+                        ? "--kv-role decode needs --kv-peer HOST:PORT (the prefill server's "
+                          "--kv-port)"
+                        : "--kv-peer is for --kv-role decode");
+    }
+    so.kv.host = so.host;
+    so.kv.fail_on_load_failure = args->kv_load_failure == "fail";
+    so.kv.agent.timeout =
+        std::chrono::milliseconds(static_cast<std::int64_t>(args->kv_timeout * 1000));
+    so.kv.agent.lease = std::chrono::milliseconds(static_cast<std::int64_t>(args->kv_lease * 1000));
     server::Server srv(so);
     srv.start();
     out << fmt::format("mixkv serve: loading {} (GET /health answers 503 until ready)\n",
@@ -144,6 +194,8 @@ Action add_serve_command(CLI::App& app) {
     const int k = args->draft.empty() ? 0 : args->num_spec_tokens;
     RunnerSetup setup = prepare_runner(args->model, args->draft, k, memory_bytes,
                                        args->max_model_len, args->threads);
+    setup.options.block_size = args->block_size;
+    setup.options.policy = args->policy == "vllm" ? plan::Policy::kVllm : plan::Policy::kMixkv;
     runner::ModelRunner runner = setup.make_runner();
     std::unique_ptr<spec::Drafter> drafter = make_drafter(args->draft, runner, args->seed);
     // The vocabulary: a GGUF's own (with its chat template and end-of-turn ids), the tiny
@@ -184,6 +236,11 @@ Action add_serve_command(CLI::App& app) {
                        drafter ? fmt::format(", drafter {} (k = {})", drafter->name(), k) : "")
         << memory_note << fmt::format("serving {} at http://{}:{} (SIGINT/SIGTERM to stop)\n",
                        so.served_model_name, so.host, srv.port())
+        << (so.kv.role == server::KvRole::kPrefill
+                ? fmt::format("kv-role prefill: KV agent on {}:{}\n", so.host, srv.kv_port())
+            : so.kv.role == server::KvRole::kDecode
+                ? fmt::format("kv-role decode: prefills on {}\n", so.kv.peer)
+                : "")
         << std::flush;
 
     int sig = 0;

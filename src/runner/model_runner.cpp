@@ -293,6 +293,10 @@ std::span<const std::byte> ModelRunner::cache_tensor(int tensor) const {
   return tensors_.at(static_cast<std::size_t>(tensor));
 }
 
+std::span<std::byte> ModelRunner::cache_tensor(int tensor) {
+  return tensors_.at(static_cast<std::size_t>(tensor));
+}
+
 void ModelRunner::check_batch(std::span<const SequenceInput> batch,
                               std::vector<std::int64_t>& positions, std::vector<float>& x) const {
   const std::int64_t h = config_.hidden_size;

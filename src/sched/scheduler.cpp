@@ -96,6 +96,8 @@ std::size_t Scheduler::add(Request request) {
   }
   r.reads_logits = !r.sampler.greedy() || sample::has_penalties(request.sampling);
   r.label = std::move(request.label);
+  r.hold = request.hold;
+  r.external = request.external_prompt;
   r.draft_len = k_;
   r.stats.drafted_per_position.assign(static_cast<std::size_t>(k_), 0);
   r.stats.accepted_per_position.assign(static_cast<std::size_t>(k_), 0);
@@ -120,7 +122,7 @@ void Scheduler::admit() {
     if (!hit) manager_.free(id_of(i));
     charge(counters_.manager_seconds, t0);
     if (!hit) {
-      if (running_.empty()) {
+      if (running_.empty() && held_ == 0) {
         throw_invalid(fmt::format(
             "{}: {} tokens plus {} look-ahead do not fit the KV cache ({} blocks) even alone; "
             "give more cache memory",
@@ -131,6 +133,36 @@ void Scheduler::admit() {
     waiting_.pop_front();
     r.computed = *hit;
     r.stats.prefix_hit_tokens = *hit;
+    if (r.external) {
+      // Once only: after a preemption the request recomputes what it lost.
+      r.external = false;
+      if (options_.load_prompt) {
+        const std::optional<std::int64_t> loaded =
+            options_.load_prompt(i, manager_, id_of(i), *hit);
+        const auto last = static_cast<std::int64_t>(r.tokens.size()) - 1;
+        if (!loaded) {
+          r.load_failed = true;
+          r.started = true;
+          r.admitted_at_ns = now_ns();
+          retire(i, nullptr);
+          continue;
+        }
+        if (*loaded < *hit || *loaded > last) {
+          throw_internal(fmt::format("{}: load_prompt answered {} tokens, outside [{}, {}]",
+                                     r.label, *loaded, *hit, last));
+        }
+        if (*loaded > *hit) {
+          // The loaded tokens are verified KV like computed ones (their full blocks join the
+          // prefix cache); the commit also ends a prefix hit's recurrent restore, so the next
+          // step reads the loaded state.
+          const auto t1 = Clock::now();
+          manager_.commit(id_of(i), *loaded - *hit, {}, 0);
+          charge(counters_.manager_seconds, t1);
+          counters_.external_tokens += *loaded - *hit;
+          r.computed = *loaded;
+        }
+      }
+    }
     counters_.prompt_tokens += static_cast<std::int64_t>(r.tokens.size());
     counters_.hit_tokens += *hit;
     if (!r.started) r.started = true, r.admitted_at_ns = now_ns();
@@ -190,10 +222,25 @@ void Scheduler::retire(std::size_t i, spec::Drafter* drafter) {
   r.stats.seconds = static_cast<double>(now_ns() - r.admitted_at_ns) * 1e-9;
   if (options_.before_free) options_.before_free(manager_, id_of(i), i);
   if (drafter != nullptr) drafter->forget(i);
+  ++finished_;
+  if (r.hold) {
+    r.held = true;
+    ++held_;
+    return;
+  }
   const auto t0 = Clock::now();
   manager_.free(id_of(i));
   charge(counters_.manager_seconds, t0);
-  ++finished_;
+}
+
+void Scheduler::free_held(std::size_t i) {
+  Req& r = reqs_.at(i);
+  if (!r.held) return;
+  r.held = false;
+  --held_;
+  const auto t0 = Clock::now();
+  manager_.free(id_of(i));
+  charge(counters_.manager_seconds, t0);
 }
 
 void Scheduler::cancel(std::size_t i, spec::Drafter* drafter) {
@@ -207,6 +254,7 @@ void Scheduler::cancel(std::size_t i, spec::Drafter* drafter) {
     ++finished_;
   } else {
     running_.erase(std::find(running_.begin(), running_.end(), i));
+    r.hold = false;  // a cancelled request's blocks are read by nobody
     retire(i, drafter);
   }
   ++counters_.cancelled;

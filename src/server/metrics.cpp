@@ -58,6 +58,23 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                   "Between two steps that give a request tokens", latency);
   e2e = histogram(r, "mixkv:e2e_request_latency_seconds", "From arrival to the last token",
                   {0.01, 0.05, 0.1, 0.3, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120});
+  failures_family_ = &prometheus::BuildCounter()
+                          .Name("mixkv:kv_transfer_failures_total")
+                          .Help("Remote prefills or KV pulls that failed, by reason")
+                          .Register(r);
+  transfer_bytes = counter(r, "mixkv:kv_transfer_bytes_total",
+                           "KV bytes pulled from prefill instances (--kv-role decode)");
+  transfer_latency = histogram(
+      r, "mixkv:kv_transfer_latency_seconds",
+      "One request's KV pull, from the fetch to the acknowledgement",
+      {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0});
+  transfer_held = gauge(r, "mixkv:kv_transfer_held_requests",
+                        "Prefilled requests whose blocks wait for a decode side (--kv-role "
+                        "prefill)");
+}
+
+prometheus::Counter& Metrics::transfer_failure(const std::string& reason) {
+  return failures_family_->Add({{"reason", reason}});
 }
 
 void Metrics::add_groups(const plan::CachePlan& plan) {

@@ -23,6 +23,8 @@ class Metrics {
   void add_groups(const plan::CachePlan& plan);
   // The accepted-token counter of draft position `position`, made on first use.
   prometheus::Counter& accepted_at(std::size_t position);
+  // P/D: the failure counter of one reason (transfer::FailureReason's name), made on first use.
+  prometheus::Counter& transfer_failure(const std::string& reason);
   std::string text() const;
 
   prometheus::Gauge* running = nullptr;
@@ -39,12 +41,17 @@ class Metrics {
   prometheus::Histogram* ttft = nullptr;
   prometheus::Histogram* itl = nullptr;
   prometheus::Histogram* e2e = nullptr;
+  // P/D disaggregation (--kv-role).
+  prometheus::Counter* transfer_bytes = nullptr;      // pulled into this instance
+  prometheus::Histogram* transfer_latency = nullptr;  // a pull, fetch to acknowledgement
+  prometheus::Gauge* transfer_held = nullptr;         // prefill: requests pinned for readers
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>* kv_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* per_pos_family_ = nullptr;
   std::vector<prometheus::Counter*> per_pos_;
+  prometheus::Family<prometheus::Counter>* failures_family_ = nullptr;
 };
 
 }  // namespace mixkv::server

@@ -56,6 +56,11 @@ struct Job {
   std::size_t sched = kNoId;
   Clock::time_point arrival, last_emit;
   bool emitted = false;
+  // --kv-role prefill: a /v1/kv/prefill job, whose blocks are offered once its prompt is
+  // computed. Its offer id (prefill), or the prefill side's request to pull (decode; -1: none).
+  bool hold = false;
+  std::int64_t kv_request = -1;
+  std::string load_error;  // decode, engine thread: why the pull failed the request
 };
 using JobPtr = std::shared_ptr<Job>;
 
@@ -237,6 +242,15 @@ struct Server::Impl {
   std::unique_ptr<sched::Scheduler> scheduler;
   sched::Counters seen;  // the scheduler's counters already added to the metrics
 
+  // P/D disaggregation (--kv-role): one agent, over the runner's cache tensors.
+  std::unique_ptr<transfer::PrefillAgent> prefill_agent;
+  std::unique_ptr<transfer::DecodeAgent> decode_agent;
+  std::string peer_host;  // decode: the prefill side's address, its agent's and HTTP ports
+  std::uint16_t peer_port = 0;
+  int control_port = 0;
+  std::atomic<std::int64_t> next_offer{1};
+  std::unordered_map<std::int64_t, std::size_t> held;  // prefill: offer id -> scheduler id
+
   std::mutex mu;
   std::condition_variable engine_cv, jobs_cv;
   std::vector<JobPtr> inbox;
@@ -258,11 +272,76 @@ struct Server::Impl {
     // Each request's draft length follows its acceptance, as in `generate`: a request whose drafts
     // keep failing decodes plainly instead of paying for verify rows.
     so.adaptive_draft = true;
+    if (decode_agent) {
+      so.load_prompt = [this](std::size_t i, const cache::KvCacheManager& m, cache::RequestId id,
+                              std::int64_t hit) { return load_prompt(i, m, id, hit); };
+    }
     scheduler = std::make_unique<sched::Scheduler>(*manager, model.runner->plan(), so);
     seen = {};
   }
 
   spec::Drafter* drafter() const { return k > 0 ? model.drafter : nullptr; }
+
+  // A request's manager block ids per KV-cache group, as the transfer plans read them.
+  transfer::RequestBlocks blocks_of(const cache::KvCacheManager& m, cache::RequestId id) const {
+    transfer::RequestBlocks b;
+    for (std::size_t g = 0; g < model.runner->plan().groups.size(); ++g) {
+      b.groups.emplace_back();
+      for (const cache::BlockId x : m.block_table(id, static_cast<int>(g))) {
+        b.groups.back().push_back(x.value());
+      }
+    }
+    return b;
+  }
+
+  // Decode side, engine thread, inside the scheduler's admission of request i: pulls what the
+  // prefill side computed of its prompt (all but the last token) beyond the prefix hit into the
+  // blocks just allocated. A failure counts by reason and recomputes (returns the hit) or, with
+  // --kv-load-failure fail, fails the request.
+  std::optional<std::int64_t> load_prompt(std::size_t i, const cache::KvCacheManager& m,
+                                          cache::RequestId id, std::int64_t hit) {
+    const auto it = active.find(i);
+    if (it == active.end() || it->second->kv_request < 0) return hit;
+    Job& j = *it->second;
+    const auto boundary = static_cast<std::int64_t>(j.prompt.size()) - 1;
+    auto failed = [&](std::string_view reason,
+                      const std::string& message) -> std::optional<std::int64_t> {
+      metrics.transfer_failure(std::string(reason)).Increment();
+      if (!opt.kv.fail_on_load_failure) return hit;
+      j.load_error =
+          fmt::format("the KV transfer from the prefill server failed ({}): {}", reason, message);
+      return std::nullopt;
+    };
+    if (decode_agent->num_peers() == 0) {
+      // The prefill server answered this request's prefill, so it is back: join it again.
+      try {
+        decode_agent->connect(peer_host, peer_port);
+      } catch (const Error& e) {
+        return failed(transfer::to_string(transfer::FailureReason::kPeerFailed), e.what());
+      }
+    }
+    // A prefix hit covering the boundary still pulls (nothing but recurrent states), so the
+    // prefill side hears DONE and frees its blocks now.
+    const transfer::PullResult r =
+        decode_agent->pull(j.kv_request, blocks_of(m, id), {boundary, std::min(hit, boundary)});
+    if (!r.ok()) return failed(transfer::to_string(r.reason), r.message);
+    metrics.transfer_bytes->Increment(static_cast<double>(r.bytes));
+    metrics.transfer_latency->Observe(r.seconds);
+    return boundary;
+  }
+
+  // Prefill side, engine thread: frees the blocks of requests every reader finished with (or
+  // whose lease expired).
+  void release_held() {
+    if (!prefill_agent) return;
+    for (const transfer::Release& r : prefill_agent->take_released()) {
+      const auto it = held.find(r.request);
+      if (it == held.end()) continue;  // held by a scheduler the engine replaced after a failure
+      scheduler->free_held(it->second);
+      held.erase(it);
+    }
+    metrics.transfer_held->Set(static_cast<double>(held.size()));
+  }
 
   void finish(Job& j, std::string reason) {
     j.done = true;
@@ -308,6 +387,27 @@ struct Server::Impl {
     for (auto it = active.begin(); it != active.end();) {
       const std::size_t id = it->first;
       Job& j = *it->second;
+      if (j.hold || scheduler->load_failed(id)) {
+        if (!scheduler->finished(id)) {
+          ++it;
+          continue;
+        }
+        if (j.hold) {
+          // Prefilled: its blocks stay pinned for the decode side that asked.
+          j.kv_request = next_offer++;
+          prefill_agent->offer(j.kv_request,
+                               blocks_of(*manager, cache::RequestId(static_cast<std::int64_t>(id))),
+                               static_cast<std::int64_t>(j.prompt.size()));
+          held[j.kv_request] = id;
+          finish(j, "length");
+        } else {
+          j.error = j.load_error;
+          j.done = true;
+        }
+        scheduler->release(id);
+        it = active.erase(it);
+        continue;
+      }
       const std::span<const TokenId> out = scheduler->outputs(id);
       bool eos = false;
       const std::size_t before = j.tokens.size();
@@ -345,19 +445,26 @@ struct Server::Impl {
       if (model.drafter != nullptr) model.drafter->forget(id);
     }
     active.clear();
+    held.clear();  // the manager is replaced; the agent's leases end those offers
   }
 
   void engine_loop() {
     std::unique_lock lk(mu);
     for (;;) {
-      engine_cv.wait(lk, [&] {
+      const auto woken = [&] {
         return stop_engine || !inbox.empty() || cancel_pending || !scheduler->idle();
-      });
+      };
+      if (held.empty()) {
+        engine_cv.wait(lk, woken);
+      } else {
+        engine_cv.wait_for(lk, std::chrono::milliseconds(5), woken);  // releases come by UCX
+      }
       if (stop_engine) break;
+      release_held();
       for (const JobPtr& j : inbox) {
         j->sched = scheduler->add({j->prompt, j->max_tokens, fmt::format("request {}", next_id++),
                                    j->stop_at_eos ? model.stop_tokens : std::vector<TokenId>{},
-                                   j->sampling});
+                                   j->sampling, j->hold, j->kv_request >= 0});
         active[j->sched] = j;
       }
       inbox.clear();
@@ -376,7 +483,7 @@ struct Server::Impl {
         }
       }
       if (scheduler->idle()) {
-        if (scheduler->num_requests() >= kRenewAfter) new_scheduler();
+        if (scheduler->num_requests() >= kRenewAfter && held.empty()) new_scheduler();
         export_counters();
         jobs_cv.notify_all();
         continue;
@@ -430,7 +537,7 @@ struct Server::Impl {
 
   // Jobs for the prompts, or ApiError: the prompt empty, too long, or the server full.
   std::vector<JobPtr> submit(std::vector<std::vector<TokenId>> prompts, const GenerationParams& p,
-                             std::int64_t default_max_tokens) {
+                             std::int64_t default_max_tokens, bool hold = false) {
     std::vector<JobPtr> jobs;
     const auto now = Clock::now();
     for (auto& prompt : prompts) {
@@ -459,7 +566,11 @@ struct Server::Impl {
       j->stop_at_eos = !p.ignore_eos;
       j->sampling = sampling_params(p.sampling, jobs.size());
       j->arrival = now;
+      j->hold = hold;
       jobs.push_back(std::move(j));
+    }
+    if (decode_agent) {
+      for (const JobPtr& j : jobs) remote_prefill(*j);
     }
     std::lock_guard lk(mu);
     if (draining) {
@@ -484,6 +595,80 @@ struct Server::Impl {
     return jobs;
   }
 
+  // Decode side, HTTP thread: asks the prefill server to prefill the prompt but its last token
+  // (POST /v1/kv/prefill); its answer names the request to pull at admission. A failure counts
+  // by reason, then the prompt is computed here, or (--kv-load-failure fail) the request gets 503.
+  void remote_prefill(Job& j) {
+    if (j.prompt.size() < 2) return;  // nothing before the last token
+    httplib::Client cli(peer_host, control_port);
+    const auto timeout = opt.kv.agent.timeout;
+    cli.set_connection_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
+    cli.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
+    cli.set_write_timeout(std::chrono::duration_cast<std::chrono::microseconds>(timeout));
+    httplib::Headers headers;
+    if (!opt.api_key.empty()) headers.emplace("Authorization", "Bearer " + opt.api_key);
+    const json body{{"prompt", std::vector<TokenId>(j.prompt.begin(), j.prompt.end() - 1)}};
+    const auto res = cli.Post("/v1/kv/prefill", headers, body.dump(), "application/json");
+    std::string reason, message;
+    if (!res) {
+      reason = transfer::to_string(res.error() == httplib::Error::Read ||
+                                           res.error() == httplib::Error::ConnectionTimeout
+                                       ? transfer::FailureReason::kTimeout
+                                       : transfer::FailureReason::kPeerFailed);
+      message = fmt::format("POST http://{}:{}/v1/kv/prefill: {}", peer_host, control_port,
+                            httplib::to_string(res.error()));
+    } else if (res->status != 200) {
+      reason = transfer::to_string(transfer::FailureReason::kRefused);
+      message = fmt::format("the prefill server answered {}: {}", res->status,
+                            printable(res->body.substr(0, 300)));
+    } else {
+      try {
+        j.kv_request = json::parse(res->body).at("kv_request").get<std::int64_t>();
+        return;
+      } catch (const json::exception&) {
+        reason = transfer::to_string(transfer::FailureReason::kRefused);
+        message = "the prefill server's answer has no kv_request";
+      }
+    }
+    metrics.transfer_failure(reason).Increment();
+    if (opt.kv.fail_on_load_failure) {
+      throw ApiError(503,
+                     fmt::format("the remote prefill failed ({}): {}; this server runs with "
+                                 "--kv-load-failure fail",
+                                 reason, message),
+                     "service_unavailable", {}, "kv_transfer_failed");
+    }
+  }
+
+  // Prefill side: POST /v1/kv/prefill {"prompt": [ids]} computes the prompt, offers its blocks
+  // to the decode sides, and answers {"kv_request", "num_tokens"} once they are pinned.
+  void prefill_for_peer(const httplib::Request& req, httplib::Response& res) {
+    if (!prefill_agent) {
+      throw ApiError(404,
+                     "this server does not serve remote prefills (start it with --kv-role "
+                     "prefill)",
+                     "invalid_request_error", {}, "not_found");
+    }
+    const json body = parse_body(req.body);
+    CompletionRequest r = parse_completion(body, limits);
+    if (r.prompts.size() != 1 || r.prompts[0].text) {
+      throw ApiError(400, "a remote prefill takes one prompt of token ids", "invalid_request_error",
+                     "prompt");
+    }
+    GenerationParams p;
+    p.max_tokens = 1;
+    p.ignore_eos = true;
+    std::vector<std::vector<TokenId>> prompts;
+    prompts.push_back(std::move(r.prompts[0].ids));
+    const std::vector<JobPtr> jobs = submit(std::move(prompts), p, 1, true);
+    std::unique_lock lk(mu);
+    jobs_cv.wait(lk, [&] { return jobs[0]->done; });
+    if (!jobs[0]->error.empty()) throw ApiError(503, jobs[0]->error, "service_unavailable");
+    send_json(res, 200,
+              {{"kv_request", jobs[0]->kv_request},
+               {"num_tokens", static_cast<std::int64_t>(jobs[0]->prompt.size())}});
+  }
+
   void cancel(const std::vector<JobPtr>& jobs) {
     std::lock_guard lk(mu);
     for (const JobPtr& j : jobs) {
@@ -499,6 +684,46 @@ struct Server::Impl {
   }
 
   void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+
+  // --kv-role: the agent over the runner's cache tensors, described by the runner's own plan
+  // and geometry (what its kernels read). A decode side connects at once, so a peer that holds
+  // another model is refused before the server takes requests.
+  void start_transfer() {
+    runner::ModelRunner& r = *model.runner;
+    const transfer::LayoutDescriptor layout =
+        transfer::make_descriptor(r.desc(), r.plan(), r.geometry());
+    transfer::TensorSpans tensors;
+    for (int t = 0; t < r.num_cache_tensors(); ++t) tensors.push_back(r.cache_tensor(t));
+    transfer::AgentOptions a = opt.kv.agent;
+    if (opt.kv.role == KvRole::kPrefill) {
+      a.control = std::to_string(bound_port);  // the HTTP port: /v1/kv/prefill
+      prefill_agent = std::make_unique<transfer::PrefillAgent>(
+          layout, std::move(tensors), a, opt.kv.host, static_cast<std::uint16_t>(opt.kv.port));
+      return;
+    }
+    const std::size_t colon = opt.kv.peer.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos ||
+        std::from_chars(opt.kv.peer.data() + colon + 1, opt.kv.peer.data() + opt.kv.peer.size(),
+                        port)
+                .ec != std::errc{} ||
+        port < 1 || port > 65535) {
+      throw_invalid(fmt::format("--kv-peer '{}' is not HOST:PORT (the prefill server's --kv-port)",
+                                opt.kv.peer));
+    }
+    peer_host = opt.kv.peer.substr(0, colon);
+    peer_port = static_cast<std::uint16_t>(port);
+    decode_agent = std::make_unique<transfer::DecodeAgent>(layout, std::move(tensors), a);
+    decode_agent->connect(peer_host, peer_port);
+    const std::string& control = decode_agent->control(0);
+    if (std::from_chars(control.data(), control.data() + control.size(), control_port).ec !=
+            std::errc{} ||
+        control_port < 1) {
+      throw_invalid(fmt::format(
+          "the KV peer {} is not a `mixkv serve --kv-role prefill` server (it names no HTTP port)",
+          opt.kv.peer));
+    }
+  }
 };
 
 void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
@@ -809,6 +1034,9 @@ Server::Server(ServeOptions options) : impl_(std::make_unique<Impl>(std::move(op
   m.http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     impl_->generate(req, res, true);
   });
+  m.http.Post("/v1/kv/prefill", [this](const httplib::Request& req, httplib::Response& res) {
+    impl_->prefill_for_peer(req, res);
+  });
   m.http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     Impl& s = *impl_;
     const TokenizeRequest r = parse_tokenize(parse_body(req.body));
@@ -847,6 +1075,8 @@ void Server::start() {
 
 int Server::port() const { return impl_->bound_port; }
 
+int Server::kv_port() const { return impl_->prefill_agent ? impl_->prefill_agent->port() : 0; }
+
 void Server::attach(const ServedModel& served) {
   Impl& m = *impl_;
   if (served.runner == nullptr) throw_internal("Server::attach without a runner");
@@ -859,6 +1089,7 @@ void Server::attach(const ServedModel& served) {
   m.limits.vocab_size = served.runner->vocab_size();
   m.metrics.add_groups(plan);
   m.runner_model = std::make_unique<engine::RunnerModel>(*served.runner, m.k > 0);
+  if (m.opt.kv.role != KvRole::kNone) m.start_transfer();
   m.manager = std::make_unique<cache::KvCacheManager>(
       plan, m.k, cache::ManagerOptions{m.opt.prefix_caching, 0, 0});
   m.new_scheduler();

@@ -314,6 +314,7 @@ struct Peer {
   LayoutDescriptor layout;
   std::vector<std::uint64_t> remote_base;
   std::vector<ucp_rkey_h> rkeys;
+  std::string control;  // decode side: the prefill side's AgentOptions::control
   std::int64_t id = 0;  // the prefill side's number for this decode peer
 
   static void on_error(void* arg, ucp_ep_h, ucs_status_t) {
@@ -474,7 +475,8 @@ struct PrefillAgent::Impl {
       nlohmann::json reply{{"layout", to_json(layout)},
                            {"address", endpoint->address},
                            {"peer", peer->id},
-                           {"rkeys", endpoint->rkeys}};
+                           {"rkeys", endpoint->rkeys},
+                           {"control", options.control}};
       reply["bases"] = nlohmann::json::array();
       for (const auto& t : endpoint->tensors)
         reply["bases"].push_back(reinterpret_cast<std::uintptr_t>(t.data()));
@@ -755,6 +757,8 @@ DecodeAgent::~DecodeAgent() {
 
 std::size_t DecodeAgent::num_peers() const { return impl_->peers.size(); }
 
+const std::string& DecodeAgent::control(std::size_t i) const { return impl_->peers.at(i)->control; }
+
 void DecodeAgent::connect(const std::string& host, std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw_internal(fmt::format("socket: {}", std::strerror(errno)));
@@ -790,6 +794,9 @@ void DecodeAgent::connect(const std::string& host, std::uint16_t port) {
   if (rkeys.size() != peer->layout.tensor_bytes.size() || peer->remote_base.size() != rkeys.size())
     throw_invalid("KV transfer handshake: rkeys do not match the prefill side's tensors");
   peer->id = reply.at("peer").get<std::int64_t>();
+  if (reply.contains("control") && reply.at("control").is_string()) {
+    peer->control = reply.at("control").get<std::string>();
+  }
   peer->open(*impl_->endpoint, reply.at("address").get<std::string>(),
              impl_->options.peer_failure_detection);
   for (const auto& hex : rkeys) {

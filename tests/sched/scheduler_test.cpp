@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "mixkv/plan/plan.hpp"
 #include "test_support.hpp"
 
@@ -220,6 +222,95 @@ TEST(Scheduler, RefusesWhatCanNeverRun) {
   SchedulerOptions too_many;
   too_many.num_spec_tokens = 33;
   EXPECT_THROW(Scheduler(manager, plan, too_many), Error);
+}
+
+}  // namespace
+}  // namespace mixkv::sched
+
+namespace mixkv::sched {
+namespace {
+
+// Counts the prompt rows the model computed per request.
+class RowCounter final : public Model {
+ public:
+  ModelOutput forward(std::span<const Work> batch) override {
+    ModelOutput out;
+    for (const Work& w : batch) {
+      if (w.prefill) prefill_rows[w.request] += std::ssize(w.tokens);
+      for (std::size_t i = 0; i < w.tokens.size(); ++i) {
+        out.picks.push_back(truth(w.request, w.start + static_cast<std::int64_t>(i) + 1));
+      }
+    }
+    return out;
+  }
+  std::int64_t vocab_size() const override { return 1 << 20; }
+  std::map<std::size_t, std::int64_t> prefill_rows;
+};
+
+TEST(Scheduler, ARequestWhosePromptKvArrivesFromOutsideComputesOnlyItsLastToken) {
+  const auto plan = small_plan(256 * kMiB, 0);
+  cache::KvCacheManager manager(plan, 0);
+  SchedulerOptions o;
+  std::vector<std::int64_t> hits;
+  o.load_prompt = [&](std::size_t i, const cache::KvCacheManager& m, cache::RequestId id,
+                      std::int64_t hit) -> std::optional<std::int64_t> {
+    EXPECT_FALSE(m.block_table(id, 0).empty());  // its blocks are allocated already
+    hits.push_back(hit);
+    if (i == 2) return std::nullopt;  // fails: the request ends without output
+    if (i == 1) return hit;           // nothing came: computed here
+    return static_cast<std::int64_t>(requests(3)[i].prompt.size()) - 1;
+  };
+  Scheduler s(manager, plan, o);
+  for (Request r : requests(3)) {
+    r.external_prompt = true;
+    s.add(r);
+  }
+  RowCounter model;
+  s.run(model, nullptr);
+  EXPECT_EQ(hits.size(), 3u);
+  EXPECT_EQ(model.prefill_rows[0], 1);                                   // the last token only
+  EXPECT_EQ(model.prefill_rows[1], std::ssize(requests(3)[1].prompt));  // all of it
+  EXPECT_EQ(model.prefill_rows.count(2), 0u);
+  EXPECT_EQ(s.counters().external_tokens, std::ssize(requests(3)[0].prompt) - 1);
+  // The loaded tokens are the same KV as computed ones: the outputs are the plain ones.
+  const Outcome plain = run(plan, 0, nullptr);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto out = s.outputs(i);
+    EXPECT_EQ(std::vector<TokenId>(out.begin(), out.end()), plain.outputs[i]) << i;
+    EXPECT_FALSE(s.load_failed(i));
+  }
+  EXPECT_TRUE(s.finished(2));
+  EXPECT_TRUE(s.load_failed(2));
+  EXPECT_TRUE(s.outputs(2).empty());
+  EXPECT_EQ(manager.pool().num_used(), 0);
+  EXPECT_EQ(manager.check_invariants(), "");
+}
+
+TEST(Scheduler, AHeldRequestKeepsItsBlocksUntilFreed) {
+  const auto plan = small_plan(256 * kMiB, 0);
+  cache::KvCacheManager manager(plan, 0);
+  Scheduler s(manager, plan, {});
+  Request r = requests(1)[0];
+  r.max_tokens = 1;
+  r.hold = true;
+  s.add(r);
+  Request cancelled = requests(2)[1];
+  cancelled.hold = true;
+  s.add(cancelled);
+  StreamModel model;
+  s.step(model, nullptr);
+  s.cancel(1, nullptr);  // a cancelled request is read by nobody: freed at once
+  s.run(model, nullptr);
+  EXPECT_TRUE(s.finished(0));
+  EXPECT_TRUE(s.idle());
+  EXPECT_EQ(s.num_held(), 1u);
+  EXPECT_EQ(manager.num_computed(cache::RequestId(0)), std::ssize(r.prompt));
+  EXPECT_GT(manager.pool().num_used(), 0);
+  s.free_held(0);
+  s.free_held(0);  // a no-op the second time
+  EXPECT_EQ(s.num_held(), 0u);
+  EXPECT_EQ(manager.pool().num_used(), 0);
+  EXPECT_EQ(manager.check_invariants(), "");
 }
 
 }  // namespace

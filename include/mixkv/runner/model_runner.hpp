@@ -172,6 +172,10 @@ class ModelRunner {
   const plan::CachePlan& plan() const { return plan_; }
   const layout::Geometry& geometry() const { return geometry_; }
   std::span<const std::byte> cache_tensor(int tensor) const;
+  // The same bytes, writable: a KV transfer registers them (the prefill side's pages are read
+  // by the peer, the decode side's written by it) between forwards.
+  std::span<std::byte> cache_tensor(int tensor);
+  int num_cache_tensors() const { return static_cast<int>(tensors_.size()); }
   std::int64_t vocab_size() const { return config_.vocab_size; }
   // The kernel spec of attention layer `layer` (e.g. "layers.0") as forward() runs it: window,
   // soft cap, scale, sinks. Throws Error for a name that is not an attention layer of the target.

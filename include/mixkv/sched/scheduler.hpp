@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,6 +72,12 @@ struct Request {
   // and keeps speculative decoding bit-identical to plain; otherwise drawn from the logits, and
   // drafts accepted by speculative sampling (spec::accept_sampled).
   sample::SamplingParams sampling = {};
+  // P/D disaggregation, prefill side: once its prompt is computed the request finishes but keeps
+  // its blocks (another instance reads them) until free_held() releases them.
+  bool hold = false;
+  // P/D disaggregation, decode side: at its first admission SchedulerOptions::load_prompt may
+  // bring the prompt's KV from outside instead of computing it.
+  bool external_prompt = false;
 };
 
 struct RequestStats {
@@ -106,8 +113,9 @@ struct Counters {
   std::int64_t accepted_tokens = 0;  // of them, accepted
   // Per draft position p (0 .. k-1): verify steps whose draft p was accepted.
   std::vector<std::int64_t> accepted_per_position;
-  std::int64_t cancelled = 0;  // requests cancel() ended
-  double manager_seconds = 0;  // inside KvCacheManager calls only
+  std::int64_t cancelled = 0;        // requests cancel() ended
+  std::int64_t external_tokens = 0;  // prompt tokens load_prompt brought instead of a forward
+  double manager_seconds = 0;        // inside KvCacheManager calls only
 };
 
 struct SchedulerOptions {
@@ -125,6 +133,14 @@ struct SchedulerOptions {
       before_free;
   // Called after every step with the tokens it committed to a request (streaming output).
   std::function<void(std::size_t request, std::span<const TokenId> tokens)> on_tokens;
+  // For requests with `external_prompt`, once admitted (blocks allocated for the whole prompt,
+  // `hit` tokens served by the prefix cache): fills their blocks from outside and returns how
+  // many prompt tokens now hold KV (from `hit` to prompt length - 1: the last prompt token is
+  // always computed here, for its logits); `hit` when nothing came (the rest is computed), or
+  // nullopt to fail the request (it ends with no output; load_failed() tells).
+  std::function<std::optional<std::int64_t>(std::size_t request, const cache::KvCacheManager&,
+                                            cache::RequestId id, std::int64_t hit)>
+      load_prompt;
 };
 
 // Drives one KvCacheManager, built from `plan` for num_spec_tokens look-ahead tokens. Requests
@@ -150,6 +166,11 @@ class Scheduler {
   // Drops the prompt and outputs of a finished request, so a long-running server holds only a
   // small record per past request. Throws Error for a request that has not finished.
   void release(std::size_t i);
+  // Frees the blocks of a finished request that was added with `hold`. No-op for others.
+  void free_held(std::size_t i);
+  std::size_t num_held() const { return held_; }
+  // load_prompt failed the request.
+  bool load_failed(std::size_t i) const { return reqs_.at(i).load_failed; }
 
   bool idle() const { return running_.empty() && waiting_.empty(); }
   std::size_t num_requests() const { return reqs_.size(); }
@@ -183,6 +204,10 @@ class Scheduler {
     bool prefilling = true;     // false once tokens.back() is a sampled, uncomputed token
     bool started = false;
     bool finished = false;
+    bool hold = false;      // keeps its blocks once finished, until free_held()
+    bool held = false;      // finished and still holding them
+    bool external = false;  // load_prompt is asked at its next admission
+    bool load_failed = false;
     std::int64_t admitted_at_ns = 0;
     std::vector<TokenId> step_input;  // decode: last token + drafts
     int draft_len = 0;                // tokens to draft next step (adaptive: next_draft_length)
@@ -197,6 +222,7 @@ class Scheduler {
   std::deque<std::size_t> waiting_;
   std::vector<std::size_t> running_;  // in admission order: the back is the newest
   std::size_t finished_ = 0;
+  std::size_t held_ = 0;
   Counters counters_;
 };
 

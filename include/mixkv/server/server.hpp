@@ -13,10 +13,27 @@
 #include "mixkv/spec/drafter.hpp"
 #include "mixkv/tokenizer/chat_template.hpp"
 #include "mixkv/tokenizer/tokenizer.hpp"
+#include "mixkv/transfer/ucx_agent.hpp"
 
 namespace mixkv::server {
 
 using TokenId = tokenizer::TokenId;
+
+// Prefill/decode disaggregation (`--kv-role`, docs/transfer.md "Serving path").
+enum class KvRole { kNone, kPrefill, kDecode };
+
+struct KvOptions {
+  KvRole role = KvRole::kNone;
+  // Prefill: where the UCX agent's bootstrap socket listens (IPv4; port 0: any free one).
+  std::string host = "127.0.0.1";
+  int port = 0;
+  // Decode: HOST:PORT of the prefill server's agent (its --kv-port).
+  std::string peer;
+  // Decode: a failed remote prefill or pull fails the request (503) instead of recomputing.
+  bool fail_on_load_failure = false;
+  // Lease, timeout, checksums, transports, peer failure detection; tests plant faults here.
+  transfer::AgentOptions agent = {};
+};
 
 struct ServeOptions {
   std::string host = "127.0.0.1";
@@ -33,6 +50,7 @@ struct ServeOptions {
   // max_queue + 8, so every request the scheduler may hold has a connection and a few more can
   // be told 503.
   int http_threads = 0;
+  KvOptions kv = {};
 };
 
 // What is served. Everything outlives the Server.
@@ -58,6 +76,8 @@ class Server {
   // Throws Error when the address cannot be bound.
   void start();
   int port() const;
+  // --kv-role prefill: the port the agent's bootstrap socket listens on (after attach()).
+  int kv_port() const;
   // Starts the engine thread over `model`; /health turns 200.
   void attach(const ServedModel& model);
   // Drains: new requests get 503, running ones get up to shutdown_timeout to finish, then the

@@ -46,6 +46,9 @@ struct AgentOptions {
   // on, UCX moves even same-host transfers over TCP loopback. Off, shared memory is used and a
   // dead peer is found by the timeout and the lease only.
   bool peer_failure_detection = true;
+  // Prefill: sent to every decode side at the handshake, unread by the agent (the server puts
+  // the address of its control channel there); DecodeAgent::control() returns it.
+  std::string control;
   // Decode, for tests: called once the offers arrived, before the first get.
   std::function<void()> after_offer;
 };
@@ -102,6 +105,8 @@ class DecodeAgent {
   // with reconcile()'s message when either side refuses, or when the peer cannot be reached.
   void connect(const std::string& host, std::uint16_t port);
   std::size_t num_peers() const;
+  // The `AgentOptions::control` that the i-th prefill rank connect()ed to sent.
+  const std::string& control(std::size_t i) const;
   // Pulls request `request` from every connected prefill rank into `blocks` (this side's block
   // table). On failure the blocks' contents are undefined and no get is left in flight.
   PullResult pull(std::int64_t request, const RequestBlocks& blocks, const PullSpec& spec);
