@@ -48,6 +48,11 @@ struct QuantizedX {
   std::vector<std::int8_t> q;  // [n][blocks * 32]
   std::vector<float> d;        // [n][blocks]
   std::vector<float> s;        // [n][blocks], q8_1 only
+  // For the AVX-512 VNNI path: each block's codes as quarters [0..15, 0..15, 16..31, 16..31]
+  // ([n][blocks][64]), and the accumulator's start per lane, -8 (q4_0) or -128 (q8_0) times
+  // the sum of the lane's four codes ([n][blocks][16] in the same layout; not for q4_1).
+  std::vector<std::int8_t> x64;
+  std::vector<std::int32_t> c64;
 };
 
 // Everything one matmul call fixes; checked before any task runs.
@@ -62,6 +67,7 @@ struct MatmulCall {
   std::int64_t n = 0;
   float* y = nullptr;              // [n, rows]
   const QuantizedX* qx = nullptr;  // the block formats: x quantised (x itself is not read)
+  bool vnni = false;               // the CPU has AVX512-VNNI and tests have not switched it off
 };
 
 }  // namespace mixkv::kernels::detail
@@ -506,6 +512,158 @@ HWY_NOINLINE void qtile(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
   }
 }
 
+#if HWY_TARGET <= HWY_AVX3
+// AVX-512 with VNNI (checked at run time: Highway's AVX3 target does not imply it). Two W rows
+// per 512-bit register, its 128-bit quarters [row r codes 0..15 | row r + 1 codes 0..15 | row r
+// 16..31 | row r + 1 16..31] against x laid out as [x 0..15 | x 0..15 | x 16..31 | x 16..31]
+// (QuantizedX::x64): one VPDPBUSD gives both rows' eight sums (lanes 0..3 of quarters 0 and 2
+// are row r's k = 0..3 and 4..7). Its first operand is unsigned, so q4_0 keeps its codes 0..15
+// and q8_0 adds 128 to its codes, and the accumulator starts at -8 or -128 times the sums of
+// x's groups of four (QuantizedX::c64): the same exact integers. The float steps are lane for
+// lane those above; the last tree adds quarter 0 to quarter 2 (a_k + a_k+4), then as above.
+#define MIXKV_VNNI_ATTR \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+MIXKV_VNNI_ATTR HWY_INLINE float tree_sum_quarters(__m512 v, int row) {
+  // Quarters 0 + 2 (row 0 of the pair) or 1 + 3 (row 1), then (0 + 2) + (1 + 3) of the four.
+  const __m128 a = row == 0 ? _mm512_extractf32x4_ps(v, 0) : _mm512_extractf32x4_ps(v, 1);
+  const __m128 b = row == 0 ? _mm512_extractf32x4_ps(v, 2) : _mm512_extractf32x4_ps(v, 3);
+  __m128 t = _mm_add_ps(b, a);
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
+template <WeightType kT, int kX, int kP>
+MIXKV_VNNI_ATTR HWY_NOINLINE void qtile_vnni(const MatmulCall& c, std::int64_t r0,
+                                             std::int64_t i0) {
+  const QuantizedX& qx = *c.qx;
+  const std::int64_t blocks = qx.blocks;
+  const std::int8_t* xq[kX];
+  const float* xd[kX];
+  [[maybe_unused]] const float* xs[kX];
+  [[maybe_unused]] const std::int32_t* xc[kX];
+  for (int i = 0; i < kX; ++i) {
+    xq[i] = qx.x64.data() + (i0 + i) * blocks * 64;
+    xd[i] = qx.d.data() + (i0 + i) * blocks;
+    if constexpr (kT == WeightType::kQ4_1) xs[i] = qx.s.data() + (i0 + i) * blocks;
+    if constexpr (kT != WeightType::kQ4_1) xc[i] = qx.c64.data() + (i0 + i) * blocks * 16;
+  }
+  __m512 acc[kX][kP];
+  [[maybe_unused]] __m512 summs[kX][kP];
+  for (int i = 0; i < kX; ++i) {
+    for (int p = 0; p < kP; ++p) {
+      acc[i][p] = _mm512_setzero_ps();
+      summs[i][p] = _mm512_setzero_ps();
+    }
+  }
+  // Lane l of a pair's scale vector takes row (l / 4) % 2 of the pair: its d at index 0 or 2 of
+  // the converted [d_r, m_r, d_r+1, m_r+1] (q4_1) or [d_r, d_r+1] (others), m at 1 or 3.
+  constexpr int kStride = kT == WeightType::kQ4_1 ? 2 : 1;
+  const __m512i pick_d = _mm512_set_epi32(kStride, kStride, kStride, kStride, 0, 0, 0, 0, kStride,
+                                          kStride, kStride, kStride, 0, 0, 0, 0);
+  [[maybe_unused]] const __m512i pick_m = _mm512_add_epi32(pick_d, _mm512_set1_epi32(1));
+  const __m512i low4 = _mm512_set1_epi8(15);
+  constexpr std::int64_t kBB = kBlockBytes<kT>;
+  constexpr std::int64_t kPrefetch = 1024;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    __m512i w[kP];
+    __m512 dw[kP];
+    [[maybe_unused]] __m512 mw[kP];
+    for (int p = 0; p < kP; ++p) {
+      const std::byte* b0 = c.w + (r0 + 2 * p) * c.row_bytes + b * kBB;
+      const std::byte* b1 = b0 + c.row_bytes;
+      hwy::Prefetch(b0 + kPrefetch);
+      hwy::Prefetch(b1 + kPrefetch);
+      if constexpr (kT == WeightType::kQ8_0) {
+        const __m256i lo = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 2)), 1);
+        const __m256i hi = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 18))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 18)), 1);
+        w[p] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                _mm512_set1_epi8(static_cast<char>(0x80)));
+      } else {
+        constexpr int kHeader = kT == WeightType::kQ4_0 ? 2 : 4;
+        const __m256i both = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kHeader))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + kHeader)), 1);
+        w[p] = _mm512_and_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1), low4);
+      }
+      __m128i h;
+      if constexpr (kT == WeightType::kQ4_1) {
+        std::uint32_t v0, v1;
+        std::memcpy(&v0, b0, 4);
+        std::memcpy(&v1, b1, 4);
+        h = _mm_insert_epi32(_mm_cvtsi32_si128(static_cast<int>(v0)), static_cast<int>(v1), 1);
+      } else {
+        h = _mm_insert_epi16(_mm_cvtsi32_si128(load_u16(b0)), load_u16(b1), 1);
+      }
+      const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+      dw[p] = _mm512_permutexvar_ps(pick_d, f);
+      if constexpr (kT == WeightType::kQ4_1) mw[p] = _mm512_permutexvar_ps(pick_m, f);
+    }
+    for (int i = 0; i < kX; ++i) {
+      const __m512i xv = _mm512_loadu_si512(xq[i] + b * 64);
+      const __m512 dx = _mm512_set1_ps(xd[i][b]);
+      [[maybe_unused]] __m512 sx;
+      [[maybe_unused]] __m512i start;
+      if constexpr (kT == WeightType::kQ4_1) {
+        sx = _mm512_set1_ps(xs[i][b]);
+      } else {
+        start = _mm512_loadu_si512(xc[i] + b * 16);
+      }
+      for (int p = 0; p < kP; ++p) {
+        __m512i sums;
+        if constexpr (kT == WeightType::kQ4_1) {
+          sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], xv);
+        } else {
+          sums = _mm512_dpbusd_epi32(start, w[p], xv);
+        }
+        acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(sums), acc[i][p]);
+        if constexpr (kT == WeightType::kQ4_1)
+          summs[i][p] = _mm512_fmadd_ps(mw[p], sx, summs[i][p]);
+      }
+    }
+  }
+  for (int i = 0; i < kX; ++i) {
+    for (int p = 0; p < kP; ++p) {
+      for (int row = 0; row < 2; ++row) {
+        float v = tree_sum_quarters(acc[i][p], row);
+        if constexpr (kT == WeightType::kQ4_1) {
+          v += _mm_cvtss_f32(row == 0 ? _mm512_castps512_ps128(summs[i][p])
+                                      : _mm512_extractf32x4_ps(summs[i][p], 1));
+        }
+        c.y[(i0 + i) * c.rows + r0 + 2 * p + row] = v;
+      }
+    }
+  }
+}
+
+template <WeightType kT, int kP>
+void qtile_vnni_rows(const MatmulCall& c, std::int64_t r0) {
+  for (std::int64_t i0 = 0; i0 < c.n; i0 += 4) {
+    switch (std::min<std::int64_t>(4, c.n - i0)) {
+      case 1:
+        qtile_vnni<kT, 1, kP>(c, r0, i0);
+        break;
+      case 2:
+        qtile_vnni<kT, 2, kP>(c, r0, i0);
+        break;
+      case 3:
+        qtile_vnni<kT, 3, kP>(c, r0, i0);
+        break;
+      default:
+        qtile_vnni<kT, 4, kP>(c, r0, i0);
+        break;
+    }
+  }
+}
+#undef MIXKV_VNNI_ATTR
+#endif
+
 template <WeightType kT, int kW>
 void qtile_rows(const MatmulCall& c, std::int64_t r0) {
   for (std::int64_t i0 = 0; i0 < c.n; i0 += kMaxQX) {
@@ -532,6 +690,12 @@ void qtile_rows(const MatmulCall& c, std::int64_t r0) {
 template <WeightType kT>
 void qrows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   std::int64_t r = r_begin;
+#if HWY_TARGET <= HWY_AVX3
+  if (c.vnni) {
+    for (; r + 4 <= r_end; r += 4) qtile_vnni_rows<kT, 2>(c, r);
+    for (; r + 2 <= r_end; r += 2) qtile_vnni_rows<kT, 1>(c, r);
+  }
+#endif
   if (c.n == 1) {
     for (; r + 4 <= r_end; r += 4) qtile_rows<kT, 4>(c, r);
   } else {
@@ -605,6 +769,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <fmt/format.h>
 
+#include <atomic>
 #include <limits>
 
 #include "kernels/matmul_amx.hpp"
@@ -692,6 +857,22 @@ std::int64_t block_bytes(WeightType type) {
 }
 
 bool quantizes_x(WeightType type) { return weight_block_elements(type) == 32; }
+
+// Whether the block formats' AVX-512 path may use VPDPBUSD: the CPU has AVX512-VNNI (probed
+// once) and tests have not switched it off to check the path without it.
+std::atomic<bool>& vnni_switched_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+bool vnni_available() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool cpu = __builtin_cpu_supports("avx512vnni");
+#else
+  constexpr bool cpu = false;
+#endif
+  return cpu && vnni_switched_on().load(std::memory_order_relaxed);
+}
 
 // quantize_x for one block of 32 (QuantizedX says what it stores). The steps are ggml's (its
 // AVX2 quantize_row_q8_0 / _q8_1, which llama.cpp's x86 builds run): the scale divides the
@@ -789,7 +970,25 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
       const auto u = static_cast<std::size_t>(b);
       quantize_block(x.data() + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr);
     }
+    // The VNNI path's layout of the same codes (see QuantizedX).
+    qx.x64.resize(static_cast<std::size_t>(n * qx.blocks * 64));
+    qx.c64.resize(sums ? 0 : static_cast<std::size_t>(n * qx.blocks * 16));
+    const std::int32_t factor = w.dtype == WeightType::kQ4_0 ? -8 : -128;
+    for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
+      const std::int8_t* q = qx.q.data() + b * 32;
+      std::int8_t* out = qx.x64.data() + b * 64;
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        std::memcpy(out + 16 * quarter, q + (quarter >= 2 ? 16 : 0), 16);
+        if (sums) continue;
+        for (int j = 0; j < 4; ++j) {
+          const std::int8_t* g = q + (quarter >= 2 ? 16 : 0) + 4 * j;
+          qx.c64[static_cast<std::size_t>(b * 16 + quarter * 4 + j)] =
+              factor * (g[0] + g[1] + g[2] + g[3]);
+        }
+      }
+    }
     c.qx = &qx;
+    c.vnni = vnni_available();
   }
   const int workers = pool != nullptr ? pool->size() : 1;
 #ifdef MIXKV_MATMUL_AMX
@@ -859,6 +1058,8 @@ bool matmul_uses_amx(WeightType type) {
   return false;
 #endif
 }
+
+void set_matmul_vnni(bool on) { vnni_switched_on().store(on, std::memory_order_relaxed); }
 
 void set_matmul_amx(bool on) {
 #ifdef MIXKV_MATMUL_AMX

@@ -349,9 +349,9 @@ TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
   EXPECT_EQ(simd_targets().size(), static_cast<std::size_t>(targets));
 }
 
-// The block formats' integer dots: every instruction set gives the bits of the scalar baseline
-// (the same integer sums and the same float steps in the same order on every path), for 1 to 17
-// rows of x and shapes with a tail of W rows.
+// The block formats' integer dots: every instruction set (AVX-512 with and without VNNI, AVX2,
+// the scalar baseline ...) gives the same bits (the same integer sums and the same float steps
+// in the same order on every path), for 1 to 17 rows of x and shapes with a tail of W rows.
 TEST(WeightMatmul, BlockFormatsGiveTheSameBitsOnEveryInstructionSet) {
   std::mt19937_64 rng(6);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1}) {
@@ -361,18 +361,23 @@ TEST(WeightMatmul, BlockFormatsGiveTheSameBitsOnEveryInstructionSet) {
         const auto x = random_x(n, cols, rng);
         std::vector<float> first;
         std::string first_target;
-        for_each_simd_target([&](const std::string& target) {
-          std::vector<float> y(static_cast<std::size_t>(n * rows));
-          matmul({t, rows, cols, w.data()}, x, y);
-          if (first.empty()) {
-            first = y;
-            first_target = target;
-          } else {
-            expect_same_bits(y, first,
-                             std::string(to_string(t)) + " " + std::to_string(n) +
-                                 " rows: " + target + " vs " + first_target);
-          }
-        });
+        for (const bool vnni : {true, false}) {  // AVX-512 with and without VNNI, where it runs
+          set_matmul_vnni(vnni);
+          for_each_simd_target([&](const std::string& simd) {
+            const std::string target = simd + (vnni ? "" : " without VNNI");
+            std::vector<float> y(static_cast<std::size_t>(n * rows));
+            matmul({t, rows, cols, w.data()}, x, y);
+            if (first.empty()) {
+              first = y;
+              first_target = target;
+            } else {
+              expect_same_bits(y, first,
+                               std::string(to_string(t)) + " " + std::to_string(n) +
+                                   " rows: " + target + " vs " + first_target);
+            }
+          });
+        }
+        set_matmul_vnni(true);
       }
     }
   }
