@@ -49,7 +49,7 @@ demo: build
 	@echo
 	./$(BUILD_DIR)/mixkv generate tiny-swa --draft oracle --num-spec-tokens 4 --max-tokens 128
 	@echo
-	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "What is the capital of France?"
+	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "Write a short poem about the sea."
 	@echo
 	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "Give me three tips for staying focused." \
 	  --draft ngram --max-tokens 128

@@ -12,6 +12,7 @@
 #include "mixkv/kernels/matmul.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -36,6 +37,24 @@ constexpr std::int64_t kTileW = 4;
 // Columns decoded at once into scratch when W is reused for several register tiles of x rows.
 constexpr std::int64_t kChunkCols = 512;
 
+// The rows of x as ggml quantises activations for its block-format dot products (its
+// vec_dot_type: q8_1 for q4_1 weights, q8_0 for q4_0 and q8_0 weights), 32 elements per block:
+// d = amax / 127 rounded to fp16, q = x * (127 / amax) rounded to the nearest integer (ties to
+// even), and for q8_1 s = d * sum q rounded to fp16 (d before its rounding). Scales are kept
+// decoded. Filled once per call by quantize_x, before any task runs, so every path and thread
+// reads the same codes.
+struct QuantizedX {
+  std::int64_t blocks = 0;     // per row
+  std::vector<std::int8_t> q;  // [n][blocks * 32]
+  std::vector<float> d;        // [n][blocks]
+  std::vector<float> s;        // [n][blocks], q8_1 only
+  // For the AVX-512 VNNI path: each block's codes as quarters [0..15, 0..15, 16..31, 16..31]
+  // ([n][blocks][64]), and the accumulator's start per lane, -8 (q4_0) or -128 (q8_0) times
+  // the sum of the lane's four codes ([n][blocks][16] in the same layout; not for q4_1).
+  std::vector<std::int8_t> x64;
+  std::vector<std::int32_t> c64;
+};
+
 // Everything one matmul call fixes; checked before any task runs.
 struct MatmulCall {
   WeightType type = WeightType::kFloat32;
@@ -46,7 +65,9 @@ struct MatmulCall {
   const float* x = nullptr;  // [n, x_stride]; columns cols .. x_stride are zero
   std::int64_t x_stride = 0;
   std::int64_t n = 0;
-  float* y = nullptr;  // [n, rows]
+  float* y = nullptr;              // [n, rows]
+  const QuantizedX* qx = nullptr;  // the block formats: x quantised (x itself is not read)
+  bool vnni = false;               // the CPU has AVX512-VNNI and tests have not switched it off
 };
 
 }  // namespace mixkv::kernels::detail
@@ -141,67 +162,6 @@ constexpr std::int64_t kBlockBytes = kT == WeightType::kQ8_0   ? 34
                                      : kT == WeightType::kQ4_0 ? 18
                                                                : 20;
 
-// The header fields of blocks b and b + 1 as floats: s[0] = d_b, s[1] = m_b (q4_1), and at
-// s[kNext] d_{b+1} (s[kNext + 1] m_{b+1}); reads 32 bytes from block b.
-template <WeightType kT>
-constexpr int kNext = static_cast<int>(kBlockBytes<kT> / 2);
-
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// AVX-512 (16 float lanes): a block format decodes through a 16-entry table of floats, the
-// block's sixteen possible values computed once, then one lane permute per vector of elements
-// (vpermps reads the low four bits of each index, so a nibble needs no mask). The table entries
-// are the very floats load_block gives (the same single rounding of q * d + m), so both paths
-// give the same bits. The fp16 scales of two neighbouring blocks convert in one instruction;
-// kScaleFast blocks from the end of the weight it would read past, so those use load_block.
-constexpr bool kTableDecode = true;
-
-template <WeightType kT>
-HWY_INLINE void block_scales(const std::byte* block, float* s) {
-  const DF df;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  hn::Store(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(block))), df,
-            s);
-}
-
-// Keeps the compiler from forwarding the stored scales in registers.
-HWY_INLINE void scales_through_memory() { __asm__ volatile("" ::: "memory"); }
-
-// One block's two vectors from its table (d, m already floats).
-template <WeightType kT>
-HWY_INLINE void table_block(const std::byte* block, float d, [[maybe_unused]] float m, VF* out) {
-  const DF df;
-  const hn::RebindToSigned<DF> di;
-  if constexpr (kT == WeightType::kQ8_0) {
-    const hn::Rebind<std::int8_t, DF> d8;
-    const auto* qs = reinterpret_cast<const std::int8_t*>(block + 2);
-    const VF dv = hn::Set(df, d);
-    for (std::int64_t v = 0; v < kVecs; ++v)
-      out[v] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, qs + v * 16))), dv);
-  } else {
-    constexpr std::int64_t kHeader = kT == WeightType::kQ4_0 ? 2 : 4;
-    const hn::Rebind<std::uint8_t, DF> d8;
-    const VF iota = hn::Iota(df, 0.0f);
-    VF table;
-    if constexpr (kT == WeightType::kQ4_0) {
-      table = hn::Mul(hn::Sub(iota, hn::Set(df, 8.0f)), hn::Set(df, d));
-    } else {
-      table = hn::MulAdd(iota, hn::Set(df, d), hn::Set(df, m));
-    }
-    const auto bytes =
-        hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(block + kHeader)));
-    out[0] = VF{_mm512_permutexvar_ps(bytes.raw, table.raw)};
-    out[1] = VF{_mm512_permutexvar_ps(hn::ShiftRight<4>(bytes).raw, table.raw)};
-  }
-}
-#else
-constexpr bool kTableDecode = false;
-template <WeightType kT>
-void block_scales(const std::byte*, float*) {}
-template <WeightType kT>
-void table_block(const std::byte*, float, float, VF*) {}
-inline void scales_through_memory() {}
-#endif
-
 DType float_dtype(WeightType type) {
   switch (type) {
     case WeightType::kBfloat16:
@@ -265,49 +225,13 @@ HWY_NOINLINE void tile_registers(const MatmulCall& c, std::int64_t r0, std::int6
       }
     }
   };
-  if constexpr (kTableDecode && kT != WeightType::kFloat32 && kT != WeightType::kBfloat16 &&
-                kT != WeightType::kFloat16) {
-    // Two blocks per scale conversion (q8_0: one; its blocks are wider than the 32 bytes read).
-    constexpr std::int64_t kStep = kT == WeightType::kQ8_0 ? 1 : 2;
-    constexpr std::int64_t kBB = kBlockBytes<kT>;
-    const std::byte* end = c.w + c.rows * c.row_bytes;
-    HWY_ALIGN float s[kW][16];
-    for (std::int64_t b = 0; b < blocks; b += kStep) {
-      for (int r = 0; r < kW; ++r) {
-        const std::byte* block = wr[r] + b * kBB;
-        hwy::Prefetch(block + kPrefetch);
-        if (block + 32 <= end) {
-          block_scales<kT>(block, s[r]);
-        } else {  // the weight's last bytes: field by field
-          s[r][0] = fp16_bits_to_float(load_u16(block));
-          s[r][1] = fp16_bits_to_float(load_u16(block + 2));
-          if (kStep == 2 && b + 1 < blocks) {
-            s[r][kNext<kT>] = fp16_bits_to_float(load_u16(block + kBB));
-            s[r][kNext<kT> + 1] = fp16_bits_to_float(load_u16(block + kBB + 2));
-          }
-        }
-      }
-      // The scales go through memory on purpose: broadcast from memory is a load, while
-      // broadcasting the converted register would take the shuffle port the table lookups need.
-      scales_through_memory();
-      VF w[kW][kVecs];
-      for (int r = 0; r < kW; ++r) table_block<kT>(wr[r] + b * kBB, s[r][0], s[r][1], w[r]);
-      multiply(b, w);
-      if (kStep == 2 && b + 1 < blocks) {
-        for (int r = 0; r < kW; ++r)
-          table_block<kT>(wr[r] + (b + 1) * kBB, s[r][kNext<kT>], s[r][kNext<kT> + 1], w[r]);
-        multiply(b + 1, w);
-      }
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    for (int r = 0; r < kW; ++r) {
+      prefetch_w(c, (r0 + r) * c.row_bytes + b * block_bytes + kPrefetch, block_bytes);
     }
-  } else {
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      for (int r = 0; r < kW; ++r) {
-        prefetch_w(c, (r0 + r) * c.row_bytes + b * block_bytes + kPrefetch, block_bytes);
-      }
-      VF w[kW][kVecs];
-      for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
-      multiply(b, w);
-    }
+    VF w[kW][kVecs];
+    for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
+    multiply(b, w);
   }
   for (int i = 0; i < kX; ++i)
     for (int r = 0; r < kW; ++r)
@@ -425,6 +349,368 @@ void rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   }
 }
 
+// ---- Block formats: integer dots against x quantised as ggml does (QuantizedX) ----
+//
+// The arithmetic of each output y[i][r] is that of ggml's CPU dot products as llama.cpp's x86
+// builds with AVX2 run them (ggml_vec_dot_q4_1_q8_1 / _q4_0_q8_0 / _q8_0_q8_0 in
+// ggml-cpu/arch/x86/quants.c, llama-cpp-python 0.3.16): per block b of 32 columns, eight
+// integer sums of four consecutive products each (I_b,k over columns 32 b + 4 k .. + 3, exact in
+// int32), then in float, for each k, acc_k = fma(D_b, I_b,k, acc_k) with D_b = d_w * d_x (one
+// float product of the two decoded fp16 scales); q4_1 adds a ninth chain summs = fma(m_w, s_x,
+// summs) (GCC contracts ggml's summs += m * s into a fused multiply-add). At the end
+// y = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7)) (+ summs).
+// The integers are exact on every path, and the float steps are the same operations in the
+// same order on every path, so every instruction set gives the same bits.
+template <WeightType kT>
+constexpr bool kQuantized =
+    kT == WeightType::kQ8_0 || kT == WeightType::kQ4_0 || kT == WeightType::kQ4_1;
+
+// Code e (0..31) of a weight block: q4_0 as q - 8, q8_0 signed, q4_1 as stored.
+template <WeightType kT>
+HWY_INLINE int weight_code(const std::byte* block, int e) {
+  if constexpr (kT == WeightType::kQ8_0) {
+    return static_cast<std::int8_t>(block[2 + e]);
+  } else {
+    constexpr int kHeader = kT == WeightType::kQ4_0 ? 2 : 4;
+    const auto byte = static_cast<std::uint8_t>(block[kHeader + (e & 15)]);
+    const int q = e < 16 ? byte & 15 : byte >> 4;
+    return kT == WeightType::kQ4_0 ? q - 8 : q;
+  }
+}
+
+HWY_INLINE float tree_sum8(const float* a) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// One output, scalar (the baseline targets; also what the vector paths must equal).
+template <WeightType kT>
+float qdot_scalar(const MatmulCall& c, std::int64_t r, std::int64_t i) {
+  const QuantizedX& qx = *c.qx;
+  const std::byte* row = c.w + r * c.row_bytes;
+  const std::int8_t* xq = qx.q.data() + i * qx.blocks * kBlock;
+  const float* xd = qx.d.data() + i * qx.blocks;
+  float acc[8] = {};
+  float summs = 0.0f;
+  for (std::int64_t b = 0; b < qx.blocks; ++b) {
+    const std::byte* block = row + b * kBlockBytes<kT>;
+    const float d = fp16_bits_to_float(load_u16(block)) * xd[b];
+    for (int k = 0; k < 8; ++k) {
+      std::int32_t sum = 0;
+      for (int e = 4 * k; e < 4 * k + 4; ++e) sum += weight_code<kT>(block, e) * xq[b * kBlock + e];
+      acc[k] = std::fma(d, static_cast<float>(sum), acc[k]);
+    }
+    if constexpr (kT == WeightType::kQ4_1) {
+      summs = std::fma(fp16_bits_to_float(load_u16(block + 2)), qx.s[i * qx.blocks + b], summs);
+    }
+  }
+  return kT == WeightType::kQ4_1 ? tree_sum8(acc) + summs : tree_sum8(acc);
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+// AVX2 and AVX-512 targets: 256-bit integer dots (the eight sums of a block are the eight int32
+// lanes of one vector), the float steps lane by lane as above.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kMaxQX = 4;  // x rows per tile (32 vector registers)
+#else
+constexpr int kMaxQX = 2;
+#endif
+
+HWY_INLINE float tree_sum8(__m256 v) {
+  // (lane k + lane k + 4), then (0 + 2, 1 + 3), then their sum: tree_sum8's order.
+  __m128 t = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
+// The 32 codes of a weight block as bytes (q4_1 unsigned 0..15; q4_0 and q8_0 signed).
+template <WeightType kT>
+HWY_INLINE __m256i block_codes(const std::byte* block) {
+  if constexpr (kT == WeightType::kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
+  } else {
+    constexpr int kHeader = kT == WeightType::kQ4_0 ? 2 : 4;
+    const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kHeader));
+    const __m256i both =
+        _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    const __m256i q = _mm256_and_si256(both, _mm256_set1_epi8(15));
+    return kT == WeightType::kQ4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
+  }
+}
+
+// The eight sums of four products of a block (exact: pairs of products stay below 2^15 in the
+// 16-bit step, as |w| <= 128 and |x| <= 127).
+template <WeightType kT>
+HWY_INLINE __m256i block_sums(__m256i w, __m256i x) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (kT == WeightType::kQ4_1) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), ones);
+  } else {  // signed x signed: |w| times x with w's sign
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
+                             ones);
+  }
+}
+
+// kX rows of x (from i0) against kW rows of W (from r0), each whole row in one pass.
+template <WeightType kT, int kX, int kW>
+HWY_NOINLINE void qtile(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
+  const QuantizedX& qx = *c.qx;
+  const std::int64_t blocks = qx.blocks;
+  const std::byte* wr[kW];
+  for (int r = 0; r < kW; ++r) wr[r] = c.w + (r0 + r) * c.row_bytes;
+  const std::int8_t* xq[kX];
+  const float* xd[kX];
+  [[maybe_unused]] const float* xs[kX];
+  for (int i = 0; i < kX; ++i) {
+    xq[i] = qx.q.data() + (i0 + i) * blocks * kBlock;
+    xd[i] = qx.d.data() + (i0 + i) * blocks;
+    if constexpr (kT == WeightType::kQ4_1) xs[i] = qx.s.data() + (i0 + i) * blocks;
+  }
+  __m256 acc[kX][kW];
+  [[maybe_unused]] float summs[kX][kW];
+  for (int i = 0; i < kX; ++i) {
+    for (int r = 0; r < kW; ++r) {
+      acc[i][r] = _mm256_setzero_ps();
+      summs[i][r] = 0.0f;
+    }
+  }
+  constexpr std::int64_t kPrefetch = 1024;  // bytes ahead of each W row's loads
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    __m256i w[kW];
+    __m256 dw[kW];
+    [[maybe_unused]] float mw[kW];
+    for (int r = 0; r < kW; ++r) {
+      const std::byte* block = wr[r] + b * kBlockBytes<kT>;
+      hwy::Prefetch(block + kPrefetch);
+      w[r] = block_codes<kT>(block);
+      if constexpr (kT == WeightType::kQ4_1) {
+        std::uint32_t dm;
+        std::memcpy(&dm, block, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dm)));
+        dw[r] = _mm256_broadcastss_ps(f);
+        mw[r] = _mm_cvtss_f32(_mm_movehdup_ps(f));
+      } else {
+        dw[r] = _mm256_set1_ps(fp16_bits_to_float(load_u16(block)));
+      }
+    }
+    for (int i = 0; i < kX; ++i) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[i] + b * kBlock));
+      const __m256 dx = _mm256_broadcast_ss(xd[i] + b);
+      for (int r = 0; r < kW; ++r) {
+        const __m256 sums = _mm256_cvtepi32_ps(block_sums<kT>(w[r], xv));
+        acc[i][r] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), sums, acc[i][r]);
+        if constexpr (kT == WeightType::kQ4_1) summs[i][r] = std::fma(mw[r], xs[i][b], summs[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < kX; ++i) {
+    for (int r = 0; r < kW; ++r) {
+      float v = tree_sum8(acc[i][r]);
+      if constexpr (kT == WeightType::kQ4_1) v += summs[i][r];
+      c.y[(i0 + i) * c.rows + r0 + r] = v;
+    }
+  }
+}
+
+#if HWY_TARGET <= HWY_AVX3
+// AVX-512 with VNNI (checked at run time: Highway's AVX3 target does not imply it). Two W rows
+// per 512-bit register, its 128-bit quarters [row r codes 0..15 | row r + 1 codes 0..15 | row r
+// 16..31 | row r + 1 16..31] against x laid out as [x 0..15 | x 0..15 | x 16..31 | x 16..31]
+// (QuantizedX::x64): one VPDPBUSD gives both rows' eight sums (lanes 0..3 of quarters 0 and 2
+// are row r's k = 0..3 and 4..7). Its first operand is unsigned, so q4_0 keeps its codes 0..15
+// and q8_0 adds 128 to its codes, and the accumulator starts at -8 or -128 times the sums of
+// x's groups of four (QuantizedX::c64): the same exact integers. The float steps are lane for
+// lane those above; the last tree adds quarter 0 to quarter 2 (a_k + a_k+4), then as above.
+#define MIXKV_VNNI_ATTR \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+MIXKV_VNNI_ATTR HWY_INLINE float tree_sum_quarters(__m512 v, int row) {
+  // Quarters 0 + 2 (row 0 of the pair) or 1 + 3 (row 1), then (0 + 2) + (1 + 3) of the four.
+  const __m128 a = row == 0 ? _mm512_extractf32x4_ps(v, 0) : _mm512_extractf32x4_ps(v, 1);
+  const __m128 b = row == 0 ? _mm512_extractf32x4_ps(v, 2) : _mm512_extractf32x4_ps(v, 3);
+  __m128 t = _mm_add_ps(b, a);
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
+template <WeightType kT, int kX, int kP>
+MIXKV_VNNI_ATTR HWY_NOINLINE void qtile_vnni(const MatmulCall& c, std::int64_t r0,
+                                             std::int64_t i0) {
+  const QuantizedX& qx = *c.qx;
+  const std::int64_t blocks = qx.blocks;
+  const std::int8_t* xq[kX];
+  const float* xd[kX];
+  [[maybe_unused]] const float* xs[kX];
+  [[maybe_unused]] const std::int32_t* xc[kX];
+  for (int i = 0; i < kX; ++i) {
+    xq[i] = qx.x64.data() + (i0 + i) * blocks * 64;
+    xd[i] = qx.d.data() + (i0 + i) * blocks;
+    if constexpr (kT == WeightType::kQ4_1) xs[i] = qx.s.data() + (i0 + i) * blocks;
+    if constexpr (kT != WeightType::kQ4_1) xc[i] = qx.c64.data() + (i0 + i) * blocks * 16;
+  }
+  __m512 acc[kX][kP];
+  [[maybe_unused]] __m512 summs[kX][kP];
+  for (int i = 0; i < kX; ++i) {
+    for (int p = 0; p < kP; ++p) {
+      acc[i][p] = _mm512_setzero_ps();
+      summs[i][p] = _mm512_setzero_ps();
+    }
+  }
+  // Lane l of a pair's scale vector takes row (l / 4) % 2 of the pair: its d at index 0 or 2 of
+  // the converted [d_r, m_r, d_r+1, m_r+1] (q4_1) or [d_r, d_r+1] (others), m at 1 or 3.
+  constexpr int kStride = kT == WeightType::kQ4_1 ? 2 : 1;
+  const __m512i pick_d = _mm512_set_epi32(kStride, kStride, kStride, kStride, 0, 0, 0, 0, kStride,
+                                          kStride, kStride, kStride, 0, 0, 0, 0);
+  [[maybe_unused]] const __m512i pick_m = _mm512_add_epi32(pick_d, _mm512_set1_epi32(1));
+  const __m512i low4 = _mm512_set1_epi8(15);
+  constexpr std::int64_t kBB = kBlockBytes<kT>;
+  constexpr std::int64_t kPrefetch = 1024;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    __m512i w[kP];
+    __m512 dw[kP];
+    [[maybe_unused]] __m512 mw[kP];
+    for (int p = 0; p < kP; ++p) {
+      const std::byte* b0 = c.w + (r0 + 2 * p) * c.row_bytes + b * kBB;
+      const std::byte* b1 = b0 + c.row_bytes;
+      hwy::Prefetch(b0 + kPrefetch);
+      hwy::Prefetch(b1 + kPrefetch);
+      if constexpr (kT == WeightType::kQ8_0) {
+        const __m256i lo = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 2)), 1);
+        const __m256i hi = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 18))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + 18)), 1);
+        w[p] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1),
+                                _mm512_set1_epi8(static_cast<char>(0x80)));
+      } else {
+        constexpr int kHeader = kT == WeightType::kQ4_0 ? 2 : 4;
+        const __m256i both = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + kHeader))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(b1 + kHeader)), 1);
+        w[p] = _mm512_and_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(both), _mm256_srli_epi16(both, 4), 1), low4);
+      }
+      __m128i h;
+      if constexpr (kT == WeightType::kQ4_1) {
+        std::uint32_t v0, v1;
+        std::memcpy(&v0, b0, 4);
+        std::memcpy(&v1, b1, 4);
+        h = _mm_insert_epi32(_mm_cvtsi32_si128(static_cast<int>(v0)), static_cast<int>(v1), 1);
+      } else {
+        h = _mm_insert_epi16(_mm_cvtsi32_si128(load_u16(b0)), load_u16(b1), 1);
+      }
+      const __m512 f = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+      dw[p] = _mm512_permutexvar_ps(pick_d, f);
+      if constexpr (kT == WeightType::kQ4_1) mw[p] = _mm512_permutexvar_ps(pick_m, f);
+    }
+    for (int i = 0; i < kX; ++i) {
+      const __m512i xv = _mm512_loadu_si512(xq[i] + b * 64);
+      const __m512 dx = _mm512_set1_ps(xd[i][b]);
+      [[maybe_unused]] __m512 sx;
+      [[maybe_unused]] __m512i start;
+      if constexpr (kT == WeightType::kQ4_1) {
+        sx = _mm512_set1_ps(xs[i][b]);
+      } else {
+        start = _mm512_loadu_si512(xc[i] + b * 16);
+      }
+      for (int p = 0; p < kP; ++p) {
+        __m512i sums;
+        if constexpr (kT == WeightType::kQ4_1) {
+          sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[p], xv);
+        } else {
+          sums = _mm512_dpbusd_epi32(start, w[p], xv);
+        }
+        acc[i][p] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(sums), acc[i][p]);
+        if constexpr (kT == WeightType::kQ4_1)
+          summs[i][p] = _mm512_fmadd_ps(mw[p], sx, summs[i][p]);
+      }
+    }
+  }
+  for (int i = 0; i < kX; ++i) {
+    for (int p = 0; p < kP; ++p) {
+      for (int row = 0; row < 2; ++row) {
+        float v = tree_sum_quarters(acc[i][p], row);
+        if constexpr (kT == WeightType::kQ4_1) {
+          v += _mm_cvtss_f32(row == 0 ? _mm512_castps512_ps128(summs[i][p])
+                                      : _mm512_extractf32x4_ps(summs[i][p], 1));
+        }
+        c.y[(i0 + i) * c.rows + r0 + 2 * p + row] = v;
+      }
+    }
+  }
+}
+
+template <WeightType kT, int kP>
+void qtile_vnni_rows(const MatmulCall& c, std::int64_t r0) {
+  for (std::int64_t i0 = 0; i0 < c.n; i0 += 4) {
+    switch (std::min<std::int64_t>(4, c.n - i0)) {
+      case 1:
+        qtile_vnni<kT, 1, kP>(c, r0, i0);
+        break;
+      case 2:
+        qtile_vnni<kT, 2, kP>(c, r0, i0);
+        break;
+      case 3:
+        qtile_vnni<kT, 3, kP>(c, r0, i0);
+        break;
+      default:
+        qtile_vnni<kT, 4, kP>(c, r0, i0);
+        break;
+    }
+  }
+}
+#undef MIXKV_VNNI_ATTR
+#endif
+
+template <WeightType kT, int kW>
+void qtile_rows(const MatmulCall& c, std::int64_t r0) {
+  for (std::int64_t i0 = 0; i0 < c.n; i0 += kMaxQX) {
+    switch (std::min<std::int64_t>(kMaxQX, c.n - i0)) {
+      case 1:
+        qtile<kT, 1, kW>(c, r0, i0);
+        break;
+      case 2:
+        qtile<kT, 2, kW>(c, r0, i0);
+        break;
+      case 3:
+        if constexpr (kMaxQX >= 3) qtile<kT, 3, kW>(c, r0, i0);
+        break;
+      default:
+        if constexpr (kMaxQX >= 4) qtile<kT, 4, kW>(c, r0, i0);
+        break;
+    }
+  }
+}
+
+// W rows [r_begin, r_end): four at a time for one row of x (four independent chains), two when
+// several x rows share each block (their accumulators fill the registers); every x tile of a
+// W tile reads that tile again from the cache, so W streams from memory once.
+template <WeightType kT>
+void qrows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  std::int64_t r = r_begin;
+#if HWY_TARGET <= HWY_AVX3
+  if (c.vnni) {
+    for (; r + 4 <= r_end; r += 4) qtile_vnni_rows<kT, 2>(c, r);
+    for (; r + 2 <= r_end; r += 2) qtile_vnni_rows<kT, 1>(c, r);
+  }
+#endif
+  if (c.n == 1) {
+    for (; r + 4 <= r_end; r += 4) qtile_rows<kT, 4>(c, r);
+  } else {
+    for (; r + 2 <= r_end; r += 2) qtile_rows<kT, 2>(c, r);
+  }
+  for (; r < r_end; ++r) qtile_rows<kT, 1>(c, r);
+}
+#else
+template <WeightType kT>
+void qrows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  for (std::int64_t r = r_begin; r < r_end; ++r)
+    for (std::int64_t i = 0; i < c.n; ++i) c.y[i * c.rows + r] = qdot_scalar<kT>(c, r, i);
+}
+#endif
+
 }  // namespace
 
 void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
@@ -436,11 +722,11 @@ void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
     case WeightType::kFloat16:
       return rows_task<WeightType::kFloat16>(c, r_begin, r_end);
     case WeightType::kQ8_0:
-      return rows_task<WeightType::kQ8_0>(c, r_begin, r_end);
+      return qrows_task<WeightType::kQ8_0>(c, r_begin, r_end);
     case WeightType::kQ4_0:
-      return rows_task<WeightType::kQ4_0>(c, r_begin, r_end);
+      return qrows_task<WeightType::kQ4_0>(c, r_begin, r_end);
     case WeightType::kQ4_1:
-      return rows_task<WeightType::kQ4_1>(c, r_begin, r_end);
+      return qrows_task<WeightType::kQ4_1>(c, r_begin, r_end);
   }
 }
 
@@ -483,9 +769,13 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 #include <fmt/format.h>
 
+#include <atomic>
+#include <limits>
+
 #include "kernels/matmul_amx.hpp"
 #include "mixkv/core/checked_math.hpp"
 #include "mixkv/core/error.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 namespace mixkv::kernels {
 namespace detail {
@@ -566,6 +856,48 @@ std::int64_t block_bytes(WeightType type) {
   return 0;
 }
 
+bool quantizes_x(WeightType type) { return weight_block_elements(type) == 32; }
+
+// Whether the block formats' AVX-512 path may use VPDPBUSD: the CPU has AVX512-VNNI (probed
+// once) and tests have not switched it off to check the path without it.
+std::atomic<bool>& vnni_switched_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+bool vnni_available() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool cpu = __builtin_cpu_supports("avx512vnni");
+#else
+  constexpr bool cpu = false;
+#endif
+  return cpu && vnni_switched_on().load(std::memory_order_relaxed);
+}
+
+// quantize_x for one block of 32 (QuantizedX says what it stores). The steps are ggml's (its
+// AVX2 quantize_row_q8_0 / _q8_1, which llama.cpp's x86 builds run): the scale divides the
+// absolute maximum by 127, the codes multiply by 127 / amax (not by 1 / d), and rounding is to
+// the nearest integer with ties to even. Non-finite x (ggml leaves them undefined) give a
+// non-finite d, so the outputs they touch are not finite either, and codes stay in range.
+void quantize_block(const float* x, std::int8_t* q, float* d, float* s) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int e = 0; e < 32; ++e) {
+    finite = finite && std::isfinite(x[e]);
+    amax = std::max(amax, std::fabs(x[e]));
+  }
+  const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+  const float inverse = finite && amax != 0.0f ? 127.0f / amax : 0.0f;
+  std::int32_t sum = 0;
+  for (int e = 0; e < 32; ++e) {
+    const float v = std::nearbyint(x[e] * inverse);
+    q[e] = static_cast<std::int8_t>(finite ? std::clamp(v, -127.0f, 127.0f) : 0.0f);
+    sum += q[e];
+  }
+  *d = fp16_to_float(float_to_fp16(scale));
+  if (s != nullptr) *s = fp16_to_float(float_to_fp16(scale * static_cast<float>(sum)));
+}
+
 void check_shape(WeightType type, std::int64_t rows, std::int64_t cols, std::string_view where) {
   if (rows <= 0 || cols <= 0) {
     throw_invalid(
@@ -625,6 +957,38 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
     for (std::int64_t i = 0; i < n; ++i)
       std::copy_n(x.data() + i * w.cols, w.cols, padded.data() + i * c.x_stride);
     c.x = padded.data();
+  }
+  // The block formats read x quantised (once per call, before any task; one thread's buffers).
+  thread_local detail::QuantizedX qx;
+  if (quantizes_x(w.dtype)) {
+    const bool sums = w.dtype == WeightType::kQ4_1;
+    qx.blocks = w.cols / 32;
+    qx.q.resize(static_cast<std::size_t>(n * w.cols));
+    qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
+    qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+    for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
+      const auto u = static_cast<std::size_t>(b);
+      quantize_block(x.data() + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr);
+    }
+    // The VNNI path's layout of the same codes (see QuantizedX).
+    qx.x64.resize(static_cast<std::size_t>(n * qx.blocks * 64));
+    qx.c64.resize(sums ? 0 : static_cast<std::size_t>(n * qx.blocks * 16));
+    const std::int32_t factor = w.dtype == WeightType::kQ4_0 ? -8 : -128;
+    for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
+      const std::int8_t* q = qx.q.data() + b * 32;
+      std::int8_t* out = qx.x64.data() + b * 64;
+      for (int quarter = 0; quarter < 4; ++quarter) {
+        std::memcpy(out + 16 * quarter, q + (quarter >= 2 ? 16 : 0), 16);
+        if (sums) continue;
+        for (int j = 0; j < 4; ++j) {
+          const std::int8_t* g = q + (quarter >= 2 ? 16 : 0) + 4 * j;
+          qx.c64[static_cast<std::size_t>(b * 16 + quarter * 4 + j)] =
+              factor * (g[0] + g[1] + g[2] + g[3]);
+        }
+      }
+    }
+    c.qx = &qx;
+    c.vnni = vnni_available();
   }
   const int workers = pool != nullptr ? pool->size() : 1;
 #ifdef MIXKV_MATMUL_AMX
@@ -694,6 +1058,8 @@ bool matmul_uses_amx(WeightType type) {
   return false;
 #endif
 }
+
+void set_matmul_vnni(bool on) { vnni_switched_on().store(on, std::memory_order_relaxed); }
 
 void set_matmul_amx(bool on) {
 #ifdef MIXKV_MATMUL_AMX

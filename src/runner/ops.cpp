@@ -11,10 +11,15 @@ void matmul(const Matrix& w, const float* x, std::int64_t tokens, float* y,
                   std::span<float>(y, static_cast<std::size_t>(tokens * w.rows())), pool);
 }
 
+// ggml's steps (ggml_compute_forward_rms_norm_f32): the squares, rounded to float, summed in
+// double; their mean rounded to float; then 1 / sqrt(mean + eps) in float, x times it, times the
+// weight. The block-format products quantise their input, so a last-bit difference here moves
+// codes there; matching llama.cpp's bits keeps those codes the same.
 void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y) {
-  float ss = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + static_cast<float>(eps));
+  double ss = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
+  const auto mean = static_cast<float>(ss / static_cast<double>(n));
+  const float inv = 1.0f / std::sqrt(mean + static_cast<float>(eps));
   for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[static_cast<std::size_t>(i)];
 }
 

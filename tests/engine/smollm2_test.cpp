@@ -49,8 +49,8 @@ std::vector<std::vector<TokenId>> chat_prompts(const std::string& path, std::siz
 }
 
 // Greedy decoding amplifies every near-tie: the first token that differs changes the rest. Issue
-// 13 asks for the first 32 tokens identical on 7 of 8 chats; measured: 2 of 8 (llama.cpp rounds
-// activations to 8 bits, mixkv does not). What this test checks: each reply agrees with
+// 13 asks for the first 32 tokens identical on 7 of 8 chats; measured: 2 of 8 (the products
+// match llama.cpp's, its attention arithmetic does not: docs/engine.md). What this test checks: each reply agrees with
 // llama.cpp's up to a position where llama.cpp itself nearly tied (top-1 minus top-2 logit, one
 // token per call, under 0.5), and at least 2 chats agree on all 32.
 TEST(SmolLm2LongGreedy, RepliesFollowLlamaCppUpToANearTie) {

@@ -1,14 +1,18 @@
 // Weight-streaming matrix products: every storage type decoded as its format defines (checked
 // against a scalar double-precision decoder written here from the format, over random codes and
-// scales), products within float rounding of a double reference, and the same bits whatever the
-// number of rows, the thread count or the instruction set's register tiling.
+// scales), products within float rounding of a double reference (for the block formats: of the
+// product over x quantised as ggml quantises it, q8_1 / q8_0, with a quantiser written here from
+// ggml's definition), and the same bits whatever the number of rows, the thread count or the
+// instruction set's register tiling (the block formats: the same bits on every instruction set).
 #include "mixkv/kernels/matmul.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -119,6 +123,87 @@ std::vector<float> random_x(std::int64_t n, std::int64_t cols, std::mt19937_64& 
   return x;
 }
 
+// One block of 32 activations as ggml's x86 quantize_row_q8_0 / _q8_1 store it: d = amax / 127
+// (to fp16), codes round(x * 127 / amax) with ties to even, s = fp16(d * sum of codes).
+struct XBlock {
+  int q[32];
+  double d, s;
+};
+
+XBlock reference_quantize(const float* x) {
+  XBlock out{};
+  float amax = 0;
+  for (int e = 0; e < 32; ++e) amax = std::max(amax, std::abs(x[e]));
+  const float d = amax / 127.0f, inverse = amax != 0 ? 127.0f / amax : 0.0f;
+  int sum = 0;
+  for (int e = 0; e < 32; ++e) {
+    const float v = x[e] * inverse;
+    float r = std::floor(v);
+    const float frac = v - r;
+    if (frac > 0.5f || (frac == 0.5f && std::fmod(r, 2.0f) != 0)) r += 1;  // ties to even
+    out.q[e] = static_cast<int>(r);
+    sum += out.q[e];
+  }
+  out.d = fp16_to_float(float_to_fp16(d));
+  out.s = fp16_to_float(float_to_fp16(d * static_cast<float>(sum)));
+  return out;
+}
+
+// The product of W's row r and x's row `xr` (cols floats), in double: for float types over the
+// exact values; for the block formats as ggml defines its dot, sum over blocks of
+// d_w d_x sum(q_w q_x) (+ m_w s_x for q4_1), q_w as stored (q4_0: q - 8), over quantised x.
+// `mag` gets the sum of the terms' magnitudes (what float rounding scales with).
+double reference_product(WeightType type, const std::vector<std::byte>& w, std::int64_t cols,
+                         std::int64_t r, const float* xr, double& mag) {
+  double ref = 0;
+  mag = 0;
+  if (weight_block_elements(type) == 1) {
+    for (std::int64_t e = 0; e < cols; ++e) {
+      const double p = xr[e] * reference_element(type, w, cols, r, e);
+      ref += p;
+      mag += std::abs(p);
+    }
+    return ref;
+  }
+  const std::byte* row = w.data() + r * weight_bytes(type, 1, cols);
+  const std::int64_t block_bytes = weight_bytes(type, 1, 32);
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const XBlock xb = reference_quantize(xr + 32 * b);
+    const std::byte* block = row + b * block_bytes;
+    const double dw = fp16_to_float(u16(block));
+    double dot = 0, dot_mag = 0;
+    for (std::int64_t e = 0; e < 32; ++e) {
+      // reference_element is q_w d_w (+ m_w): take the code back out of it exactly.
+      int q = 0;
+      if (type == WeightType::kQ8_0) {
+        q = static_cast<std::int8_t>(block[2 + e]);
+      } else {
+        const bool q41 = type == WeightType::kQ4_1;
+        const auto byte = static_cast<std::uint8_t>(block[(q41 ? 4 : 2) + e % 16]);
+        q = (e < 16 ? byte & 15 : byte >> 4) - (q41 ? 0 : 8);
+      }
+      dot += q * xb.q[e];
+      dot_mag += std::abs(q * xb.q[e]);
+    }
+    ref += dw * xb.d * dot;
+    mag += std::abs(dw * xb.d) * dot_mag;
+    if (type == WeightType::kQ4_1) {
+      const double m = fp16_to_float(u16(block + 2));
+      ref += m * xb.s;
+      mag += std::abs(m * xb.s);
+    }
+  }
+  return ref;
+}
+
+// Float roundings per output: `cols` products added in float (in a few lanes, then a tree),
+// plus 9; on AMX tiles (bf16) each x is three exact bf16 terms, so three additions per column.
+// The block formats: one fused multiply-add per block and lane (the integer sums are exact).
+double roundings(WeightType type, std::int64_t cols) {
+  if (weight_block_elements(type) == 32) return static_cast<double>(cols / 32) + 9;
+  return static_cast<double>(matmul_uses_amx(type) ? 3 * cols : cols) + 9;
+}
+
 struct Case {
   WeightType type;
   std::int64_t rows, cols;
@@ -165,14 +250,8 @@ TEST(WeightMatmul, DecodesEveryTypeAsItsFormatDefines) {
   }
 }
 
-// Float roundings per output: `cols` products added in float (in a few lanes, then a tree),
-// plus 9; on AMX tiles (bf16) each x is three exact bf16 terms, so three additions per column.
-double roundings(WeightType type, std::int64_t cols) {
-  return static_cast<double>(matmul_uses_amx(type) ? 3 * cols : cols) + 9;
-}
-
-// y within float rounding of the double-precision product over the exact weight values: below
-// roundings * 2^-24 * sum |x w|, plus one rounding of each q4_1 weight.
+// y within float rounding of the double-precision product over the exact weight values (block
+// formats: and over x quantised as ggml does): below roundings * 2^-24 * the terms' magnitudes.
 TEST(WeightMatmul, MatchesTheDoubleReference) {
   std::mt19937_64 rng(2);
   for (const Case& c : cases()) {
@@ -184,13 +263,8 @@ TEST(WeightMatmul, MatchesTheDoubleReference) {
       matmul(view, x, y);
       for (std::int64_t i = 0; i < n; ++i) {
         for (std::int64_t r = 0; r < c.rows; ++r) {
-          double ref = 0, mag = 0;
-          for (std::int64_t e = 0; e < c.cols; ++e) {
-            const double p = x[static_cast<std::size_t>(i * c.cols + e)] *
-                             reference_element(c.type, w, c.cols, r, e);
-            ref += p;
-            mag += std::abs(p);
-          }
+          double mag = 0;
+          const double ref = reference_product(c.type, w, c.cols, r, x.data() + i * c.cols, mag);
           const double tol = roundings(c.type, c.cols) * 0x1p-24 * mag;
           ASSERT_NEAR(y[static_cast<std::size_t>(i * c.rows + r)], ref, tol)
               << name(c) << " n " << n << " row " << i << " output " << r;
@@ -261,14 +335,10 @@ TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
       matmul({t, rows, cols, w.data()}, x, y);
       for (std::int64_t i = 0; i < 2; ++i) {
         for (std::int64_t r = 0; r < rows; ++r) {
-          double ref = 0, mag = 0;
-          for (std::int64_t e = 0; e < cols; ++e) {
-            const double p =
-                x[static_cast<std::size_t>(i * cols + e)] * reference_element(t, w, cols, r, e);
-            ref += p;
-            mag += std::abs(p);
-          }
-          EXPECT_NEAR(y[static_cast<std::size_t>(i * rows + r)], ref, (cols + 9) * 0x1p-24 * mag)
+          double mag = 0;
+          const double ref = reference_product(t, w, cols, r, x.data() + i * cols, mag);
+          EXPECT_NEAR(y[static_cast<std::size_t>(i * rows + r)], ref,
+                      roundings(t, cols) * 0x1p-24 * mag)
               << to_string(t) << " on " << target;
         }
       }
@@ -277,6 +347,80 @@ TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
   set_matmul_amx(true);
   EXPECT_GE(targets, 1);
   EXPECT_EQ(simd_targets().size(), static_cast<std::size_t>(targets));
+}
+
+// The block formats' integer dots: every instruction set (AVX-512 with and without VNNI, AVX2,
+// the scalar baseline ...) gives the same bits (the same integer sums and the same float steps
+// in the same order on every path), for 1 to 17 rows of x and shapes with a tail of W rows.
+TEST(WeightMatmul, BlockFormatsGiveTheSameBitsOnEveryInstructionSet) {
+  std::mt19937_64 rng(6);
+  for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1}) {
+    for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{37, 1056}, {6, 64}}) {
+      const auto w = random_weight(t, rows, cols, rng);
+      for (std::int64_t n : {1, 2, 3, 5, 8, 17}) {
+        const auto x = random_x(n, cols, rng);
+        std::vector<float> first;
+        std::string first_target;
+        for (const bool vnni : {true, false}) {  // AVX-512 with and without VNNI, where it runs
+          set_matmul_vnni(vnni);
+          for_each_simd_target([&](const std::string& simd) {
+            const std::string target = simd + (vnni ? "" : " without VNNI");
+            std::vector<float> y(static_cast<std::size_t>(n * rows));
+            matmul({t, rows, cols, w.data()}, x, y);
+            if (first.empty()) {
+              first = y;
+              first_target = target;
+            } else {
+              expect_same_bits(y, first,
+                               std::string(to_string(t)) + " " + std::to_string(n) +
+                                   " rows: " + target + " vs " + first_target);
+            }
+          });
+        }
+        set_matmul_vnni(true);
+      }
+    }
+  }
+}
+
+// ggml's activation quantisation on values that tell its choices apart: with amax = 127 the
+// codes are x itself rounded to the nearest integer, ties to even (roundf would give 3, 4, -3,
+// 1, -1, 2, 127); a q8_0 weight of unit codes (d = 1) picks each code out exactly. A q4_1 weight
+// with d = 0 and m = 1 gives s = fp16(d_x * sum of codes). A non-finite x gives non-finite
+// outputs.
+TEST(WeightMatmul, QuantisesActivationsAsGgmlDoes) {
+  std::vector<float> x(32, 0.0f);
+  const float values[] = {127.0f, 2.5f, 3.5f, -2.5f, 0.5f, -0.5f, 1.5f, 126.5f};
+  const int codes[] = {127, 2, 4, -2, 0, 0, 2, 126};
+  std::copy(std::begin(values), std::end(values), x.begin());
+  std::vector<std::byte> w;
+  for (int r = 0; r < 8; ++r) {
+    put16(w, float_to_fp16(1.0f));
+    for (int e = 0; e < 32; ++e) w.push_back(static_cast<std::byte>(e == r ? 1 : 0));
+  }
+  std::vector<float> y(8);
+  matmul({WeightType::kQ8_0, 8, 32, w.data()}, x, y);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(y[static_cast<std::size_t>(r)], codes[r]) << r;
+
+  // x = 0.01 * codes-ish values: d = 1.27 / 127 in float, s = fp16(d * 259).
+  std::vector<float> xs(32, 0.0f);
+  for (int e = 0; e < 8; ++e)
+    xs[static_cast<std::size_t>(e)] = 0.01f * static_cast<float>(codes[e]);
+  const float amax = 0.01f * 127.0f;
+  int sum = 0;
+  for (int e = 0; e < 8; ++e)
+    sum += static_cast<int>(std::nearbyint(xs[static_cast<std::size_t>(e)] * (127.0f / amax)));
+  std::vector<std::byte> w1;
+  put16(w1, float_to_fp16(0.0f));
+  put16(w1, float_to_fp16(1.0f));
+  for (int e = 0; e < 16; ++e) w1.push_back(std::byte{0x77});
+  std::vector<float> y1(1);
+  matmul({WeightType::kQ4_1, 1, 32, w1.data()}, xs, y1);
+  EXPECT_EQ(y1[0], fp16_to_float(float_to_fp16(amax / 127.0f * static_cast<float>(sum))));
+
+  x[3] = std::numeric_limits<float>::infinity();
+  matmul({WeightType::kQ8_0, 8, 32, w.data()}, x, y);
+  for (float v : y) EXPECT_FALSE(std::isfinite(v));
 }
 
 // The AMX path (where the CPU has it), beyond the shapes above: x of every magnitude (its three

@@ -51,6 +51,10 @@ struct WeightView {
 // and the instruction set alone: the same bits whatever n, whatever the other rows of x, and
 // whatever the pool (nullptr: the calling thread). Throws Error (bad input) when the sizes do not
 // match, naming `where` (e.g. the layer and tensor) in the message.
+// The block formats (q8_0, q4_0, q4_1) compute what ggml's CPU backend computes (llama.cpp's x86
+// builds): each row of x quantised per 32 elements as ggml's q8_0 (q8_0 and q4_0 weights) or
+// q8_1 (q4_1), integer dots per block, and ggml's float steps in its order, so the result is the
+// same bits on every instruction set and, for the same x, llama.cpp's (docs/kernels.md).
 void matmul(const WeightView& w, std::span<const float> x, std::span<float> y,
             ThreadPool* pool = nullptr, std::string_view where = "matmul");
 
@@ -65,6 +69,11 @@ const char* matmul_target();
 // with AMX-BF16 whose OS grants the tile state (Linux 5.16+), unless switched off. The AMX path
 // has its own reduction order (docs/kernels.md), as each instruction set does.
 bool matmul_uses_amx(WeightType type);
+
+// Switches the block formats' AVX-512 VNNI dot products off (or back on) for the whole process:
+// tests check the AVX-512 path without VNNI on a CPU that has it (both give the same bits);
+// not meant to be flipped while products run.
+void set_matmul_vnni(bool on);
 
 // Switches the AMX path off (or back on) for the whole process: tests check the AVX paths on an
 // AMX machine with it; not meant to be flipped while products run.
