@@ -120,7 +120,9 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 constexpr std::int64_t kContext = 2 * kSplitTokens + 300;  // three chunks
 constexpr std::int64_t kRows = 5;
 
-void check_case(const Case& c, const std::string& target) {
+// `full`: every pool, the batch and the chunked prefill; else (the other instruction sets, kept
+// short for the sanitizer build) the verify on 2 workers and each row's decode on one.
+void check_case(const Case& c, const std::string& target, bool full) {
   const std::string where = c.name + " on " + target;
   std::mt19937_64 rng(31);
   const std::int64_t pages = (kContext + c.page_tokens - 1) / c.page_tokens;
@@ -145,7 +147,9 @@ void check_case(const Case& c, const std::string& target) {
   EXPECT_TRUE(cmp.ok()) << where << ": " << cmp.to_string();
 
   ThreadPool two(2), three(3), seven(7);
-  const std::vector<ThreadPool*> pools = {nullptr, &two, &three, &seven};
+  const std::vector<ThreadPool*> pools =
+      full ? std::vector<ThreadPool*>{nullptr, &two, &three, &seven}
+           : std::vector<ThreadPool*>{&two};
   const auto verify = attend(l, blocks, kContext, kRows, r.q, sinks, nullptr);
   for (float x : verify) ASSERT_TRUE(std::isfinite(x)) << where;
   for (ThreadPool* pool : pools) {
@@ -153,22 +157,24 @@ void check_case(const Case& c, const std::string& target) {
     // The verify block: the same bits on any pool, and inside a batch.
     EXPECT_TRUE(same_bits(attend(l, blocks, kContext, kRows, r.q, sinks, pool), verify)) << how;
     const std::vector<PagedSequence> others = {{other.blocks, other.kv_len, other.num_queries}};
-    EXPECT_TRUE(
-        same_bits(attend(l, blocks, kContext, kRows, r.q, sinks, pool, others, other.q), verify))
-        << how << ", in a batch";
+    if (full) {
+      EXPECT_TRUE(
+          same_bits(attend(l, blocks, kContext, kRows, r.q, sinks, pool, others, other.q), verify))
+          << how << ", in a batch";
+    }
     // Each row: its own decode (causal: a context ending at its position; non-causal: the same
     // context as a lone query).
     for (std::int64_t i = 0; i < kRows; ++i) {
       const std::int64_t kv = c.spec.params.causal ? kContext - kRows + i + 1 : kContext;
       const std::span<const float> qi(r.q.data() + static_cast<std::size_t>(i) * q_row, q_row);
       const std::span<const float> mine(verify.data() + static_cast<std::size_t>(i) * o_row, o_row);
-      EXPECT_TRUE(same_bits(attend(l, blocks, kv, 1, qi, sinks, pool), mine))
+      EXPECT_TRUE(same_bits(attend(l, blocks, kv, 1, qi, sinks, full ? pool : nullptr), mine))
           << how << ": row " << i << " against its decode";
     }
   }
   // A chunked prefill: the last 40 positions in one call, and in calls of 16, 16 and 8 rows
   // (causal only: a non-causal block is one call by definition), on a pool.
-  if (c.spec.params.causal) {
+  if (full && c.spec.params.causal) {
     const std::int64_t rows = 40;
     const std::vector<float> q =
         testing::random_values(rng, static_cast<std::size_t>(rows) * q_row, 1.0f);
@@ -190,8 +196,8 @@ void check_case(const Case& c, const std::string& target) {
 TEST(FlashDecoding, ChunksAreBitIdenticalForThreadsRowsBatchesAndPrefillChunks) {
   int targets = 0;
   for_each_simd_target([&](const std::string& target) {
+    for (const Case& c : cases()) check_case(c, target, targets == 0);  // the best one in full
     ++targets;
-    for (const Case& c : cases()) check_case(c, target);
   });
   EXPECT_GE(targets, 1);
 }
