@@ -75,35 +75,92 @@ void check_page(const PageLayout& p, std::int64_t page, std::int64_t size, const
   }
 }
 
+// The tasks of one call and the split blocks their partials go to.
+struct TaskPlan {
+  std::vector<detail::AttendTask> tasks;
+  std::vector<detail::SplitBlock> splits;
+  std::vector<float> partials;
+};
+
 // Splits the batch into tasks: each request's queries in blocks of kQueryBlock (fixed by the
-// request alone), and, when a pool has several workers, the query heads into ranges so that even
-// one decode request keeps every worker busy. Whole KV heads per task where possible, so each K/V
-// row is read once; a task's outputs do not depend on the split (attention_simd.hpp).
-std::vector<detail::AttendTask> make_tasks(const AttentionSpec& spec,
-                                           std::span<const PagedSequence> batch, int workers) {
-  const std::int64_t hq = spec.params.num_q_heads;
-  const std::int64_t hkv = spec.params.num_kv_heads;
+// request alone) and, when a pool has several workers and the batch is small, a block's context
+// chunks into pieces (whole rows of K/V read front to back, the order the hardware prefetcher
+// follows), then its query heads into ranges (whole KV heads where possible, so each K/V row is
+// still read once), so that even one decode request keeps every worker busy. None of it changes
+// a bit: the chunks and the order their partials are folded in are fixed (attention_simd.hpp).
+TaskPlan make_tasks(const AttentionSpec& spec, std::span<const PagedSequence> batch, int workers) {
+  const attn::AttentionParams& params = spec.params;
+  const std::int64_t hq = params.num_q_heads;
+  const std::int64_t hkv = params.num_kv_heads;
   std::int64_t blocks = 0;
   for (const PagedSequence& seq : batch)
     blocks += (seq.num_queries + detail::kQueryBlock - 1) / detail::kQueryBlock;
-  // Two tasks per worker let the dynamic hand-out even out requests of different lengths while
-  // keeping each task's slice of a row long (several KV heads), which streams better.
+  // Several tasks per worker let the dynamic hand-out even out requests of different lengths
+  // and workers that other processes slow down; context pieces are cheap (one partial per
+  // chunk), head ranges shorten each task's slice of a row, so they come second.
+  const std::int64_t wanted_ctx = workers > 1 ? 4 * std::int64_t{workers} : 1;
   const std::int64_t wanted = workers > 1 ? 2 * std::int64_t{workers} : 1;
-  const std::int64_t chunks = std::clamp<std::int64_t>((wanted + blocks - 1) / blocks, 1, hq);
-  const std::int64_t heads_per_task =
-      chunks <= hkv ? (hkv + chunks - 1) / chunks * (hq / hkv) : (hq + chunks - 1) / chunks;
-  std::vector<detail::AttendTask> tasks;
+  const std::int64_t pf = detail::partial_floats(spec.head_size_v);
+  TaskPlan plan;
+  std::vector<std::size_t> split_of;  // per task: index into plan.splits + 1, or 0
   std::int64_t row0 = 0;
   for (const PagedSequence& seq : batch) {
+    const std::int64_t first_pos = seq.kv_len - seq.num_queries;
     for (std::int64_t q = 0; q < seq.num_queries; q += detail::kQueryBlock) {
-      for (std::int64_t h = 0; h < hq; h += heads_per_task) {
-        tasks.push_back({&seq, row0, q, std::min(seq.num_queries, q + detail::kQueryBlock), h,
-                         std::min(hq, h + heads_per_task)});
+      const std::int64_t qe = std::min(seq.num_queries, q + detail::kQueryBlock);
+      const std::int64_t c0 =
+          key_range(params, first_pos + q, seq.kv_len).lo / detail::kSplitTokens;
+      const std::int64_t c1 =
+          key_range(params, first_pos + qe - 1, seq.kv_len).hi / detail::kSplitTokens + 1;
+      const std::int64_t pieces = std::min(c1 - c0, (wanted_ctx + blocks - 1) / blocks);
+      const std::int64_t head_chunks =
+          std::clamp<std::int64_t>(((wanted + blocks - 1) / blocks + pieces - 1) / pieces, 1, hq);
+      const std::int64_t heads_per_task = head_chunks <= hkv
+                                              ? (hkv + head_chunks - 1) / head_chunks * (hq / hkv)
+                                              : (hq + head_chunks - 1) / head_chunks;
+      std::size_t split = 0;
+      if (pieces > 1) {
+        detail::SplitBlock b;
+        b.seq = &seq;
+        b.row0 = row0;
+        b.q_begin = q;
+        b.q_end = qe;
+        b.chunk_first = c0;
+        b.chunks = c1 - c0;
+        plan.splits.push_back(b);
+        split = plan.splits.size();
+      }
+      for (std::int64_t piece = 0; piece < pieces; ++piece) {
+        for (std::int64_t h = 0; h < hq; h += heads_per_task) {
+          detail::AttendTask t;
+          t.seq = &seq;
+          t.row0 = row0;
+          t.q_begin = q;
+          t.q_end = qe;
+          t.h_begin = h;
+          t.h_end = std::min(hq, h + heads_per_task);
+          t.chunk_begin = c0 + (c1 - c0) * piece / pieces;
+          t.chunk_end = c0 + (c1 - c0) * (piece + 1) / pieces;
+          plan.tasks.push_back(t);
+          split_of.push_back(split);
+        }
       }
     }
     row0 += seq.num_queries;
   }
-  return tasks;
+  std::int64_t floats = 0;
+  for (const detail::SplitBlock& b : plan.splits)
+    floats += b.chunks * (b.q_end - b.q_begin) * hq * pf;
+  plan.partials.resize(static_cast<std::size_t>(floats));
+  std::int64_t at = 0;
+  for (detail::SplitBlock& b : plan.splits) {
+    b.partials = plan.partials.data() + at;
+    at += b.chunks * (b.q_end - b.q_begin) * hq * pf;
+  }
+  for (std::size_t i = 0; i < plan.tasks.size(); ++i) {
+    if (split_of[i] != 0) plan.tasks[i].split = &plan.splits[split_of[i] - 1];
+  }
+  return plan;
 }
 
 }  // namespace
@@ -256,16 +313,29 @@ void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& lay
   call.scales = inputs.scales;
   call.out = out.data();
   const int workers = inputs.pool != nullptr ? inputs.pool->size() : 1;
-  const std::vector<detail::AttendTask> tasks = make_tasks(spec, inputs.batch, workers);
+  const TaskPlan plan = make_tasks(spec, inputs.batch, workers);
   std::vector<detail::AttendScratch> scratch(static_cast<std::size_t>(workers));
   const auto run = [&](std::int64_t i, int worker) {
-    detail::attend_task(call, tasks[static_cast<std::size_t>(i)],
+    detail::attend_task(call, plan.tasks[static_cast<std::size_t>(i)],
                         scratch[static_cast<std::size_t>(worker)]);
   };
+  // Split blocks fold their chunks' partials once every piece is done, a KV head's query heads
+  // per task.
+  const std::int64_t group = hq / params.num_kv_heads;
+  const std::int64_t reduce_heads = std::max<std::int64_t>(group, 1);
+  const std::int64_t per_split = (hq + reduce_heads - 1) / reduce_heads;
+  const auto reduce = [&](std::int64_t i, int) {
+    const detail::SplitBlock& b = plan.splits[static_cast<std::size_t>(i / per_split)];
+    const std::int64_t h = i % per_split * reduce_heads;
+    detail::reduce_partials(call, b, h, std::min(hq, h + reduce_heads));
+  };
+  const auto reductions = static_cast<std::int64_t>(plan.splits.size()) * per_split;
   if (inputs.pool != nullptr) {
-    inputs.pool->parallel_for(static_cast<std::int64_t>(tasks.size()), run);
+    inputs.pool->parallel_for(static_cast<std::int64_t>(plan.tasks.size()), run);
+    if (reductions > 0) inputs.pool->parallel_for(reductions, reduce);
   } else {
-    for (std::size_t i = 0; i < tasks.size(); ++i) run(static_cast<std::int64_t>(i), 0);
+    for (std::size_t i = 0; i < plan.tasks.size(); ++i) run(static_cast<std::int64_t>(i), 0);
+    for (std::int64_t i = 0; i < reductions; ++i) reduce(i, 0);
   }
 }
 

@@ -3,9 +3,11 @@
 // (HWY_DYNAMIC_DISPATCH), so one binary runs on any x86-64 (and any CPU Highway knows).
 #include "kernels/attention_simd.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/element_load.hpp"
 #include "mixkv/kernels/convert.hpp"
@@ -407,6 +409,61 @@ void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::b
   attend_tile(ts, k, v, spec.head_size, spec.head_size_v, t0, tile, hk);
 }
 
+// A softmax state (max, sum, acc of dvp floats) that the chunks of a context fold into, left to
+// right. An empty state has sum 0 (a chunk that saw keys has sum >= 1, or NaN).
+struct Partial {
+  float max;
+  float sum;
+  const float* acc;
+};
+
+// The state a query's fold starts from: a sink's logit with a zero value, else empty.
+HWY_INLINE void start_fold(const float* sinks, std::int64_t head, float& max, float& sum,
+                           float* acc, std::int64_t dvp) {
+  max = sinks != nullptr ? sinks[head] : -std::numeric_limits<float>::infinity();
+  sum = sinks != nullptr ? 1.0f : 0.0f;
+  std::fill(acc, acc + dvp, 0.0f);
+}
+
+// (max, sum, acc) <- the fold of itself with chunk `c`: both rescaled to the larger max, then
+// added. Explicit fused multiply-adds, so inlining cannot change a bit (the same function runs in
+// a task and in reduce_partials). A chunk that saw no key is skipped; a NaN max or sum poisons.
+HWY_NOINLINE void fold(float& max, float& sum, float* acc, const Partial& c, std::int64_t dvp) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  if (c.sum == 0.0f) return;
+  if (sum == 0.0f) {
+    max = c.max;
+    sum = c.sum;
+    std::copy(c.acc, c.acc + dvp, acc);
+    return;
+  }
+  float mine = 1.0f, theirs = 1.0f;
+  if (c.max > max) {
+    mine = std::exp(max - c.max);
+    max = c.max;
+  } else {
+    theirs = std::exp(c.max - max);
+  }
+  sum = std::fma(c.sum, theirs, sum * mine);
+  const auto vm = hn::Set(df, mine), vt = hn::Set(df, theirs);
+  for (std::int64_t j = 0; j < dvp; j += n) {
+    hn::StoreU(hn::MulAdd(hn::LoadU(df, c.acc + j), vt, hn::Mul(hn::LoadU(df, acc + j), vm)), df,
+               acc + j);
+  }
+}
+
+// out = acc / sum over the first dv elements.
+HWY_INLINE void finish(const float* acc, float sum, std::int64_t dv, float* dst) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const float inv = 1.0f / sum;
+  std::int64_t e = 0;
+  for (; e + n <= dv; e += n)
+    hn::StoreU(hn::Mul(hn::LoadU(df, acc + e), hn::Set(df, inv)), df, dst + e);
+  for (; e < dv; ++e) dst[e] = acc[e] * inv;
+}
+
 }  // namespace
 
 void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratch& s) {
@@ -441,6 +498,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   // Decode reads each K/V row once: decode it in registers. Several queries share each row
   // (prefill), and odd head sizes need padding: convert the tile once into scratch.
   const bool in_registers = nq == 1 && d % n == 0 && dv % n == 0;
+  const float* sinks = params.sinks ? call.sinks : nullptr;
 
   grow(s.q, nq * nh * dp);
   grow(s.k, kTileTokens * dp);
@@ -450,6 +508,9 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   grow(s.max, nq * nh);
   grow(s.sum, nq * nh);
   grow(s.acc, nq * nh * dvp);
+  grow(s.run_max, nq * nh);
+  grow(s.run_sum, nq * nh);
+  grow(s.run_acc, nq * nh * dvp);
   // The padding lanes of K and Q rows must be zero: they enter every dot product.
   for (std::int64_t t = 0; t < kTileTokens; ++t)
     std::fill(s.k.begin() + t * dp + d, s.k.begin() + (t + 1) * dp, 0.0f);
@@ -460,17 +521,18 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       float* dst = s.q.data() + (i * nh + h) * dp;
       std::copy(src, src + d, dst);
       std::fill(dst + d, dst + dp, 0.0f);
-      // Online-softmax state; a sink starts it as one extra logit with a zero value.
-      s.max[static_cast<std::size_t>(i * nh + h)] =
-          params.sinks ? call.sinks[task.h_begin + h] : neg_inf;
-      s.sum[static_cast<std::size_t>(i * nh + h)] = params.sinks ? 1.0f : 0.0f;
+      const std::int64_t state = i * nh + h;
+      start_fold(sinks, task.h_begin + h, s.run_max[static_cast<std::size_t>(state)],
+                 s.run_sum[static_cast<std::size_t>(state)], s.run_acc.data() + state * dvp, dvp);
     }
   }
-  std::fill(s.acc.begin(), s.acc.begin() + nq * nh * dvp, 0.0f);
 
   // Ranges move right with the position, so the block's keys are [lo of first, hi of last].
   const std::int64_t lo_all = key_range(params, ts.first_pos + task.q_begin, seq.kv_len).lo;
   const std::int64_t hi_all = key_range(params, ts.first_pos + task.q_end - 1, seq.kv_len).hi;
+  // The task's keys: its chunks' share of the block's.
+  const std::int64_t task_lo = std::max(lo_all, task.chunk_begin * kSplitTokens);
+  const std::int64_t task_hi = std::min(hi_all, task.chunk_end * kSplitTokens - 1);
   // The bytes of a K (V) row this task reads: its KV heads only.
   const std::int64_t k_head_bytes = d * p.elem;
   const std::int64_t v_head_bytes = spec.mla ? 0 : dv * p.elem;
@@ -482,85 +544,140 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     return call.cache + p.offset +
            seq.kernel_pages[static_cast<std::size_t>(t / p.kernel_tokens)] * p.stride;
   };
-  // Tiles lie on a grid fixed by positions alone: every kTileTokens tokens from each kernel
-  // page's start. A query's keys then fall into the same tiles, at the same lanes, whichever
-  // other queries share its block and wherever their windows start, so a row of a verify is
-  // bit-identical to the decode at its position (the online softmax's grouping is the tiles).
-  const auto tile_at = [&](std::int64_t t) {
-    return std::min({kTileTokens, p.kernel_tokens - t % p.kernel_tokens, hi_all + 1 - t});
+  // Tiles lie on a grid fixed by positions alone: every kTileTokens tokens from the start of
+  // each piece that kernel pages and context chunks cut the sequence into. A query's keys then
+  // fall into the same tiles, at the same lanes, whichever other queries share its block and
+  // wherever their windows start, so a row of a verify is bit-identical to the decode at its
+  // position (the online softmax's grouping is the tiles, the fold's the chunks).
+  const auto tile_at = [&](std::int64_t t, std::int64_t hi) {
+    return std::min({kTileTokens, p.kernel_tokens - t % p.kernel_tokens,
+                     kSplitTokens - t % kSplitTokens, hi + 1 - t});
   };
-  const std::int64_t first_page = lo_all - lo_all % p.kernel_tokens;
 
-  // Tile by tile, every KV head of the task in each: the task's part of each row is read front
-  // to back, which the hardware prefetcher follows within a page. The first tile may start
-  // before lo_all (inside lo_all's page); keys before a query's range are masked, never used.
-  for (std::int64_t t0 = first_page + (lo_all - first_page) / kTileTokens * kTileTokens;
-       t0 <= hi_all;) {
-    const std::int64_t in_page = t0 % p.kernel_tokens;
-    const std::int64_t tile = tile_at(t0);
-    const std::byte* base = page_base(t0);
-    const std::byte* k_src = base + in_page * p.k_token_bytes;
-    const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
-    if (t0 + tile <= hi_all) {
-      // The next tile may sit on another page anywhere in the tensor: ask for it now, so its
-      // bytes arrive while this one is computed.
-      const std::int64_t next = t0 + tile;
-      const std::byte* next_base = page_base(next);
-      const std::int64_t next_in = next % p.kernel_tokens;
-      const std::int64_t next_tile = tile_at(next);
-      prefetch_rows(next_base + next_in * p.k_token_bytes + k_first, next_tile, p.k_token_bytes,
-                    k_bytes);
-      prefetch_rows(next_base + p.v_offset + next_in * p.v_token_bytes + v_first, next_tile,
-                    p.v_token_bytes, v_bytes);
+  for (std::int64_t c = task.chunk_begin; c < task.chunk_end; ++c) {
+    const std::int64_t lo = std::max(task_lo, c * kSplitTokens);
+    const std::int64_t hi = std::min(task_hi, (c + 1) * kSplitTokens - 1);
+    for (std::int64_t state = 0; state < nq * nh; ++state) {
+      s.max[static_cast<std::size_t>(state)] = neg_inf;
+      s.sum[static_cast<std::size_t>(state)] = 0.0f;
     }
-    for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
-      const std::byte* k_head = k_src + hk * k_head_bytes;
-      const std::byte* v_head = v_src + hk * v_head_bytes;
-      if (in_registers) {
-        switch (p.dtype) {
-          case DType::kFloat32:
-            attend_tile_cache<DType::kFloat32>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
-            break;
-          case DType::kBfloat16:
-            attend_tile_cache<DType::kBfloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
-            break;
-          case DType::kFloat16:
-            attend_tile_cache<DType::kFloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
-            break;
-          case DType::kFp8E4m3:
-            attend_tile_cache<DType::kFp8E4m3>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
-            break;
-          default:
-            attend_tile_cache<DType::kFp8E5m2>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
-            break;
+    std::fill(s.acc.begin(), s.acc.begin() + nq * nh * dvp, 0.0f);
+    // The first tile may start before lo (inside lo's piece); keys before a query's range are
+    // masked, never used.
+    const std::int64_t piece = std::max(lo - lo % p.kernel_tokens, c * kSplitTokens);
+    for (std::int64_t t0 = piece + (lo - piece) / kTileTokens * kTileTokens; t0 <= hi;) {
+      const std::int64_t in_page = t0 % p.kernel_tokens;
+      const std::int64_t tile = tile_at(t0, hi);
+      const std::byte* base = page_base(t0);
+      const std::byte* k_src = base + in_page * p.k_token_bytes;
+      const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
+      if (t0 + tile <= task_hi) {
+        // The next tile may sit on another page anywhere in the tensor: ask for it now, so its
+        // bytes arrive while this one is computed.
+        const std::int64_t next = t0 + tile;
+        const std::byte* next_base = page_base(next);
+        const std::int64_t next_in = next % p.kernel_tokens;
+        const std::int64_t next_tile = tile_at(next, task_hi);
+        prefetch_rows(next_base + next_in * p.k_token_bytes + k_first, next_tile, p.k_token_bytes,
+                      k_bytes);
+        prefetch_rows(next_base + p.v_offset + next_in * p.v_token_bytes + v_first, next_tile,
+                      p.v_token_bytes, v_bytes);
+      }
+      for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
+        const std::byte* k_head = k_src + hk * k_head_bytes;
+        const std::byte* v_head = v_src + hk * v_head_bytes;
+        if (in_registers) {
+          switch (p.dtype) {
+            case DType::kFloat32:
+              attend_tile_cache<DType::kFloat32>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              break;
+            case DType::kBfloat16:
+              attend_tile_cache<DType::kBfloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              break;
+            case DType::kFloat16:
+              attend_tile_cache<DType::kFloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              break;
+            case DType::kFp8E4m3:
+              attend_tile_cache<DType::kFp8E4m3>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              break;
+            default:
+              attend_tile_cache<DType::kFp8E5m2>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              break;
+          }
+          continue;
         }
-        continue;
+        convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, call.scales.k, s.k.data(),
+                     dp);
+        // MLA: the value is the latent's first dv elements.
+        FloatRows v{s.k.data(), dp};
+        if (!spec.mla) {
+          convert_rows(p.dtype, table, v_head, p.v_token_bytes, tile, dv, call.scales.v, s.v.data(),
+                       dvp);
+          v = FloatRows{s.v.data(), dvp};
+        }
+        attend_tile(ts, FloatRows{s.k.data(), dp}, v, dp, dvp, t0, tile, hk);
       }
-      convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, call.scales.k, s.k.data(), dp);
-      // MLA: the value is the latent's first dv elements.
-      FloatRows v{s.k.data(), dp};
-      if (!spec.mla) {
-        convert_rows(p.dtype, table, v_head, p.v_token_bytes, tile, dv, call.scales.v, s.v.data(),
-                     dvp);
-        v = FloatRows{s.v.data(), dvp};
-      }
-      attend_tile(ts, FloatRows{s.k.data(), dp}, v, dp, dvp, t0, tile, hk);
+      t0 += tile;
     }
-    t0 += tile;
+    // The chunk's partials: kept for reduce_partials, or folded here.
+    for (std::int64_t i = 0; i < nq; ++i) {
+      for (std::int64_t h = 0; h < nh; ++h) {
+        const std::int64_t state = i * nh + h;
+        const auto st = static_cast<std::size_t>(state);
+        const Partial part{s.max[st], s.sum[st], s.acc.data() + state * dvp};
+        if (task.split != nullptr) {
+          const SplitBlock& b = *task.split;
+          float* rec =
+              b.partials +
+              (((c - b.chunk_first) * (b.q_end - b.q_begin) + task.q_begin - b.q_begin + i) * hq +
+               task.h_begin + h) *
+                  (dvp + 2);
+          rec[0] = part.max;
+          rec[1] = part.sum;
+          std::copy(part.acc, part.acc + dvp, rec + 2);
+        } else {
+          fold(s.run_max[st], s.run_sum[st], s.run_acc.data() + state * dvp, part, dvp);
+        }
+      }
+    }
   }
+  if (task.split != nullptr) return;
 
   for (std::int64_t i = 0; i < nq; ++i) {
     for (std::int64_t h = 0; h < nh; ++h) {
       const std::int64_t state = i * nh + h;
-      const float inv = 1.0f / s.sum[static_cast<std::size_t>(state)];
-      const float* o = s.acc.data() + state * dvp;
-      float* dst = call.out + ((task.row0 + task.q_begin + i) * hq + task.h_begin + h) * dv;
-      std::int64_t e = 0;
-      for (; e + n <= dv; e += n)
-        hn::StoreU(hn::Mul(hn::LoadU(df, o + e), hn::Set(df, inv)), df, dst + e);
-      for (; e < dv; ++e) dst[e] = o[e] * inv;
+      finish(s.run_acc.data() + state * dvp, s.run_sum[static_cast<std::size_t>(state)], dv,
+             call.out + ((task.row0 + task.q_begin + i) * hq + task.h_begin + h) * dv);
     }
   }
+}
+
+void ReducePartialsImpl(const AttendCall& call, const SplitBlock& b, std::int64_t h_begin,
+                        std::int64_t h_end) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  const AttentionSpec& spec = *call.spec;
+  const std::int64_t hq = spec.params.num_q_heads;
+  const std::int64_t dv = spec.head_size_v;
+  const std::int64_t dvp = round_up(dv, n);
+  const std::int64_t nq = b.q_end - b.q_begin;
+  const float* sinks = spec.params.sinks ? call.sinks : nullptr;
+  std::vector<float> acc(static_cast<std::size_t>(dvp));
+  for (std::int64_t i = 0; i < nq; ++i) {
+    for (std::int64_t h = h_begin; h < h_end; ++h) {
+      float max = 0, sum = 0;
+      start_fold(sinks, h, max, sum, acc.data(), dvp);
+      for (std::int64_t c = 0; c < b.chunks; ++c) {
+        const float* rec = b.partials + ((c * nq + i) * hq + h) * (dvp + 2);
+        fold(max, sum, acc.data(), Partial{rec[0], rec[1], rec + 2}, dvp);
+      }
+      finish(acc.data(), sum, dv, call.out + ((b.row0 + b.q_begin + i) * hq + h) * dv);
+    }
+  }
+}
+
+std::int64_t PartialFloatsImpl(std::int64_t head_size_v) {
+  return round_up(head_size_v, static_cast<std::int64_t>(hn::Lanes(DF()))) + 2;
 }
 
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
@@ -573,9 +690,20 @@ namespace mixkv::kernels::detail {
 
 HWY_EXPORT(AttendTaskImpl);
 HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(ReducePartialsImpl);
+HWY_EXPORT(PartialFloatsImpl);
 
 void attend_task(const AttendCall& call, const AttendTask& task, AttendScratch& scratch) {
   HWY_DYNAMIC_DISPATCH(AttendTaskImpl)(call, task, scratch);
+}
+
+void reduce_partials(const AttendCall& call, const SplitBlock& block, std::int64_t h_begin,
+                     std::int64_t h_end) {
+  HWY_DYNAMIC_DISPATCH(ReducePartialsImpl)(call, block, h_begin, h_end);
+}
+
+std::int64_t partial_floats(std::int64_t head_size_v) {
+  return HWY_DYNAMIC_DISPATCH(PartialFloatsImpl)(head_size_v);
 }
 
 const char* attend_target() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }

@@ -43,8 +43,14 @@ inline KeyRange key_range(const attn::AttentionParams& params, std::int64_t pos,
 
 // Queries of a request processed together share each K/V tile they read.
 constexpr std::int64_t kQueryBlock = 16;
-// Tokens converted from the cache at once (never across a kernel page).
+// Tokens converted from the cache at once (never across a kernel page or a context chunk).
 constexpr std::int64_t kTileTokens = 16;
+// Flash-decoding: the context is cut into chunks of kSplitTokens positions, counted from the
+// request's position 0, whatever the pages, queries, threads or batch. Each chunk's online
+// softmax starts afresh; the chunks' partial (max, sum, acc) are folded left to right in chunk
+// order (after a sink), in one task or, split over several, after all of them. So the chunks
+// fix the arithmetic, and a split only decides where it runs.
+constexpr std::int64_t kSplitTokens = 1024;
 
 // Everything fixed for one paged_attention call.
 struct AttendCall {
@@ -57,10 +63,25 @@ struct AttendCall {
   float* out = nullptr;
 };
 
-// One task: queries [q_begin, q_end) of a request (at most kQueryBlock) and query heads
-// [h_begin, h_end). Every output (query, head) is computed inside one task, in an order that
-// depends on the request, the query block and the call only, so results do not depend on how
-// heads are split into tasks, on the thread count, or on the rest of the batch.
+// One query block of a request whose context chunks are computed by several tasks: each stores
+// its chunks' partials here, and reduce_partials folds them once every task is done.
+// partials: [chunk - chunk_first][query - q_begin][head] records of partial_floats(dv) floats.
+struct SplitBlock {
+  const PagedSequence* seq = nullptr;
+  std::int64_t row0 = 0;
+  std::int64_t q_begin = 0;
+  std::int64_t q_end = 0;
+  std::int64_t chunk_first = 0;
+  std::int64_t chunks = 0;
+  float* partials = nullptr;
+};
+
+// One task: queries [q_begin, q_end) of a request (at most kQueryBlock), query heads
+// [h_begin, h_end) and the context chunks [chunk_begin, chunk_end) of the block's keys. Every
+// (query, head, chunk) partial is computed inside one task, in an order that depends on the
+// request, its position and the call only, so results do not depend on how heads or chunks are
+// split into tasks, on the thread count, or on the rest of the batch. `split` null: the task
+// covers all the block's chunks and writes outputs; else it stores partials into split->partials.
 struct AttendTask {
   const PagedSequence* seq = nullptr;
   std::int64_t row0 = 0;  // the request's first query row in queries/out
@@ -68,15 +89,27 @@ struct AttendTask {
   std::int64_t q_end = 0;
   std::int64_t h_begin = 0;
   std::int64_t h_end = 0;
+  std::int64_t chunk_begin = 0;
+  std::int64_t chunk_end = 0;
+  const SplitBlock* split = nullptr;
 };
 
-// Per-worker buffers, grown as needed and reused across tasks.
+// Per-worker buffers, grown as needed and reused across tasks. max/sum/acc: the current chunk's
+// online softmax; run_*: the fold of the chunks so far.
 struct AttendScratch {
-  std::vector<float> q, k, v, scores, probs, max, sum, acc;
+  std::vector<float> q, k, v, scores, probs, max, sum, acc, run_max, run_sum, run_acc;
 };
 
 // Runs one task with the best instruction set this CPU has.
 void attend_task(const AttendCall& call, const AttendTask& task, AttendScratch& scratch);
+
+// Folds a split block's partials (every task of it done) into its outputs, for heads
+// [h_begin, h_end).
+void reduce_partials(const AttendCall& call, const SplitBlock& block, std::int64_t h_begin,
+                     std::int64_t h_end);
+
+// Floats of one partial record (max, sum, acc padded to the vector) on this CPU's target.
+std::int64_t partial_floats(std::int64_t head_size_v);
 
 // The instruction set attend_task uses on this CPU (e.g. "AVX3"), for benchmarks and docs.
 const char* attend_target();

@@ -16,6 +16,7 @@
 
 #include "kernels/kernels_test_support.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/kernels/simd_targets.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {
@@ -167,12 +168,16 @@ void expect_every_code_read_exactly(DType dtype, int head_size_v) {
 }
 
 TEST(PagedDecode, ReadsEveryStoredCodeExactly) {
-  // 64: whole vectors, decoded in registers; 40: a tail, decoded through scratch.
-  for (int dv : {64, 40}) {
-    for (DType dtype : {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kFp8E5m2}) {
-      expect_every_code_read_exactly(dtype, dv);
+  // Under every instruction set: each decodes the formats its own way (F16C or integer paths).
+  for_each_simd_target([](const std::string& target) {
+    SCOPED_TRACE(target);
+    // 64: whole vectors, decoded in registers; 40: a tail, decoded through scratch.
+    for (int dv : {64, 40}) {
+      for (DType dtype : {DType::kBfloat16, DType::kFloat16, DType::kFp8E4m3, DType::kFp8E5m2}) {
+        expect_every_code_read_exactly(dtype, dv);
+      }
     }
-  }
+  });
 }
 
 struct Case {
