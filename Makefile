@@ -51,8 +51,12 @@ demo: build
 	@echo
 	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "Write a short poem about the sea."
 	@echo
-	./$(BUILD_DIR)/mixkv generate smollm2-135m --prompt "Give me three tips for staying focused." \
-	  --draft ngram --max-tokens 128
+	@# Prompt lookup on a reply that copies its prompt: same text, tokens/s plain and with the
+	@# drafter, and their ratio.
+	./$(BUILD_DIR)/mixkv generate smollm2-135m --draft ngram --num-spec-tokens 4 --max-tokens 128 \
+	  --prompt "Repeat this text exactly, word for word: The cache keeps every page of every layer \
+	in one pool, and the planner decides how large each page is, so that a sliding window layer \
+	and a full attention layer can share the same memory without waste." 
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

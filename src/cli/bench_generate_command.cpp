@@ -19,11 +19,13 @@
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/engine/tiny_models.hpp"
 #include "mixkv/model/architecture.hpp"
+#include "mixkv/model/describe.hpp"
 #include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/runner/model_runner.hpp"
 #include "mixkv/spec/ngram.hpp"
 #include "mixkv/spec/oracle.hpp"
 #include "mixkv/spec/random.hpp"
+#include "mixkv/spec/self_draft.hpp"
 #include "mixkv/tokenizer/chat_template.hpp"
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/gguf_model.hpp"
@@ -67,15 +69,34 @@ const std::vector<BenchPrompt>& builtin_prompts() {
   return prompts;
 }
 
-// --prompts FILE: one prompt a line (blank lines skipped), category "file".
+// --prompts FILE: one prompt a line (blank lines skipped), category "file"; or, on a line that
+// starts with '{', a JSON object {"name", "category", "text"} (bench/generate-prompts.jsonl holds
+// the built-in set, so that scripts/bench-llamacpp-generate.py runs llama.cpp on the same prompts).
 std::vector<BenchPrompt> read_prompts(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw_invalid(fmt::format("--prompts {}: cannot open the file", path));
   std::vector<BenchPrompt> out;
   std::string line;
-  while (std::getline(in, line)) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    out.push_back({fmt::format("line {}", out.size() + 1), "file", line});
+  for (int number = 1; std::getline(in, line); ++number) {
+    const auto first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos) continue;
+    const std::string name = fmt::format("line {}", number);
+    if (line[first] != '{') {
+      out.push_back({name, "file", line});
+      continue;
+    }
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("text") || !j["text"].is_string() ||
+        j.value("text", std::string()).empty()) {
+      throw_invalid(fmt::format(
+          "--prompts {}: line {} starts with '{{' but is not a JSON object with a non-empty "
+          "string \"text\" (and optional \"name\", \"category\")",
+          path, number));
+    }
+    const auto field = [&](const char* key, const std::string& fallback) {
+      return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : fallback;
+    };
+    out.push_back({field("name", name), field("category", "file"), j["text"].get<std::string>()});
   }
   if (out.empty()) throw_invalid(fmt::format("--prompts {}: no prompt in the file", path));
   return out;
@@ -141,6 +162,7 @@ Action add_bench_generate_command(CLI::App& app) {
     std::string model;
     std::vector<std::string> drafts = {"oracle", "ngram"};
     int num_spec_tokens = 4;
+    int draft_layers = 0;  // self: 0 is model::kDefaultSelfDraftLayers
     int batch = 1;
     std::string prompts;
     std::int64_t max_tokens = 128;
@@ -163,16 +185,21 @@ Action add_bench_generate_command(CLI::App& app) {
   cmd->add_option("MODEL", args->model, "Target model")->required();
   cmd->add_option("--draft", args->drafts,
                   "Drafters to compare with plain: oracle (the target's own greedy "
-                  "continuation), ngram (prompt lookup), random")
+                  "continuation), ngram (prompt lookup), self (the target's first "
+                  "--draft-layers layers), random")
       ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--num-spec-tokens", args->num_spec_tokens,
                   "Most tokens drafted per step (the draft length adapts below it)")
       ->capture_default_str();
+  cmd->add_option("--draft-layers", args->draft_layers,
+                  fmt::format("Target layers the self drafter runs (default {})",
+                              model::kDefaultSelfDraftLayers));
   cmd->add_option("--batch", args->batch, "Requests of each prompt generated together")
       ->capture_default_str();
   cmd->add_option("--prompts", args->prompts,
-                  "A file of prompts, one a line, instead of the built-in set");
+                  "A file of prompts, one a line (plain text, or JSON {\"name\", \"category\", "
+                  "\"text\"}), instead of the built-in set (bench/generate-prompts.jsonl)");
   cmd->add_option("--max-tokens", args->max_tokens, "Tokens generated per request, at most")
       ->capture_default_str();
   cmd->add_option("--runs", args->runs, "Runs of each configuration (medians are reported)")
@@ -196,10 +223,16 @@ Action add_bench_generate_command(CLI::App& app) {
           fmt::format("--num-spec-tokens {} is out of range; use 1 to 32", args->num_spec_tokens));
     }
     for (const std::string& d : args->drafts) {
-      if (d != "oracle" && d != "ngram" && d != "random") {
+      if (d != "oracle" && d != "ngram" && d != "random" && d != model::kSelfDraft) {
         throw_invalid(fmt::format(
-            "--draft {}: bench-generate compares oracle, ngram and random (comma-separated)", d));
+            "--draft {}: bench-generate compares oracle, ngram, self and random (comma-separated)",
+            d));
       }
+    }
+    const bool self = std::ranges::find(args->drafts, model::kSelfDraft) != args->drafts.end();
+    if (args->draft_layers != 0 && !self) {
+      throw_invalid(fmt::format("--draft-layers {} is for the self drafter; add --draft self",
+                                args->draft_layers));
     }
     // The model: a GGUF (its tokenizer and chat template make the prompts) or a tiny model.
     std::shared_ptr<const weights::GgufFile> gguf;
@@ -226,6 +259,13 @@ Action add_bench_generate_command(CLI::App& app) {
     ro.num_spec_tokens = args->num_spec_tokens;
     ro.threads = args->threads;
     if (gguf) ro.max_model_len = 2048;  // as generate: far more than a prompt and its answer
+    if (self) {
+      // The self drafter changes nothing of the plan (its layers' KV is the target's), so one
+      // runner serves the plain runs and the others.
+      model::DescribeOptions d;
+      if (args->draft_layers != 0) d.draft_layers = args->draft_layers;
+      ro.self_draft_layers = model::describe_self(source, d).draft_info->shared_target_layers;
+    }
     runner::ModelRunner runner =
         gguf ? runner::ModelRunner(source, gguf, ro) : runner::ModelRunner(source, tensors, ro);
 
@@ -287,6 +327,8 @@ Action add_bench_generate_command(CLI::App& app) {
             drafter = std::make_unique<spec::OracleDrafter>(std::move(refs));
           } else if (args->drafts[d] == "ngram") {
             drafter = std::make_unique<spec::NgramDrafter>();
+          } else if (args->drafts[d] == model::kSelfDraft) {
+            drafter = std::make_unique<spec::SelfDrafter>(runner);
           } else {
             drafter = std::make_unique<spec::RandomDrafter>(runner.vocab_size(), 0);
           }
@@ -344,6 +386,7 @@ Action add_bench_generate_command(CLI::App& app) {
                           {"max_tokens", args->max_tokens},
                           {"identical_to_plain", all_identical}};
       if (load) j["load_average"] = *load;
+      if (self) j["draft_layers"] = runner.self_draft_layers();
       j["prompts"] = nlohmann::json::array();
       for (std::size_t i = 0; i < set.size(); ++i) {
         nlohmann::json pj = {{"name", set[i].name},
@@ -393,6 +436,10 @@ Action add_bench_generate_command(CLI::App& app) {
           args->runs, args->runs == 1 ? "" : "s",
           args->threads > 0 ? fmt::format("{}", args->threads) : "default",
           load ? fmt::format(", load {:.1f}", *load) : "");
+      if (self) {
+        out << fmt::format("self drafter: the target's first {} layers\n",
+                           runner.self_draft_layers());
+      }
       out << fmt::format("{:<10} {:<8} {:>7} {:>9}", "prompt", "category", "tokens", "plain t/s");
       for (const std::string& d : args->drafts) {
         out << fmt::format("  {:>18}", fmt::format("{} t/s (x, acc)", d));

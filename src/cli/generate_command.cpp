@@ -60,6 +60,7 @@ Action add_generate_command(CLI::App& app) {
   struct Args {
     std::string model;
     std::string draft;
+    int draft_layers = 0;  // --draft self
     int num_spec_tokens = 3;
     std::string prompt;
     std::vector<engine::TokenId> prompt_ids;
@@ -96,12 +97,16 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option(
       "--draft", args->draft,
       "Drafter: oracle (the target's own greedy continuation), ngram (prompt lookup), random, "
+      "self (the target's first --draft-layers layers, sharing their KV), "
       "mtp (the target's MTP layers: tiny-hybrid), tiny-eagle (with tiny-swa), tiny-dflash "
       "(block drafter, with tiny-swa or tiny-hybrid), or a drafter checkpoint directory "
       "(config.json and model.safetensors)");
   CLI::Option* spec_tokens = cmd->add_option("--num-spec-tokens", args->num_spec_tokens,
                                              "Tokens drafted per step (with --draft)")
                                  ->capture_default_str();
+  cmd->add_option("--draft-layers", args->draft_layers,
+                  fmt::format("Target layers the --draft self drafter runs (default {})",
+                              model::kDefaultSelfDraftLayers));
   auto* text = cmd->add_option("--prompt", args->prompt,
                                "Prompt text: the user's message for a GGUF model (default \"What "
                                "is the capital of France?\"), bytes for a tiny model (default "
@@ -152,7 +157,8 @@ Action add_generate_command(CLI::App& app) {
     }
     RunnerSetup setup =
         prepare_runner(args->model, args->draft, args->draft.empty() ? 0 : args->num_spec_tokens,
-                       plan::parse_memory_size(args->memory), args->max_model_len, args->threads);
+                       plan::parse_memory_size(args->memory), args->max_model_len, args->threads,
+                       args->draft_layers);
     const bool gguf = setup.gguf != nullptr;
     if (!gguf && (raw->count() > 0 || !args->system.empty() || !args->chat_template.empty() ||
                   args->ignore_eos)) {

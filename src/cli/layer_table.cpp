@@ -97,6 +97,15 @@ std::string compact_indices(const std::vector<int>& v) {
                      runs.size() - kShown - 1, runs.back());
 }
 
+std::string self_draft_note(const model::ModelDesc& desc) {
+  if (!desc.draft_info || desc.draft_info->kind != model::DraftKind::kSelf) return {};
+  const int last = desc.draft_info->shared_target_layers - 1;
+  return fmt::format(
+      "self drafter: target layers.0..layers.{} then the target's final norm and LM head; its KV "
+      "is those layers' own cache (shared, 0 extra bytes per token)\n",
+      last);
+}
+
 std::string format_layer_table(const model::ModelDesc& desc) {
   struct Row {
     model::LayerDesc key;
@@ -126,6 +135,7 @@ std::string format_layer_table(const model::ModelDesc& desc) {
     }
     out += '\n';
   }
+  out += self_draft_note(desc);
   const auto line = [](auto&&... cols) {
     return fmt::format(
         "{:<7} {:<26} {:>3}  {:<9} {:>7} {:>7} {:>7} {:>5} {:>8} {:<5} {:<6} {:<9} {:>12}  {}\n",

@@ -30,7 +30,11 @@ void add_model_options(CLI::App& cmd, ModelArgs& args) {
                  "Target model: built-in name, config.json (or its directory), or model file")
       ->required();
   cmd.add_option("--draft", args.draft,
-                 "Drafter: built-in name, config.json, or 'mtp' (the target's MTP layers)");
+                 "Drafter: built-in name, config.json, 'mtp' (the target's MTP layers) or 'self' "
+                 "(the target's first --draft-layers layers, sharing their KV)");
+  cmd.add_option("--draft-layers", args.draft_layers,
+                 fmt::format("Target layers a --draft self drafter runs (default {})",
+                             model::kDefaultSelfDraftLayers));
   cmd.add_option("--tp", args.tp, "Tensor-parallel size (default 1)");
   cmd.add_option(
       "--num-spec-tokens", args.num_spec_tokens,
@@ -54,6 +58,7 @@ model::DescribeOptions describe_options_from_args(const ModelArgs& args) {
   model::DescribeOptions options;
   options.tp = args.tp;
   options.num_spec_tokens = args.num_spec_tokens;
+  options.draft_layers = args.draft_layers;
   options.kv_dtype = dtype_option("--kv-dtype", args.kv_dtype);
   options.draft_kv_dtype = dtype_option("--draft-kv-dtype", args.draft_kv_dtype);
   options.ssm_dtype = dtype_option("--ssm-dtype", args.ssm_dtype);

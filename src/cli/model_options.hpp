@@ -20,6 +20,7 @@ struct ModelArgs {
   std::string draft;
   std::optional<int> tp;
   std::optional<int> num_spec_tokens;
+  std::optional<int> draft_layers;  // --draft self
   std::string kv_dtype = "auto";
   std::string draft_kv_dtype;
   std::string ssm_dtype = "auto";

@@ -75,6 +75,7 @@ std::string format_plan(const model::ModelDesc& desc, const plan::CachePlan& pla
   const auto& c = plan.concurrency;
   const auto& w = plan.waste_per_request;
   std::string out = header(desc);
+  out += self_draft_note(desc);
   out += fmt::format("policy {}  backend {}  KV memory {} ({} B)  max model len {}\n",
                      plan::to_string(plan.policy), backend::to_string(plan.backend),
                      gib(plan.memory_bytes), plan.memory_bytes, plan.max_model_len);

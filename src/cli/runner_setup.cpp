@@ -13,6 +13,7 @@
 #include "mixkv/spec/eagle.hpp"
 #include "mixkv/spec/ngram.hpp"
 #include "mixkv/spec/random.hpp"
+#include "mixkv/spec/self_draft.hpp"
 #include "mixkv/weights/gguf_model.hpp"
 #include "mixkv/weights/model_files.hpp"
 #include "mixkv/weights/safetensors.hpp"
@@ -83,7 +84,8 @@ runner::ModelRunner RunnerSetup::make_runner() const {
 }
 
 RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
-                           std::int64_t memory_bytes, std::int64_t max_model_len, int threads) {
+                           std::int64_t memory_bytes, std::int64_t max_model_len, int threads,
+                           int draft_layers) {
   Loaded loaded = load_model(model);
   runner::RunnerOptions ro;
   ro.memory_bytes = memory_bytes;
@@ -99,8 +101,19 @@ RunnerSetup prepare_runner(const std::string& model, const std::string& draft, i
   // A drafter model (a tiny drafter, or a checkpoint directory): its layers join the target's
   // plan, its weights the target's.
   const engine::TinyModel* tiny_draft = engine::find_tiny_model(draft);
-  const bool keyword =
-      draft == "oracle" || draft == "ngram" || draft == "random" || draft == model::kMtpDraft;
+  const bool self = draft == model::kSelfDraft;
+  if (draft_layers != 0 && !self) {
+    throw_invalid(fmt::format("--draft-layers {} is for --draft self, not --draft {}", draft_layers,
+                              draft.empty() ? "(none)" : draft));
+  }
+  if (self) {
+    // The target's own first layers: the runner checks the count against the model.
+    model::DescribeOptions d;
+    if (draft_layers != 0) d.draft_layers = draft_layers;
+    ro.self_draft_layers = model::describe_self(loaded.source, d).draft_info->shared_target_layers;
+  }
+  const bool keyword = draft == "oracle" || draft == "ngram" || draft == "random" ||
+                       draft == model::kMtpDraft || self;
   if (!keyword && tiny_draft == nullptr && !draft.empty() && is_directory(draft)) {
     ro.draft = model::load_model_source(draft);
     loaded.weights.merge(
@@ -140,12 +153,13 @@ RunnerSetup prepare_runner(const std::string& model, const std::string& draft, i
 std::unique_ptr<spec::Drafter> make_drafter(const std::string& draft, runner::ModelRunner& runner,
                                             std::uint64_t seed) {
   if (draft.empty()) return nullptr;
+  if (runner.self_draft_layers() > 0) return std::make_unique<spec::SelfDrafter>(runner);
   if (runner.has_block_drafter()) return std::make_unique<spec::DflashDrafter>(runner);
   if (runner.has_drafter()) return std::make_unique<spec::EagleDrafter>(runner);
   if (draft == "ngram") return std::make_unique<spec::NgramDrafter>();
   if (draft == "random") return std::make_unique<spec::RandomDrafter>(runner.vocab_size(), seed);
   throw_invalid(
-      fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, mtp (a target "
+      fmt::format("--draft {}: unknown drafter; use oracle, ngram, random, self, mtp (a target "
                   "with MTP layers), tiny-eagle (with tiny-swa), tiny-dflash (with "
                   "tiny-swa or tiny-hybrid) or a drafter checkpoint directory",
                   draft));

@@ -30,12 +30,14 @@ struct RunnerSetup {
 // MODEL and --draft (empty: none) as a runner's config, weights and options. `max_model_len` 0:
 // the model's context, at most 2048 for a GGUF model. Throws Error naming the model or drafter
 // that is unknown or does not fit the target.
+// `draft_layers`: --draft self's --draft-layers (0: model::kDefaultSelfDraftLayers, at most the
+// target's layers - 1).
 RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
                            std::int64_t memory_bytes, std::int64_t max_model_len = 0,
-                           int threads = 0);
+                           int threads = 0, int draft_layers = 0);
 
 // The drafter object for --draft over `runner` (built from prepare_runner's result): ngram,
-// random (seeded), mtp, a drafter model (EAGLE-style or DFlash). Null for an empty --draft.
+// random (seeded), mtp, self, a drafter model (EAGLE-style or DFlash). Null for an empty --draft.
 // "oracle" needs the plain outputs and is the caller's; any other name is an Error.
 std::unique_ptr<spec::Drafter> make_drafter(const std::string& draft, runner::ModelRunner& runner,
                                             std::uint64_t seed);

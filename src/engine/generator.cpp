@@ -25,19 +25,24 @@ sched::ModelOutput RunnerModel::forward(std::span<const sched::Work> batch) {
     in.block_tables = w.block_tables;
     in.checkpoints = !w.prefill;
     in.recurrent = w.recurrent;
+    // The LM head only for the rows the scheduler reads (sched::logit_rows).
+    in.logits = !w.prefill ? runner::LogitRows::kAll
+                : w.sample ? runner::LogitRows::kLast
+                           : runner::LogitRows::kNone;
     inputs.push_back(std::move(in));
   }
   runner::ForwardOutput fwd = runner_.forward(inputs);
   sched::ModelOutput out;
   const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
-  std::size_t row = 0;
+  std::size_t read = 0;  // logits rows
   for (const sched::Work& w : batch) {
-    for (std::size_t i = 0; i < w.tokens.size(); ++i, ++row) {
-      // Greedy picks only where they are read: a prefill's earlier rows pick nothing.
-      const bool read = w.sample && (!w.prefill || i + 1 == w.tokens.size());
+    const std::size_t n = w.tokens.size(), picked = sched::logit_rows(w);
+    // Greedy picks only where they are read: a prefill's earlier rows pick nothing.
+    for (std::size_t i = 0; i < n; ++i) {
       out.picks.push_back(
-          read ? runner::argmax(std::span<const float>(fwd.logits).subspan(row * vocab, vocab))
-               : 0);
+          i + picked >= n
+              ? runner::argmax(std::span<const float>(fwd.logits).subspan(read++ * vocab, vocab))
+              : 0);
     }
   }
   // Sampled requests read the logits rows; they move, no copy.

@@ -140,6 +140,7 @@ Drafter describe_drafter(const ConfigReader& root) {
     }
     case DraftKind::kMtp:
     case DraftKind::kModel:
+    case DraftKind::kSelf:  // never read from a config: describe_self
       break;
   }
   for (auto& t : d.family.layers) {
@@ -425,10 +426,49 @@ ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options
   return desc;
 }
 
+ModelDesc describe_self(const ModelSource& target, const DescribeOptions& options) {
+  if (is_native_model_file(*target.doc)) {
+    throw_invalid(fmt::format(
+        "{}: --draft self needs a HuggingFace config or GGUF (a native model file lists its "
+        "drafter's layers itself)",
+        target.origin));
+  }
+  const ConfigReader target_root(*target.doc, target.origin);
+  const FamilyLayers family = describe_family(target_root);
+  const int layers = static_cast<int>(family.layers.size());
+  const int shared = options.draft_layers.value_or(std::min(kDefaultSelfDraftLayers, layers - 1));
+  if (shared < 1 || shared >= layers) {
+    throw_invalid(fmt::format(
+        "--draft-layers {}: a self drafter runs 1 to {} of {}'s {} layers (all of them would "
+        "be the target itself)",
+        shared, layers - 1, target.name, layers));
+  }
+  for (int i = 0; i < shared; ++i) {
+    const LayerDesc& l = family.layers[static_cast<std::size_t>(i)].desc;
+    if (is_recurrent(l.kind)) {
+      throw_invalid(fmt::format(
+          "--draft self --draft-layers {}: {}'s layer {} is {}, whose recurrent state drafting "
+          "would advance; a self drafter shares attention layers only (use fewer layers)",
+          shared, target.name, l.name, to_string(l.kind)));
+    }
+  }
+  DraftInfo info{DraftKind::kSelf, std::nullopt, {}};
+  info.shared_target_layers = shared;
+  ModelDesc desc = finalize(target.name, std::string(kSelfDraft), family, {}, info, options);
+  // The drafter's weights are the target's: nothing to add.
+  desc.facts = model_facts(target_root, family, std::nullopt, desc.tp);
+  return desc;
+}
+
 ModelDesc describe_refs(std::string_view target_ref, std::optional<std::string_view> draft_ref,
                         const DescribeOptions& options, SourceLoader load) {
   ModelSource target = load(target_ref);
   if (draft_ref && *draft_ref == kMtpDraft) return describe_mtp(target, options);
+  if (draft_ref && *draft_ref == kSelfDraft) return describe_self(target, options);
+  if (options.draft_layers) {
+    throw_invalid(
+        "--draft-layers is the number of target layers of --draft self; give --draft self");
+  }
   std::optional<ModelSource> draft;
   if (draft_ref) draft = load(*draft_ref);
   return describe(target, draft, options);

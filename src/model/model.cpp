@@ -1,5 +1,6 @@
 #include "mixkv/model/model.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <set>
@@ -30,7 +31,7 @@ constexpr std::array kOwners = {Named<Owner>{"target", Owner::kTarget},
 constexpr std::array kDraftKinds = {
     Named<DraftKind>{"eagle", DraftKind::kEagle}, Named<DraftKind>{"eagle3", DraftKind::kEagle3},
     Named<DraftKind>{"mtp", DraftKind::kMtp},     Named<DraftKind>{"dflash", DraftKind::kDflash},
-    Named<DraftKind>{"model", DraftKind::kModel},
+    Named<DraftKind>{"model", DraftKind::kModel}, Named<DraftKind>{"self", DraftKind::kSelf},
 };
 
 void check(bool ok, const LayerDesc& layer, std::string_view field, const std::string& problem) {
@@ -183,9 +184,26 @@ void validate(const ModelDesc& desc) {
     }
     any_draft = any_draft || layer.owner == Owner::kDraft;
   }
-  if (!any_draft && desc.draft_info) {
+  const bool self_draft = desc.draft_info && desc.draft_info->kind == DraftKind::kSelf;
+  if (!any_draft && desc.draft_info && !self_draft) {
     throw_invalid(fmt::format(
         "model {}: draft information is given but no layer is owned by the draft", desc.model));
+  }
+  if (self_draft) {
+    // The shared layers are the target's own: it owns them all, and the drafter owns none.
+    const auto target_layers =
+        std::count_if(desc.layers.begin(), desc.layers.end(),
+                      [](const auto& l) { return l.owner == Owner::kTarget; });
+    const int shared = desc.draft_info->shared_target_layers;
+    if (any_draft || shared < 1 || shared >= target_layers) {
+      throw_invalid(fmt::format(
+          "model {}: a self-speculative drafter shares the target's first {} layers and owns "
+          "none; it needs 1 to {} shared layers (the target has {}) and no draft layer",
+          desc.model, shared, target_layers - 1, target_layers));
+    }
+  } else if (desc.draft_info && desc.draft_info->shared_target_layers != 0) {
+    throw_invalid(
+        fmt::format("model {}: shared_target_layers is for a self drafter only", desc.model));
   }
 }
 

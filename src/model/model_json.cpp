@@ -144,6 +144,9 @@ json to_json(const ModelDesc& desc) {
     out["draft_info"] = {{"kind", to_string(desc.draft_info->kind)},
                          {"block_size", json_or_null(desc.draft_info->block_size)},
                          {"target_layer_ids", desc.draft_info->target_layer_ids}};
+    if (desc.draft_info->kind == DraftKind::kSelf) {
+      out["draft_info"]["shared_target_layers"] = desc.draft_info->shared_target_layers;
+    }
   } else {
     out["draft_info"] = nullptr;
   }
@@ -174,12 +177,15 @@ ModelDesc model_desc_from_json(const json& doc, std::string_view origin) {
   desc.num_spec_tokens = c.has("num_spec_tokens") ? read_int(c, "num_spec_tokens", 0) : 0;
   if (auto info = c.optional_child("draft_info")) {
     DraftInfo d;
-    d.kind =
-        read_enum<DraftKind>(*info, "kind", parse_draft_kind, "eagle, eagle3, mtp, dflash, model");
+    d.kind = read_enum<DraftKind>(*info, "kind", parse_draft_kind,
+                                  "eagle, eagle3, mtp, dflash, model, self");
     if (info->has("block_size")) d.block_size = read_int(*info, "block_size", 2);
     if (info->has("target_layer_ids")) {
       for (auto id : info->int_list("target_layer_ids"))
         d.target_layer_ids.push_back(static_cast<int>(id));
+    }
+    if (info->has("shared_target_layers")) {
+      d.shared_target_layers = read_int(*info, "shared_target_layers", 1);
     }
     desc.draft_info = std::move(d);
   }

@@ -186,7 +186,21 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weig
           config_.hidden_size, config_.vocab_size));
     }
   }
-  if (options.mtp) {
+  if (options.self_draft_layers != 0) {
+    if (options.draft || options.mtp) {
+      throw_invalid(
+          fmt::format("{}: give one drafter: a drafter model, the MTP layers or the self drafter",
+                      config.origin));
+    }
+    if (config_.model_type == "nemotron_h") {
+      throw_unsupported(fmt::format(
+          "{}: a self drafter over nemotron_h blocks (its blocks are not its cache layers)",
+          config.origin));
+    }
+    dopt.draft_layers = options.self_draft_layers;
+    desc_ = model::describe_self(config, dopt);
+    self_draft_layers_ = options.self_draft_layers;
+  } else if (options.mtp) {
     if (options.draft) {
       throw_invalid(fmt::format("{}: give either a drafter model or the MTP layers, not both",
                                 config.origin));
@@ -199,10 +213,11 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weig
   }
   desc_.num_spec_tokens = options.num_spec_tokens;
   if (desc_.draft_info && desc_.draft_info->kind != model::DraftKind::kEagle &&
-      desc_.draft_info->kind != model::DraftKind::kMtp && !is_dflash(desc_)) {
+      desc_.draft_info->kind != model::DraftKind::kMtp &&
+      desc_.draft_info->kind != model::DraftKind::kSelf && !is_dflash(desc_)) {
     throw_unsupported(fmt::format(
-        "{}: a {} drafter; the runner serves EAGLE-style chain drafters, MTP layers and DFlash "
-        "block drafters",
+        "{}: a {} drafter; the runner serves EAGLE-style chain drafters, MTP layers, DFlash "
+        "block drafters and the self drafter",
         options.draft ? options.draft->origin : config.origin,
         model::to_string(desc_.draft_info->kind)));
   }
@@ -327,7 +342,8 @@ void ModelRunner::check_batch(std::span<const SequenceInput> batch,
 
 void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
                              const std::vector<std::int64_t>& positions, std::vector<float>& x,
-                             std::span<const int> capture, std::vector<float>* captured) {
+                             std::span<const int> capture, std::vector<float>* captured,
+                             std::size_t limit) {
   const std::int64_t h = config_.hidden_size;
   const auto total = static_cast<std::int64_t>(positions.size());
   std::vector<float> normed(static_cast<std::size_t>(total * h));
@@ -337,7 +353,7 @@ void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
   }
   const Step step{batch, positions, &tensors_, h, pool_.get()};
   const std::vector<Block>& blocks = draft ? net_->draft_blocks : net_->blocks;
-  for (std::size_t index = 0; index < blocks.size(); ++index) {
+  for (std::size_t index = 0; index < std::min(limit, blocks.size()); ++index) {
     blocks[index].run(step, x, normed, tmp);
     if (captured == nullptr) continue;
     // HF's hidden_states[id + 1]: the residual stream after layer `id`, into column block j.
@@ -361,9 +377,38 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
   }
   std::vector<float> captured;
   run_blocks(false, batch, positions, x, dflash_layer_ids_, &captured);
-  ForwardOutput out = head(std::move(x), net_->final_norm, net_->eps);
+  const std::vector<std::int64_t> rows = logit_rows(batch);
+  ForwardOutput out = head(std::move(x), net_->final_norm, net_->eps, &rows);
   out.layer_hidden = std::move(captured);
   return out;
+}
+
+std::vector<std::int64_t> ModelRunner::logit_rows(std::span<const SequenceInput> batch) {
+  std::vector<std::int64_t> rows;
+  std::int64_t row = 0;
+  for (const SequenceInput& s : batch) {
+    const auto n = static_cast<std::int64_t>(s.tokens.size());
+    if (s.logits == LogitRows::kAll) {
+      for (std::int64_t i = 0; i < n; ++i) rows.push_back(row + i);
+    } else if (s.logits == LogitRows::kLast && n > 0) {
+      rows.push_back(row + n - 1);
+    }
+    row += n;
+  }
+  return rows;
+}
+
+ForwardOutput ModelRunner::self_draft(std::span<const SequenceInput> batch) {
+  if (self_draft_layers_ == 0) throw_invalid("self_draft: the runner has no self drafter");
+  std::vector<std::int64_t> positions;
+  std::vector<float> x;
+  check_batch(batch, positions, x);
+  if (net_->embed_scale != 1.0f) {
+    for (float& v : x) v *= net_->embed_scale;
+  }
+  run_blocks(false, batch, positions, x, {}, nullptr, static_cast<std::size_t>(self_draft_layers_));
+  const std::vector<std::int64_t> rows = logit_rows(batch);
+  return head(std::move(x), net_->final_norm, net_->eps, &rows);
 }
 
 std::int64_t ModelRunner::draft_feature_width() const {
@@ -451,18 +496,20 @@ ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
   return head(std::move(x), net_->draft_norm, net_->draft_eps);
 }
 
-ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& norm,
-                                double eps) const {
+ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& norm, double eps,
+                                const std::vector<std::int64_t>* rows) const {
   const std::int64_t h = config_.hidden_size;
   const std::int64_t vocab = config_.vocab_size;
-  const auto total = static_cast<std::int64_t>(x.size()) / h;
-  std::vector<float> normed(x.size());
+  const auto total = rows != nullptr ? static_cast<std::int64_t>(rows->size())
+                                     : static_cast<std::int64_t>(x.size()) / h;
+  std::vector<float> normed(static_cast<std::size_t>(total * h));
   for (std::int64_t t = 0; t < total; ++t) {
-    ops::rms_norm(x.data() + t * h, norm, h, eps, normed.data() + t * h);
+    const std::int64_t from = rows != nullptr ? (*rows)[static_cast<std::size_t>(t)] : t;
+    ops::rms_norm(x.data() + from * h, norm, h, eps, normed.data() + t * h);
   }
   ForwardOutput out;
   out.logits.resize(static_cast<std::size_t>(total * vocab));
-  ops::matmul(net_->lm_head, normed.data(), total, out.logits.data(), pool_.get());
+  if (total > 0) ops::matmul(net_->lm_head, normed.data(), total, out.logits.data(), pool_.get());
   if (net_->final_logit_softcap) {
     const auto cap = static_cast<float>(*net_->final_logit_softcap);
     for (float& v : out.logits) v = std::tanh(v / cap) * cap;

@@ -46,6 +46,11 @@ int next_draft_length(int current, int drafted, int accepted, int k, int& plain_
 
 }  // namespace
 
+std::size_t logit_rows(const Work& w) {
+  if (!w.prefill) return w.tokens.size();
+  return w.sample && !w.tokens.empty() ? 1 : 0;
+}
+
 double RequestStats::acceptance_rate() const {
   return drafted_tokens > 0
              ? static_cast<double>(accepted_tokens) / static_cast<double>(drafted_tokens)
@@ -268,6 +273,17 @@ void Scheduler::release(std::size_t i) {
   r.prompt_len = 0;
 }
 
+// The drafts a request's verify takes this step: its adaptive length (or k), and with cap_drafts
+// no more than the tokens it has left to generate after the bonus one.
+int Scheduler::draft_limit(const Req& r) const {
+  std::int64_t n = options_.adaptive_draft ? r.draft_len : k_;
+  if (options_.cap_drafts) {
+    const auto left = r.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
+    n = std::min(n, std::max<std::int64_t>(0, left));
+  }
+  return static_cast<int>(n);
+}
+
 void Scheduler::run(Model& model, spec::Drafter* drafter) {
   while (!idle()) step(model, drafter);
 }
@@ -311,12 +327,11 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
   // Drafts for every decoding request, in one call (a batched drafter runs one forward).
   if (drafter != nullptr) {
     std::vector<spec::DraftContext> ctxs;
-    std::vector<std::size_t> rows;
     for (std::size_t j = 0; j < batch.size(); ++j) {
       const Req& r = reqs_[batch[j].request];
       if (r.prefilling) continue;
-      ctxs.push_back({batch[j].request, r.tokens, r.computed, batch[j].block_tables});
-      rows.push_back(j);
+      ctxs.push_back(
+          {batch[j].request, r.tokens, r.computed, batch[j].block_tables, draft_limit(r)});
     }
     const std::vector<std::vector<TokenId>> proposed =
         ctxs.empty() ? std::vector<std::vector<TokenId>>{} : drafter->propose_batch(ctxs, k_);
@@ -327,13 +342,8 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     const std::int64_t vocab = model.vocab_size();
     for (std::size_t c = 0; c < ctxs.size(); ++c) {
       Req& r = reqs_[ctxs[c].request];
-      std::size_t n = std::min(
-          proposed[c].size(), static_cast<std::size_t>(options_.adaptive_draft ? r.draft_len : k_));
-      if (options_.cap_drafts) {
-        const auto left =
-            r.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
-        n = std::min(n, static_cast<std::size_t>(std::max<std::int64_t>(0, left)));
-      }
+      const std::size_t n =
+          std::min(proposed[c].size(), static_cast<std::size_t>(ctxs[c].max_drafts));
       for (std::size_t d = 0; d < n; ++d) {
         const TokenId t = proposed[c][d];
         if (t < 0 || t >= vocab) {
@@ -356,10 +366,12 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
         fmt::format("model answered {} picks for {} token rows", out.picks.size(), rows));
   }
   const auto vocab_rows = static_cast<std::size_t>(model.vocab_size());
-  const bool has_logits = out.logits.size() == rows * vocab_rows;
+  std::size_t read_rows = 0;
+  for (const Work& w : batch) read_rows += logit_rows(w);
+  const bool has_logits = out.logits.size() == read_rows * vocab_rows;
   if (!has_logits && !out.logits.empty()) {
-    throw_internal(fmt::format("model answered {} logits for {} token rows of {}",
-                               out.logits.size(), rows, vocab_rows));
+    throw_internal(fmt::format("model answered {} logits for {} read rows of {}", out.logits.size(),
+                               read_rows, vocab_rows));
   }
 
   // Verify: first every request's verdict; then the drafter sees the verified positions'
@@ -373,7 +385,8 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
   std::vector<spec::Observation> observations;
   const auto width = static_cast<std::size_t>(out.feature_width);
   const std::span<const float> features(out.features);
-  std::size_t at = 0;
+  std::size_t at = 0;        // the work's first token row
+  std::size_t logit_at = 0;  // its first read row
   for (std::size_t j = 0; j < batch.size(); ++j) {
     const Work& w = batch[j];
     Req& r = reqs_[w.request];
@@ -387,9 +400,12 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
           r.label));
     }
     // The step's logits rows of this work, where its sampler reads them.
+    const std::size_t read = logit_rows(w);
     const std::span<const float> logits =
-        r.reads_logits ? std::span<const float>(out.logits).subspan(at * vocab_rows, n * vocab_rows)
-                       : std::span<const float>{};
+        r.reads_logits
+            ? std::span<const float>(out.logits).subspan(logit_at * vocab_rows, read * vocab_rows)
+            : std::span<const float>{};
+    logit_at += read;
     if (w.prefill) {
       v.verified = static_cast<std::int64_t>(n);
       if (w.sample) {

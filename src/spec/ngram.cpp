@@ -24,12 +24,13 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
     // The most recent earlier occurrence: start j, ending before the suffix's own start.
     for (std::int64_t j = size - n - 1; j >= 0; --j) {
       if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + j)) continue;
-      std::vector<TokenId> seq(tokens.begin(), tokens.end());
+      // What followed, read on into the proposal itself where it runs past the end (a cycle).
       std::vector<TokenId> out;
-      for (std::int64_t i = 0; i < k; ++i) {
-        const TokenId next = seq[static_cast<std::size_t>(j + n + i)];
-        out.push_back(next);
-        seq.push_back(next);
+      const auto limit = std::max(0, std::min(k, ctx.max_drafts));
+      for (std::int64_t i = 0; i < limit; ++i) {
+        const std::int64_t at = j + n + i;
+        out.push_back(at < size ? tokens[static_cast<std::size_t>(at)]
+                                : out[static_cast<std::size_t>(at - size)]);
       }
       return out;
     }

@@ -42,5 +42,34 @@ TEST(BenchGenerateCommand, AnUnknownDrafterIsAUsageError) {
   EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
 }
 
+// The committed prompt file (what scripts/bench-llamacpp-generate.py feeds llama.cpp) is the
+// built-in set: same names, categories and, greedy, the same tokens generated.
+TEST(BenchGenerateCommand, ThePromptFileIsTheBuiltInSetAndSelfDraftsMatchPlain) {
+  const std::vector<std::string> common = {"tiny-swa", "--draft",      "self", "--draft-layers",
+                                           "2",        "--max-tokens", "6",    "--runs",
+                                           "1",        "--json"};
+  auto with_file = common;
+  with_file.insert(with_file.end(),
+                   {"--prompts", MIXKV_SOURCE_DIR "/bench/generate-prompts.jsonl"});
+  const auto a = run_cli("bench-generate", common);
+  const auto b = run_cli("bench-generate", with_file);
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["draft_layers"], 2);
+  ASSERT_EQ(ja["prompts"].size(), jb["prompts"].size());
+  for (std::size_t i = 0; i < ja["prompts"].size(); ++i) {
+    const auto &pa = ja["prompts"][i], &pb = jb["prompts"][i];
+    EXPECT_EQ(pa["name"], pb["name"]);
+    EXPECT_EQ(pa["category"], pb["category"]);
+    EXPECT_EQ(pa["generated_tokens"], pb["generated_tokens"]);
+    EXPECT_TRUE(pa["self"]["identical_to_plain"].get<bool>()) << pa;
+  }
+  const auto bad =
+      run_cli("bench-generate", {"tiny-swa", "--draft", "ngram", "--draft-layers", "2"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--draft-layers"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace mixkv::cli

@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 
 #include "engine_test_support.hpp"
+#include "mixkv/model/describe.hpp"
+#include "mixkv/spec/self_draft.hpp"
 #include "mixkv/tokenizer/chat_template.hpp"
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "runner/smollm2_runner.hpp"
@@ -97,6 +99,7 @@ void expect_speculation_gives_plain_tokens(const std::string& path, std::size_t 
                                            std::int64_t tokens, bool oracle_only = false) {
   RunnerOptions ro;
   ro.num_spec_tokens = 4;
+  ro.self_draft_layers = model::kDefaultSelfDraftLayers;  // plans nothing: plain runs alike
   ModelRunner runner = smollm2_runner(path, ro);
   auto prompts = chat_prompts(path, n);
   if (oracle_only) {  // a few tokens of each (the system message's start: a shared prefix)
@@ -111,9 +114,10 @@ void expect_speculation_gives_plain_tokens(const std::string& path, std::size_t 
   OracleDrafter oracle(references(prompts, plain));
   NgramDrafter ngram;
   RandomDrafter random(runner.vocab_size(), 5);
+  spec::SelfDrafter self(runner);
   o.num_spec_tokens = 4;
   std::vector<Drafter*> drafters = {&oracle};
-  if (!oracle_only) drafters.insert(drafters.end(), {&ngram, &random});
+  if (!oracle_only) drafters.insert(drafters.end(), {&ngram, &random, &self});
   for (Drafter* d : drafters) {
     const GenerateReport spec = generate(runner, prompts, d, o);
     expect_same_tokens(plain, spec, fmt::format("{} at batch {}", d->name(), max_batch));

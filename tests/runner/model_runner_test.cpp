@@ -167,6 +167,41 @@ TEST(ModelRunner, LogitsDoNotDependOnBatchCompositionOrChunking) {
             std::vector<float>(alone[0].end() - 260, alone[0].end()));
 }
 
+// The LM head runs only for the rows asked for (sched::logit_rows: a prompt's last row, decode
+// rows), and those rows' logits are the bits every row's forward gives.
+TEST(ModelRunner, LogitsOfChosenRowsOnlyAreTheSameBits) {
+  ModelRunner runner = make_runner(swa());
+  const std::vector<std::vector<TokenId>> prompts = {prompt(40, 1), prompt(9, 2), prompt(5, 3)};
+  const auto run = [&](const std::vector<runner::LogitRows>& rows) {
+    cache::KvCacheManager m(runner.plan(), 0);
+    std::vector<SequenceInput> batch;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const cache::RequestId id{static_cast<std::int64_t>(i)};
+      m.add_request(id, prompts[i]);
+      EXPECT_EQ(m.admit(id, 0), 0);
+      SequenceInput in;
+      in.tokens = prompts[i];
+      for (std::size_t g = 0; g < runner.plan().groups.size(); ++g)
+        in.block_tables.push_back(m.block_table(id, static_cast<int>(g)));
+      in.logits = rows[i];
+      batch.push_back(in);
+    }
+    return runner.forward(batch);
+  };
+  using runner::LogitRows;
+  const ForwardOutput all = run({LogitRows::kAll, LogitRows::kAll, LogitRows::kAll});
+  const ForwardOutput some = run({LogitRows::kLast, LogitRows::kNone, LogitRows::kAll});
+  const std::size_t v = 260;
+  ASSERT_EQ(all.logits.size(), 54 * v);
+  ASSERT_EQ(some.logits.size(), 6 * v);  // row 39 of the first prompt, the third's 5 rows
+  EXPECT_TRUE(
+      std::equal(some.logits.begin(), some.logits.begin() + v, all.logits.begin() + 39 * v));
+  EXPECT_TRUE(std::equal(some.logits.begin() + v, some.logits.end(), all.logits.begin() + 49 * v));
+  EXPECT_EQ(some.hidden, all.hidden);  // every row's hidden state, for the drafters
+  const ForwardOutput none = run({LogitRows::kNone, LogitRows::kNone, LogitRows::kNone});
+  EXPECT_TRUE(none.logits.empty());
+}
+
 TEST(ModelRunner, SafetensorsCheckpointGivesTheSameLogitsAsGeneratedWeights) {
   // tiny-hybrid adds Qwen3-Next's linear_attn.* weights of its Gated DeltaNet layers, tiny-mamba
   // Nemotron-H's backbone.* names, tiny-gemma Gemma 2's extra norms.

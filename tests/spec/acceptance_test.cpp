@@ -25,7 +25,13 @@ TEST(AcceptGreedy, AcceptsTheMatchingPrefixAndTakesThePickAtTheFirstMismatch) {
 TEST(Drafters, OracleNgramAndRandomPropose) {
   const std::vector<TokenId> tokens = {1, 2, 3, 1, 2};
   const DraftContext ctx{0, tokens, 4, {}};
-  EXPECT_EQ(NgramDrafter().propose(ctx, 3), (std::vector<TokenId>{3, 1, 2}));
+  EXPECT_EQ(NgramDrafter(1, 3).propose(ctx, 3), (std::vector<TokenId>{3, 1, 2}));
+  // The default lookup wants 3 matching tokens: a 2-token match is chance on new text.
+  EXPECT_TRUE(NgramDrafter().propose(ctx, 3).empty());
+  const std::vector<TokenId> cycle = {4, 1, 2, 3, 1, 2, 3};
+  EXPECT_EQ(NgramDrafter().propose({0, cycle, 6, {}}, 4), (std::vector<TokenId>{1, 2, 3, 1}));
+  // No more than the scheduler will verify.
+  EXPECT_EQ(NgramDrafter().propose({0, cycle, 6, {}, 2}, 4), (std::vector<TokenId>{1, 2}));
   OracleDrafter oracle({{1, 2, 3, 1, 2, 9, 8}});
   EXPECT_EQ(oracle.propose(ctx, 3), (std::vector<TokenId>{9, 8}));
   const DraftContext other{1, tokens, 4, {}};

@@ -38,6 +38,11 @@ ModelSource load_model_source(std::string_view ref);
 
 // Uses the target's own multi-token-prediction layers as the drafter.
 inline constexpr std::string_view kMtpDraft = "mtp";
+// Self-speculative drafting: the target's first DescribeOptions::draft_layers layers, then its
+// final norm and LM head; those layers' KV is the target's own (DraftKind::kSelf).
+inline constexpr std::string_view kSelfDraft = "self";
+// The default number of target layers a self drafter runs (docs/engine.md: measured on SmolLM2).
+inline constexpr int kDefaultSelfDraftLayers = 8;
 
 // A per-layer cache dtype override: layers whose name matches `pattern` (shell glob) use `dtype`.
 struct LayerDtypeOverride {
@@ -52,6 +57,8 @@ struct DescribeOptions {
   std::optional<DType> draft_kv_dtype;  // drafter layers; nullopt = follow kv_dtype
   std::optional<DType> ssm_dtype;       // recurrent temporal/SSM state; nullopt = auto
   std::vector<LayerDtypeOverride> layer_kv_dtypes;  // applied last, in order
+  // kSelfDraft only: the target layers the drafter runs (--draft-layers); nullopt: the default.
+  std::optional<int> draft_layers;
 };
 
 // Parses "NAME=DTYPE" (NAME may be a glob such as "draft.*"). Throws Error on bad syntax or dtype.
@@ -62,12 +69,17 @@ LayerDtypeOverride parse_layer_dtype_override(std::string_view text);
 ModelDesc describe(const ModelSource& target, const std::optional<ModelSource>& draft,
                    const DescribeOptions& options);
 ModelDesc describe_mtp(const ModelSource& target, const DescribeOptions& options);
+// The target with a self-speculative drafter over its first draft_layers layers (kSelfDraft):
+// no drafter layer, DraftInfo::shared_target_layers set. Throws Error when the count is not
+// 1 .. layers - 1, or a shared layer keeps recurrent state (drafting would advance it).
+ModelDesc describe_self(const ModelSource& target, const DescribeOptions& options);
 
 // Resolves a model reference to a source; load_model_source is the default, a higher module may
 // pass one that knows more kinds of file (weights::load_model_source reads GGUF files too).
 using SourceLoader = ModelSource (*)(std::string_view ref);
 
-// Convenience for the CLI and tests: resolves references (built-in, file, or "mtp") and describes.
+// Convenience for the CLI and tests: resolves references (built-in, file, "mtp" or "self") and
+// describes.
 ModelDesc describe_refs(std::string_view target_ref, std::optional<std::string_view> draft_ref,
                         const DescribeOptions& options, SourceLoader load = load_model_source);
 

@@ -34,6 +34,7 @@ enum class DraftKind {
   kMtp,     // multi-token-prediction layers declared by the target itself
   kDflash,  // DFlash block-diffusion drafter: a whole block per forward, non-causal in the block
   kModel,   // an ordinary model used as a draft model
+  kSelf,    // self-speculative: the target's first layers, final norm and LM head (LayerSkip)
 };
 
 std::string_view to_string(LayerKind kind);
@@ -90,6 +91,10 @@ struct DraftInfo {
   DraftKind kind = DraftKind::kModel;
   std::optional<int> block_size;      // DFlash: tokens per drafted block (anchor included)
   std::vector<int> target_layer_ids;  // EAGLE-3 / DFlash: target layers whose hidden states feed it
+  // kSelf: the drafter is the target's first `shared_target_layers` layers. Their KV *is* the
+  // target's (the same tokens at the same positions give the same K/V), so the drafter owns no
+  // layer of its own and the plan charges it no byte.
+  int shared_target_layers = 0;
 
   bool operator==(const DraftInfo&) const = default;
 };

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -79,6 +80,10 @@ struct RunnerOptions {
   // Draft with the target config's own MTP layers (num_nextn_predict_layers) instead: planned
   // like an EAGLE drafter's (model::describe_mtp), weights under mtp.* with the target's.
   bool mtp = false;
+  // Self-speculative drafting (model::kSelfDraft): the drafter is the target's first
+  // self_draft_layers layers, its final norm and LM head, over the target's own cache of those
+  // layers (nothing planned for it). 0: none. Attention-only prefixes (model::describe_self).
+  int self_draft_layers = 0;
   // Recurrent states' dtype (model::DescribeOptions::ssm_dtype); nullopt: the config's.
   std::optional<DType> ssm_dtype = std::nullopt;
   // Threads for the matrix products and attention (the caller's included); 0: one per core,
@@ -95,16 +100,24 @@ struct RunnerOptions {
 // chunk) every token updates table[0]. `recurrent[g]`, when given, is the manager's
 // RecurrentStep for group g: a prefix hit's state to copy into table[0] first, and the snapshot
 // block to copy the state after `snapshot_at` tokens into.
+// Which of a request's rows forward() computes logits for: the final norm and the LM head (a
+// vocab x hidden product, SmolLM2's 49,152 rows) are spent only on rows that are read. A row's
+// logits are the same bits whichever rows are chosen.
+enum class LogitRows { kAll, kLast, kNone };
+
 struct SequenceInput {
   std::span<const TokenId> tokens;
   std::int64_t start = 0;
   std::vector<std::span<const cache::BlockId>> block_tables;  // per KV-cache group
   bool checkpoints = false;
   std::vector<cache::RecurrentStep> recurrent = {};  // per KV-cache group, or empty
+  LogitRows logits = LogitRows::kAll;  // forward() only; the drafters' passes give every row
 };
 
 struct ForwardOutput {
-  std::vector<float> logits;  // [tokens, vocab], batch order
+  // [rows, vocab], batch order: forward() gives the rows each request's LogitRows asks for,
+  // the drafters' passes every token's.
+  std::vector<float> logits;
   std::vector<float> hidden;  // [tokens, hidden]: the last layer's output before the final norm
   // Target forward with a DFlash drafter: [tokens, n hidden], the outputs of the n target layers
   // the drafter reads (DraftInfo::target_layer_ids), concatenated in that order. Else empty.
@@ -143,6 +156,14 @@ class ModelRunner {
   ForwardOutput draft_forward(std::span<const SequenceInput> batch,
                               std::span<const float> features);
   bool has_drafter() const;
+
+  // Self-speculative drafting (RunnerOptions::self_draft_layers): `batch` through the target's
+  // first self_draft_layers() blocks, which write their K/V into the target's own cache (for
+  // the last verified token the values a verify writes again; for drafts, look-ahead slots the
+  // verify rewrites before reading), then the final norm and LM head over the rows each input's
+  // LogitRows asks for. Throws when the runner has no self drafter.
+  ForwardOutput self_draft(std::span<const SequenceInput> batch);
+  int self_draft_layers() const { return self_draft_layers_; }
 
   // DFlash (a block drafter, RunnerOptions::draft of DraftKind::kDflash). The drafter's cache
   // position p holds K/V projected from the target's features at p; block_draft() then drafts
@@ -187,10 +208,16 @@ class ModelRunner {
   void check_batch(std::span<const SequenceInput> batch, std::vector<std::int64_t>& positions,
                    std::vector<float>& x) const;
   // `capture` (optional): the ids of layers whose outputs go to captured, [tokens, ids x hidden].
+  // `limit`: the blocks run (the first ones; self drafting).
   void run_blocks(bool draft, std::span<const SequenceInput> batch,
                   const std::vector<std::int64_t>& positions, std::vector<float>& x,
-                  std::span<const int> capture = {}, std::vector<float>* captured = nullptr);
-  ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps) const;
+                  std::span<const int> capture = {}, std::vector<float>* captured = nullptr,
+                  std::size_t limit = std::numeric_limits<std::size_t>::max());
+  // The rows of `batch` whose LogitRows asks for logits, in order.
+  static std::vector<std::int64_t> logit_rows(std::span<const SequenceInput> batch);
+  // Final norm and LM head over the rows of x listed in `rows` (null: every row).
+  ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps,
+                     const std::vector<std::int64_t>* rows = nullptr) const;
 
   model::Architecture config_;
   model::ModelDesc desc_;
@@ -204,6 +231,7 @@ class ModelRunner {
   std::vector<int> dflash_layer_ids_;
   TokenId mask_token_ = 0;
   int block_size_ = 0;
+  int self_draft_layers_ = 0;
 };
 
 // Greedy sampling: the index of the largest logit, the lowest one on ties.

@@ -42,14 +42,20 @@ struct ModelOutput {
   // Per token row of the batch (in order): the token the target picks after that row (greedy
   // argmax for the runner). Only rows of works with `sample` are read.
   std::vector<TokenId> picks;
-  // Per token row, vocab_size() values: the logits, for requests that sample (temperature > 0
-  // or penalties). A model without logits (the simulator's stand-in) leaves it empty and serves
-  // greedy requests only.
+  // vocab_size() values per read row (logit_rows: a sampling prefill chunk's last row, every
+  // row of a decode or verify work; batch order): the logits, for requests that sample
+  // (temperature > 0 or penalties). A model without logits (the simulator's stand-in) leaves it
+  // empty and serves greedy requests only.
   std::vector<float> logits;
   // Per token row, feature_width values: what a drafter observes (may be empty).
   std::vector<float> features;
   std::int64_t feature_width = 0;
 };
+
+// The rows of a work whose picks (and logits) the scheduler reads: the last of a prompt's final
+// chunk, none of its earlier chunks, every row of a decode or verify work. A model need compute
+// its LM head only for them.
+std::size_t logit_rows(const Work& w);
 
 // What the scheduler runs each step.
 class Model {
@@ -214,6 +220,8 @@ class Scheduler {
     int plain_steps = 0;              // steps decoded plainly since draft_len fell to 0
     RequestStats stats;
   };
+  int draft_limit(const Req& r) const;
+
   cache::KvCacheManager& manager_;
   std::vector<bool> recurrent_;  // per KV-cache group
   SchedulerOptions options_;

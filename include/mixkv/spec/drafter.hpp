@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -21,6 +22,9 @@ struct DraftContext {
   std::span<const TokenId> tokens = {};  // prompt and verified outputs
   std::int64_t num_computed = 0;         // positions whose target KV is in the cache
   std::span<const std::span<const cache::BlockId>> block_tables = {};  // per KV-cache group
+  // The most drafts the scheduler will verify for it this step (its adaptive draft length, the
+  // tokens left to generate): a drafter that pays per draft stops there; more are cut off.
+  int max_drafts = std::numeric_limits<int>::max();
 };
 
 // What the target computed for one request in a step, shown to the drafter before the manager

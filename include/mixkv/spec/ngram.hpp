@@ -8,9 +8,15 @@
 
 namespace mixkv::spec {
 
+// Default match lengths, tuned on SmolLM2 over bench-generate's prompt set (docs/engine.md):
+// matches of 1 or 2 tokens (" the", ",\n") are mostly chance on new text, and each failed draft
+// costs a verify row; 3 to 5 tokens keep the copies and drop most of those.
+inline constexpr int kNgramMinMatch = 3;
+inline constexpr int kNgramMaxMatch = 5;
+
 class NgramDrafter final : public Drafter {
  public:
-  NgramDrafter(int min_n = 1, int max_n = 3);
+  NgramDrafter(int min_n = kNgramMinMatch, int max_n = kNgramMaxMatch);
   std::string name() const override { return "ngram"; }
   std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
 
