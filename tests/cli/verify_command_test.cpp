@@ -147,23 +147,35 @@ TEST(VerifyCommand, FaultGroupThePlanDoesNotHaveIsAnError) {
 // itself and every verified group passes. Kept fast for CI with one short request and one layer
 // per group (the scale is still the one verify picks for it: the recurrent references of large
 // hybrids, 24 GDN groups for Qwen3.5, cost the most); PlainVerifyPassesWhere... runs the whole
-// default batch. Named *VerifySweep* so `make test-sanitize` leaves it to `make test`.
-TEST(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
-  int runs = 0;
-  for (const auto& pair : mixkv::testing::builtin_pairs()) {
+// default batch. The pairs are dealt over kSweepShards tests (pair i to shard i mod kSweepShards),
+// so that `ctest -j` runs the sweep on every core instead of one long test. Named *VerifySweep*
+// so `make test-sanitize` leaves it to `make test`.
+constexpr int kSweepShards = 8;
+
+// A backend accepts the pair when it plans it and builds its attention groups.
+bool accepts(const model::ModelDesc& desc, backend::Backend backend) {
+  plan::PlanOptions p;
+  p.backend = backend;
+  p.memory_bytes = std::int64_t{64} << 30;
+  p.max_model_len = 2048;
+  try {
+    attn::build_attention_groups(desc, plan::make_plan(desc, p));
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
+class PlainVerifySweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
+  const std::vector<mixkv::testing::Pair> pairs = mixkv::testing::builtin_pairs();
+  for (std::size_t i = static_cast<std::size_t>(GetParam()); i < pairs.size(); i += kSweepShards) {
+    const mixkv::testing::Pair& pair = pairs[i];
     const model::ModelDesc desc = mixkv::testing::describe_pair(pair);
     for (backend::Backend backend : backend::all_backends()) {
       const std::string label = pair.label() + " on " + std::string(backend::to_string(backend));
-      // A backend accepts the pair when it plans it and builds its attention groups.
-      plan::PlanOptions p;
-      p.backend = backend;
-      p.memory_bytes = std::int64_t{64} << 30;
-      p.max_model_len = 2048;
-      try {
-        attn::build_attention_groups(desc, plan::make_plan(desc, p));
-      } catch (const Error&) {
-        continue;
-      }
+      if (!accepts(desc, backend)) continue;
       kernels::VerifyOptions o;
       o.plan.backend = backend;
       o.requests = 1;
@@ -171,7 +183,6 @@ TEST(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
       o.max_layers_per_group = 1;
       try {
         const kernels::VerifyReport r = kernels::verify(desc, o);
-        ++runs;
         for (const kernels::GroupResult& g : r.groups) {
           EXPECT_NE(g.status, kernels::GroupStatus::kMismatch)
               << label << ": group " << g.attention_group << " " << g.reason;
@@ -180,6 +191,18 @@ TEST(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
         ADD_FAILURE() << label << ": " << e.what();
       }
     }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shards, PlainVerifySweep, ::testing::Range(0, kSweepShards));
+
+// The shards together verify more than 60 (pair, backend) runs: each accepted one runs, and one
+// that throws fails its shard.
+TEST(PlainVerifySweepCoverage, MoreThanSixtyPairsAndBackendsAreSwept) {
+  int runs = 0;
+  for (const auto& pair : mixkv::testing::builtin_pairs()) {
+    const model::ModelDesc desc = mixkv::testing::describe_pair(pair);
+    for (backend::Backend backend : backend::all_backends()) runs += accepts(desc, backend) ? 1 : 0;
   }
   EXPECT_GT(runs, 60);
 }

@@ -1,6 +1,8 @@
 // Dense references for the recurrent kernels: plain per-token loops in double precision over one
-// request's contiguous state and inputs, written to be obviously correct rather than fast, and the
-// tolerances the kernels are held to. The kernel tests and `mixkv verify` use them.
+// request's contiguous state and inputs, independent of the kernels' code, and the tolerances the
+// kernels are held to. The kernel tests and `mixkv verify` use them. Their loops are ordered for
+// the cache where that costs nothing in clarity (the delta rule runs a block of state columns
+// through every token), never reassociating a sum.
 #pragma once
 
 #include <cstdint>
