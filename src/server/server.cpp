@@ -608,13 +608,15 @@ struct Server::Impl {
     httplib::Headers headers;
     if (!opt.api_key.empty()) headers.emplace("Authorization", "Bearer " + opt.api_key);
     const json body{{"prompt", std::vector<TokenId>(j.prompt.begin(), j.prompt.end() - 1)}};
+    const auto t0 = Clock::now();
     const auto res = cli.Post("/v1/kv/prefill", headers, body.dump(), "application/json");
     std::string reason, message;
     if (!res) {
-      reason = transfer::to_string(res.error() == httplib::Error::Read ||
-                                           res.error() == httplib::Error::ConnectionTimeout
-                                       ? transfer::FailureReason::kTimeout
-                                       : transfer::FailureReason::kPeerFailed);
+      // A read that fails before the timeout is a connection the prefill server broke off.
+      const bool late = res.error() == httplib::Error::ConnectionTimeout ||
+                        (res.error() == httplib::Error::Read && Clock::now() - t0 >= timeout);
+      reason = transfer::to_string(late ? transfer::FailureReason::kTimeout
+                                        : transfer::FailureReason::kPeerFailed);
       message = fmt::format("POST http://{}:{}/v1/kv/prefill: {}", peer_host, control_port,
                             httplib::to_string(res.error()));
     } else if (res->status != 200) {
