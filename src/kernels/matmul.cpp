@@ -970,11 +970,12 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
       const auto u = static_cast<std::size_t>(b);
       quantize_block(x.data() + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr);
     }
-    // The VNNI path's layout of the same codes (see QuantizedX).
-    qx.x64.resize(static_cast<std::size_t>(n * qx.blocks * 64));
-    qx.c64.resize(sums ? 0 : static_cast<std::size_t>(n * qx.blocks * 16));
+    // The VNNI path's layout of the same codes (see QuantizedX), where that path may run.
+    c.vnni = vnni_available();
+    qx.x64.resize(c.vnni ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
+    qx.c64.resize(c.vnni && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
     const std::int32_t factor = w.dtype == WeightType::kQ4_0 ? -8 : -128;
-    for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
+    for (std::int64_t b = 0; c.vnni && b < n * qx.blocks; ++b) {
       const std::int8_t* q = qx.q.data() + b * 32;
       std::int8_t* out = qx.x64.data() + b * 64;
       for (int quarter = 0; quarter < 4; ++quarter) {
@@ -988,7 +989,6 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
       }
     }
     c.qx = &qx;
-    c.vnni = vnni_available();
   }
   const int workers = pool != nullptr ? pool->size() : 1;
 #ifdef MIXKV_MATMUL_AMX
