@@ -121,8 +121,11 @@ std::optional<double> load_average() {
 // One configuration (a prompt and a drafter, or plain) over the runs.
 struct Measured {
   std::vector<double> tokens_per_second;  // per run
-  std::int64_t generated = 0;             // per run (greedy: the same every run)
-  std::int64_t drafted = 0;               // summed over the requests of one run
+  // Per run: output tokens after each request's first over the longest time after a first token
+  // (decoding alone, without the prompt's prefill).
+  std::vector<double> decode_tokens_per_second;
+  std::int64_t generated = 0;  // per run (greedy: the same every run)
+  std::int64_t drafted = 0;    // summed over the requests of one run
   std::int64_t accepted = 0;
   std::int64_t decode_steps = 0;
   std::vector<std::int64_t> drafted_per_position;
@@ -136,6 +139,13 @@ struct Measured {
 
 void record(Measured& m, const engine::GenerateReport& r) {
   m.tokens_per_second.push_back(r.tokens_per_second());
+  std::int64_t after_first = 0;
+  double span = 0;
+  for (const auto& q : r.requests) {
+    after_first += std::max<std::int64_t>(0, q.stats.generated_tokens - 1);
+    span = std::max(span, q.stats.seconds - q.stats.first_token_seconds);
+  }
+  m.decode_tokens_per_second.push_back(span > 0 ? static_cast<double>(after_first) / span : 0.0);
   m.generated = r.generated_tokens();
   m.drafted = m.accepted = m.decode_steps = 0;
   m.drafted_per_position.clear();
@@ -389,16 +399,21 @@ Action add_bench_generate_command(CLI::App& app) {
       if (self) j["draft_layers"] = runner.self_draft_layers();
       j["prompts"] = nlohmann::json::array();
       for (std::size_t i = 0; i < set.size(); ++i) {
-        nlohmann::json pj = {{"name", set[i].name},
-                             {"category", set[i].category},
-                             {"generated_tokens", plain[i].generated},
-                             {"plain_tokens_per_second", median(plain[i].tokens_per_second)}};
+        nlohmann::json pj = {
+            {"name", set[i].name},
+            {"category", set[i].category},
+            {"generated_tokens", plain[i].generated},
+            {"plain_tokens_per_second", median(plain[i].tokens_per_second)},
+            {"plain_decode_tokens_per_second", median(plain[i].decode_tokens_per_second)}};
         for (std::size_t d = 0; d < args->drafts.size(); ++d) {
           const Measured& m = spec[i][d];
           pj[args->drafts[d]] = {
               {"tokens_per_second", median(m.tokens_per_second)},
               {"ratio_to_plain",
                ratio(median(m.tokens_per_second), median(plain[i].tokens_per_second))},
+              {"decode_tokens_per_second", median(m.decode_tokens_per_second)},
+              {"decode_ratio_to_plain", ratio(median(m.decode_tokens_per_second),
+                                              median(plain[i].decode_tokens_per_second))},
               {"acceptance_rate", rate(m.accepted, m.drafted)},
               {"mean_accepted_length", rate(m.accepted + m.decode_steps, m.decode_steps)},
               {"accepted_per_position", m.accepted_per_position},

@@ -64,6 +64,11 @@ double RequestStats::mean_accepted_length() const {
 double RequestStats::tokens_per_second() const {
   return seconds > 0 ? static_cast<double>(generated_tokens) / seconds : 0.0;
 }
+double RequestStats::decode_tokens_per_second() const {
+  const double after = seconds - first_token_seconds;
+  return generated_tokens > 1 && after > 0 ? static_cast<double>(generated_tokens - 1) / after
+                                           : 0.0;
+}
 
 Scheduler::Scheduler(cache::KvCacheManager& manager, const plan::CachePlan& plan,
                      const SchedulerOptions& options)
@@ -463,6 +468,9 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     r.tokens.insert(r.tokens.end(), v.sampled.begin(), v.sampled.end());
     for (TokenId t : v.sampled) r.sampler.commit(t);
     if (options_.on_tokens && !v.sampled.empty()) options_.on_tokens(w.request, v.sampled);
+    if (r.stats.generated_tokens == 0 && !v.sampled.empty()) {
+      r.stats.first_token_seconds = static_cast<double>(now_ns() - r.admitted_at_ns) * 1e-9;
+    }
     r.stats.generated_tokens += static_cast<std::int64_t>(v.sampled.size());
     counters_.generated_tokens += static_cast<std::int64_t>(v.sampled.size());
     if (drafter != nullptr) {

@@ -64,6 +64,10 @@ TEST(BenchGenerateCommand, ThePromptFileIsTheBuiltInSetAndSelfDraftsMatchPlain) 
     EXPECT_EQ(pa["category"], pb["category"]);
     EXPECT_EQ(pa["generated_tokens"], pb["generated_tokens"]);
     EXPECT_TRUE(pa["self"]["identical_to_plain"].get<bool>()) << pa;
+    // Decoding alone (prefill left out) is faster than the whole request's rate.
+    EXPECT_GT(pa["plain_decode_tokens_per_second"].get<double>(),
+              pa["plain_tokens_per_second"].get<double>())
+        << pa;
   }
   const auto bad =
       run_cli("bench-generate", {"tiny-swa", "--draft", "ngram", "--draft-layers", "2"});

@@ -41,8 +41,9 @@ inline constexpr std::string_view kMtpDraft = "mtp";
 // Self-speculative drafting: the target's first DescribeOptions::draft_layers layers, then its
 // final norm and LM head; those layers' KV is the target's own (DraftKind::kSelf).
 inline constexpr std::string_view kSelfDraft = "self";
-// The default number of target layers a self drafter runs (docs/engine.md: measured on SmolLM2).
-inline constexpr int kDefaultSelfDraftLayers = 8;
+// The default number of target layers a self drafter runs: on SmolLM2 (not trained for early
+// exit) no depth pays, and 4 loses least (docs/engine.md, "Self-speculative drafting").
+inline constexpr int kDefaultSelfDraftLayers = 4;
 
 // A per-layer cache dtype override: layers whose name matches `pattern` (shell glob) use `dtype`.
 struct LayerDtypeOverride {

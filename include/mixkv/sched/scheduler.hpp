@@ -99,9 +99,13 @@ struct RequestStats {
   std::vector<std::int64_t> drafted_per_position;
   std::vector<std::int64_t> accepted_per_position;
   double seconds = 0;                   // from the first admission to the last token
+  double first_token_seconds = 0;       // from the first admission to the first output token
   double acceptance_rate() const;       // accepted / drafted (0 when nothing was drafted)
   double mean_accepted_length() const;  // tokens per decode step, the bonus token included
   double tokens_per_second() const;
+  // Output tokens after the first over the time after it: decoding alone, the prompt's prefill
+  // left out (0 with fewer than two tokens).
+  double decode_tokens_per_second() const;
 };
 
 // Whole-run counters.
