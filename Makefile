@@ -56,7 +56,7 @@ demo: build
 	./$(BUILD_DIR)/mixkv generate smollm2-135m --draft ngram --num-spec-tokens 4 --max-tokens 128 \
 	  --prompt "Repeat this text exactly, word for word: The cache keeps every page of every layer \
 	in one pool, and the planner decides how large each page is, so that a sliding window layer \
-	and a full attention layer can share the same memory without waste." 
+	and a full attention layer can share the same memory without waste."
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

@@ -2,13 +2,13 @@
 # llama.cpp's plain decode tokens/s on SmolLM2's GGUF over bench-generate's prompt set
 # (scripts/bench_llamacpp_generate.py), for side-by-side figures with `mixkv bench-generate`.
 # Not run by CI. LLAMACPP_PYTHON: a Python that imports llama_cpp (an existing virtual
-# environment's bin/python); without it, PyPI's llama-cpp-python (pinned below, built from source:
+# environment's bin/python); without it, PyPI's llama-cpp-python (pinned in scripts/llamacpp-venv.sh, built from source:
 # slow, minutes) is installed into a throwaway virtual environment, deleted afterwards.
 #   usage: [LLAMACPP_PYTHON=venv/bin/python] scripts/bench-llamacpp-generate.sh [MODEL.gguf] [ARGS...]
 #   ARGS go to the Python script: --threads N (2), --max-tokens N (128), --runs N (3), --json
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-version=0.3.16
+. "$here/scripts/llamacpp-venv.sh"
 models=${MIXKV_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/mixkv/models}
 model=$models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then model=$1; shift; fi
@@ -20,12 +20,7 @@ python=${LLAMACPP_PYTHON:-}
 if [ -z "$python" ]; then
   venv=$(mktemp -d "${TMPDIR:-/tmp}/mixkv-llamacpp.XXXXXX")
   trap 'rm -rf "$venv"' EXIT
-  "${PYTHON:-python3}" -m venv "$venv"
-  # As scripts/record-llamacpp-reference.sh builds it: CPU, AVX2/AVX-512, no AMX.
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-    -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-    "$venv/bin/pip" install --quiet --no-cache-dir "llama-cpp-python==$version" jinja2
+  llamacpp_venv "$venv" jinja2
   python=$venv/bin/python
 fi
 "$python" -c "import llama_cpp, jinja2" || { echo "mixkv: $python cannot import llama_cpp and jinja2" >&2; exit 1; }

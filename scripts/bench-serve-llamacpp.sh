@@ -10,13 +10,14 @@
 #
 # Usage: scripts/bench-serve-llamacpp.sh [BUILD_DIR]   (default: build)
 # Environment:
-#   LLAMA_CPP_VENV  a virtual environment that already has llama-cpp-python[server] (saves the
-#                   15+ minute build); without it one is made in a temporary folder and deleted
+#   LLAMACPP_PYTHON  a Python that imports llama_cpp.server (an existing virtual environment's
+#                    bin/python; saves the 15+ minute build); without it one is made in a
+#                    temporary folder and deleted
 #   THREADS (2), CLIENTS ("1 8 32"), SECONDS_PER_LEVEL (20), MAX_TOKENS (64), DRAFT (ngram)
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
+. "$here/scripts/llamacpp-venv.sh"
 build=${1:-$here/build}
-version=0.3.16
 threads=${THREADS:-2}
 clients=${CLIENTS:-1 8 32}
 seconds=${SECONDS_PER_LEVEL:-20}
@@ -29,18 +30,18 @@ gguf=$models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -x "$build/mixkv" ] || { echo "bench-serve: $build/mixkv is missing; run 'make build'" >&2; exit 1; }
 [ -f "$gguf" ] || { echo "bench-serve: $gguf is missing; run 'make deps'" >&2; exit 1; }
 
-venv=${LLAMA_CPP_VENV:-}
-if [ -z "$venv" ]; then
+# OpenMP workers that spin while they wait take the cores from each other on a shared machine.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+llama_python=${LLAMACPP_PYTHON:-}
+venv=
+if [ -z "$llama_python" ]; then
   venv=$(mktemp -d "${TMPDIR:-/tmp}/mixkv-llamacpp.XXXXXX")
   trap 'rm -rf "$venv"' EXIT
-  "$python" -m venv "$venv"
-  # The same build as scripts/record-llamacpp-reference.sh (AVX2/AVX-512, no AMX), with the
-  # server's extra packages.
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
-    -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-    "$venv/bin/python" -m pip install --quiet --no-cache-dir "llama-cpp-python[server]==$version"
+  llamacpp_venv "$venv" "llama-cpp-python[server]==$LLAMACPP_PYTHON_VERSION"
+  llama_python=$venv/bin/python
 fi
+"$llama_python" -c "import llama_cpp.server.app" ||
+  { echo "bench-serve: $llama_python cannot import llama_cpp.server" >&2; exit 1; }
 
 bench() { "$python" "$here/scripts/bench_serve.py" "$@" --clients $clients --seconds "$seconds" \
   --max-tokens "$max_tokens"; }
@@ -52,12 +53,12 @@ echo "# mixkv serve smollm2-135m --draft $draft, --threads $threads"
 bench "$build/mixkv" smollm2-135m --threads "$threads" --draft "$draft" | sed "s/^/mixkv-$draft /"
 
 port=$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-echo "# llama.cpp server (llama-cpp-python $version) on $gguf, --n_threads $threads"
-"$venv/bin/python" -m llama_cpp.server --model "$gguf" --n_threads "$threads" \
+echo "# llama.cpp server (llama-cpp-python $LLAMACPP_PYTHON_VERSION) on $gguf, --n_threads $threads"
+"$llama_python" -m llama_cpp.server --model "$gguf" --n_threads "$threads" \
   --n_threads_batch "$threads" --n_ctx 2048 --interrupt_requests False --host 127.0.0.1 \
   --port "$port" >/dev/null 2>&1 &
 server=$!
-trap 'kill $server 2>/dev/null || true; [ -n "${LLAMA_CPP_VENV:-}" ] || rm -rf "$venv"' EXIT
+trap 'kill $server 2>/dev/null || true; [ -z "$venv" ] || rm -rf "$venv"' EXIT
 for _ in $(seq 600); do
   curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
   kill -0 $server 2>/dev/null || { echo "bench-serve: llama.cpp's server exited" >&2; exit 1; }

@@ -24,6 +24,7 @@
 #include "mixkv/server/server.hpp"
 #include "mixkv/tokenizer/byte_tokenizer.hpp"
 #include "mixkv/weights/model_files.hpp"
+#include "two_hosts.hpp"
 
 namespace mixkv::server {
 namespace {
@@ -478,49 +479,20 @@ TEST(PdProcess, DecodeKilledMidTransferFreesThePrefillBlocks) {
 // Two hosts: two network namespaces joined by a veth pair, made here and removed after; the
 // prefill server in one, the decode server (and its client) in the other, UCX and the control
 // channel over TCP between them.
-class PdTwoHosts : public ::testing::Test {
+class PdTwoHosts : public mixkv::testing::TwoHostsTest {
  protected:
-  void SetUp() override {
-    const std::string id = std::to_string(::getpid());
-    prefill_ns_ = "mixkv-sp" + id;
-    decode_ns_ = "mixkv-sd" + id;
-    if (std::system(("ip netns add " + prefill_ns_ + " >/dev/null 2>&1").c_str()) != 0) {
-      GTEST_SKIP() << "cannot create network namespaces here (`ip netns add` needs root and the "
-                      "iproute2 package): the two-host serving test is skipped";
-    }
-    made_ = true;
-    const std::string vp = "mksp" + id, vd = "mksd" + id;
-    const std::string script =
-        "ip netns add " + decode_ns_ + " && ip link add " + vp + " type veth peer name " + vd +
-        " && ip link set " + vp + " netns " + prefill_ns_ + " && ip link set " + vd + " netns " +
-        decode_ns_ + " && ip -n " + prefill_ns_ + " addr add " + kPrefillIp + "/24 dev " + vp +
-        " && ip -n " + decode_ns_ + " addr add " + kDecodeIp + "/24 dev " + vd + " && ip -n " +
-        prefill_ns_ + " link set " + vp + " up && ip -n " + decode_ns_ + " link set " + vd +
-        " up && ip -n " + prefill_ns_ + " link set lo up && ip -n " + decode_ns_ +
-        " link set lo up";
-    ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
-  }
-  void TearDown() override {
-    if (!made_) return;
-    // Removing a namespace removes its end of the veth pair, and with it the other end.
-    (void)std::system(("ip netns del " + prefill_ns_ + " >/dev/null 2>&1").c_str());
-    (void)std::system(("ip netns del " + decode_ns_ + " >/dev/null 2>&1").c_str());
-  }
-  static constexpr const char* kPrefillIp = "10.178.0.1";
-  static constexpr const char* kDecodeIp = "10.178.0.2";
-  std::string prefill_ns_, decode_ns_;
-  bool made_ = false;
+  PdTwoHosts() : TwoHostsTest("s", "10.178.0") {}
 };
 
 TEST_F(PdTwoHosts, DecodeHostServesTheTokensOfOneInstance) {
   Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
   const TokenList expected = ds.generate({long_prompt(kClientPrompt)}, 6)[0];
   Child prefill;
-  prefill.spawn(std::string("prefill@") + kPrefillIp, prefill_ns_);
+  prefill.spawn("prefill@" + prefill_ip_, prefill_ns_);
   const auto [http, kv] = prefill.ports();
   ASSERT_GT(kv, 0) << "the prefill server did not start";
   Child decode;
-  decode.spawn(fmt::format("decode-client@{}:{}", kPrefillIp, kv), decode_ns_);
+  decode.spawn(fmt::format("decode-client@{}:{}", prefill_ip_, kv), decode_ns_);
   const std::string line = decode.line();
   EXPECT_EQ(line.substr(0, line.find(' ')), fmt::format("{}", fmt::join(expected, ",")));
   EXPECT_GT(std::stod(line.substr(line.find(' ') + 1)), 0) << line;  // pulled, not recomputed

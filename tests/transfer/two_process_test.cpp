@@ -17,6 +17,7 @@
 
 #include "mixkv/transfer/ucx_agent.hpp"
 #include "transfer/transfer_test_support.hpp"
+#include "two_hosts.hpp"
 
 namespace mixkv::transfer {
 namespace {
@@ -233,49 +234,18 @@ TEST(TwoProcess, DecodeKilledMidTransferReleasesThePrefillBlocks) {
 
 // Two hosts: two network namespaces joined by a veth pair, made here and removed after; the
 // prefill process in one, the decode process in the other, UCX over TCP between them.
-class TwoHosts : public ::testing::Test {
+class TwoHosts : public mixkv::testing::TwoHostsTest {
  protected:
-  void SetUp() override {
-    const std::string id = std::to_string(::getpid());
-    prefill_ns_ = "mixkv-p" + id;
-    decode_ns_ = "mixkv-d" + id;
-    if (std::system(("ip netns add " + prefill_ns_ + " >/dev/null 2>&1").c_str()) != 0) {
-      GTEST_SKIP() << "cannot create network namespaces here (`ip netns add` needs root and the "
-                      "iproute2 package): the two-host test is skipped";
-    }
-    made_ = true;
-    const std::string veth_p = "mkvp" + id;
-    const std::string veth_d = "mkvd" + id;
-    const std::string script =
-        "ip netns add " + decode_ns_ + " && ip link add " + veth_p + " type veth peer name " +
-        veth_d + " && ip link set " + veth_p + " netns " + prefill_ns_ + " && ip link set " +
-        veth_d + " netns " + decode_ns_ + " && ip -n " + prefill_ns_ + " addr add " + kPrefillIp +
-        "/24 dev " + veth_p + " && ip -n " + decode_ns_ + " addr add " + kDecodeIp + "/24 dev " +
-        veth_d + " && ip -n " + prefill_ns_ + " link set " + veth_p + " up && ip -n " + decode_ns_ +
-        " link set " + veth_d + " up && ip -n " + prefill_ns_ + " link set lo up && ip -n " +
-        decode_ns_ + " link set lo up";
-    ASSERT_EQ(std::system((script + " >/dev/null 2>&1").c_str()), 0) << script;
-  }
-  void TearDown() override {
-    if (!made_) return;
-    // Removing a namespace removes its end of the veth pair, and with it the other end.
-    (void)std::system(("ip netns del " + prefill_ns_ + " >/dev/null 2>&1").c_str());
-    (void)std::system(("ip netns del " + decode_ns_ + " >/dev/null 2>&1").c_str());
-  }
-  static constexpr const char* kPrefillIp = "10.177.0.1";
-  static constexpr const char* kDecodeIp = "10.177.0.2";
-  std::string prefill_ns_;
-  std::string decode_ns_;
-  bool made_ = false;
+  TwoHosts() : TwoHostsTest("t", "10.177.0") {}
 };
 
 TEST_F(TwoHosts, DecodeHostPullsFromPrefillHostOverTcp) {
   Child prefill;
-  spawn(prefill, std::string("prefill@") + kPrefillIp, prefill_ns_);
+  spawn(prefill, "prefill@" + prefill_ip_, prefill_ns_);
   const std::string port = read_line(prefill.from_child, 20s);
   ASSERT_FALSE(port.empty()) << "the prefill process did not start";
   Child decode;
-  spawn(decode, std::string("decode@") + kPrefillIp + ":" + port, decode_ns_);
+  spawn(decode, std::string("decode@") + prefill_ip_ + ":" + port, decode_ns_);
   EXPECT_EQ(read_line(decode.from_child, 20s), "none 0 exact");
   EXPECT_EQ(decode.wait_exit(), 0);
   EXPECT_EQ(read_line(prefill.from_child, 10s), "none");
