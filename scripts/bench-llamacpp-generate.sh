@@ -14,7 +14,9 @@ model=$models/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then model=$1; shift; fi
 [ -f "$model" ] || { echo "mixkv: $model is missing; run 'make deps' first" >&2; exit 1; }
 # OpenMP workers that spin while they wait take the cores from each other on a shared machine
-# (2 threads measured at 0.4-10 tokens/s under load, against 15 with passive waits).
+# (2 threads measured at 0.4-10 tokens/s under load, against 15 with passive waits); on an idle
+# machine passive waits cost 10x instead (20 against 218-231 tokens/s): set
+# OMP_WAIT_POLICY=active there.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 python=${LLAMACPP_PYTHON:-}
 if [ -z "$python" ]; then
