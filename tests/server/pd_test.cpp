@@ -5,7 +5,6 @@
 // different block sizes and policies; faults (a planted corrupt page, a mismatched model, a slow
 // prefill server, a prefill process killed mid-transfer, a decode process killed mid-transfer)
 // never serve a wrong token and leave both pools idle.
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
@@ -18,6 +17,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "child_process.hpp"
 #include "cli/runner_setup.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
@@ -359,71 +359,14 @@ TEST(PdChild, Run) {
   for (;;) std::this_thread::sleep_for(1s);
 }
 
-std::string self_path() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
-}
-
-struct Child {
-  pid_t pid = -1;
-  int from_child = -1;
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (from_child >= 0) ::close(from_child);
-  }
-  // This test program again as `role`, inside network namespace `netns` if given.
-  void spawn(const std::string& role, const std::string& netns = "") {
-    const std::string exe = self_path();
-    int fds[2];
-    ASSERT_EQ(::pipe(fds), 0);
-    pid = ::fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      ::close(fds[0]);
-      ::setenv("MIXKV_PD_CHILD", (role + ":" + std::to_string(fds[1])).c_str(), 1);
-      if (netns.empty()) {
-        ::execl(exe.c_str(), exe.c_str(), "--gtest_filter=PdChild.Run",
-                static_cast<char*>(nullptr));
-      } else {
-        ::execlp("ip", "ip", "netns", "exec", netns.c_str(), exe.c_str(),
-                 "--gtest_filter=PdChild.Run", static_cast<char*>(nullptr));
-      }
-      std::_Exit(127);
-    }
-    ::close(fds[1]);
-    from_child = fds[0];
-  }
-  // The child's line (empty after the timeout).
-  std::string line(std::chrono::seconds timeout = 30s) {
-    std::string text;
-    const auto until = std::chrono::steady_clock::now() + timeout;
-    ::fcntl(from_child, F_SETFL, O_NONBLOCK);
-    while (std::chrono::steady_clock::now() < until && text.find('\n') == std::string::npos) {
-      char buf[256];
-      const ssize_t n = ::read(from_child, buf, sizeof buf);
-      if (n > 0) {
-        text.append(buf, static_cast<std::size_t>(n));
-      } else {
-        std::this_thread::sleep_for(5ms);
-      }
-    }
-    return text.substr(0, text.find('\n'));
-  }
+// This test program again as one of PdChild.Run's roles.
+struct Child : mixkv::testing::ChildProcess {
+  Child() : ChildProcess("MIXKV_PD_CHILD", "PdChild.Run") {}
   // The HTTP and KV ports a serving child wrote ({0, 0} after the timeout).
   std::pair<int, int> ports() {
     int http = 0, kv = 0;
     if (std::sscanf(line().c_str(), "%d %d", &http, &kv) != 2) return {0, 0};
     return {http, kv};
-  }
-  int wait_exit() {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
   }
 };
 

@@ -1,7 +1,5 @@
 // Prefill and decode in two processes (this test program re-executed as the other side, see
 // TransferChild.Run): a byte-for-byte pull over TCP, and each side killed mid-transfer.
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "child_process.hpp"
 #include "mixkv/transfer/ucx_agent.hpp"
 #include "transfer/transfer_test_support.hpp"
 #include "two_hosts.hpp"
@@ -63,69 +62,10 @@ void write_all(int fd, const std::string& text) {
   }
 }
 
-// A line from the child, or "" after `limit`.
-std::string read_line(int fd, std::chrono::milliseconds limit) {
-  std::string line;
-  const auto until = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 50) <= 0) continue;
-    char c = 0;
-    if (::read(fd, &c, 1) != 1) break;
-    if (c == '\n') return line;
-    line += c;
-  }
-  return "";
-}
-
-struct Child {
-  pid_t pid = -1;
-  int from_child = -1;
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-    if (from_child >= 0) ::close(from_child);
-  }
-  int wait_exit() {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
+// This test program again as one of TransferChild.Run's roles.
+struct Child : mixkv::testing::ChildProcess {
+  Child() : ChildProcess("MIXKV_TRANSFER_CHILD", "TransferChild.Run") {}
 };
-
-// This test program's path (for the children run through `ip netns exec`).
-std::string self_path() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
-}
-
-// Runs this test program again as `role` (inside network namespace `netns` if given),
-// reporting to us through a pipe.
-void spawn(Child& c, const std::string& role, const std::string& netns = "") {
-  const std::string exe = self_path();
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  c.pid = ::fork();
-  ASSERT_GE(c.pid, 0);
-  if (c.pid == 0) {
-    ::close(fds[0]);
-    ::setenv("MIXKV_TRANSFER_CHILD", (role + ":" + std::to_string(fds[1])).c_str(), 1);
-    if (netns.empty()) {
-      ::execl(exe.c_str(), "mixkv_transfer_tests", "--gtest_filter=TransferChild.Run",
-              static_cast<char*>(nullptr));
-    } else {
-      ::execlp("ip", "ip", "netns", "exec", netns.c_str(), exe.c_str(),
-               "--gtest_filter=TransferChild.Run", static_cast<char*>(nullptr));
-    }
-    std::_Exit(127);
-  }
-  ::close(fds[1]);
-  c.from_child = fds[0];
-}
 
 // The other process. Roles: "prefill@HOST" (listens on HOST, offers the request, reports its
 // port and then its release), "decode@HOST:PORT" (pulls, reports the result, the mismatched
@@ -177,8 +117,8 @@ TEST(TransferChild, Run) {
 
 TEST(TwoProcess, DecodePullsFromAPrefillProcessByteForByte) {
   Child child;
-  spawn(child, "prefill@127.0.0.1");
-  const std::string port = read_line(child.from_child, 20s);
+  child.spawn("prefill@127.0.0.1");
+  const std::string port = child.line(20s);
   ASSERT_FALSE(port.empty()) << "the prefill process did not start";
   auto d = make_side(decode_options());
   const RequestBlocks db = make_blocks(d, kTokens, 2);
@@ -188,14 +128,14 @@ TEST(TwoProcess, DecodePullsFromAPrefillProcessByteForByte) {
   ASSERT_TRUE(r.ok()) << to_string(r.reason) << ": " << r.message;
   EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kSeed), 0);
   EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 0, kTokens));
-  EXPECT_EQ(read_line(child.from_child, 10s), "none");  // released as completed
+  EXPECT_EQ(child.line(10s), "none");  // released as completed
   EXPECT_EQ(child.wait_exit(), 0);
 }
 
 TEST(TwoProcess, PrefillKilledMidTransferFailsCleanly) {
   Child child;
-  spawn(child, "prefill@127.0.0.1");
-  const std::string port = read_line(child.from_child, 20s);
+  child.spawn("prefill@127.0.0.1");
+  const std::string port = child.line(20s);
   ASSERT_FALSE(port.empty()) << "the prefill process did not start";
   auto d = make_side(decode_options());
   AgentOptions o = tcp();
@@ -219,7 +159,7 @@ TEST(TwoProcess, DecodeKilledMidTransferReleasesThePrefillBlocks) {
   PrefillAgent agent(p.descriptor, p.tensors(), tcp());  // lease 10 s
   agent.offer(kRequest, pb, kTokens);
   Child child;
-  spawn(child, "decode-die@127.0.0.1:" + std::to_string(agent.port()));
+  child.spawn("decode-die@127.0.0.1:" + std::to_string(agent.port()));
   EXPECT_EQ(child.wait_exit(), 128 + SIGKILL);
   const auto until = std::chrono::steady_clock::now() + 8s;
   std::vector<Release> released;
@@ -241,14 +181,14 @@ class TwoHosts : public mixkv::testing::TwoHostsTest {
 
 TEST_F(TwoHosts, DecodeHostPullsFromPrefillHostOverTcp) {
   Child prefill;
-  spawn(prefill, "prefill@" + prefill_ip_, prefill_ns_);
-  const std::string port = read_line(prefill.from_child, 20s);
+  prefill.spawn("prefill@" + prefill_ip_, prefill_ns_);
+  const std::string port = prefill.line(20s);
   ASSERT_FALSE(port.empty()) << "the prefill process did not start";
   Child decode;
-  spawn(decode, std::string("decode@") + prefill_ip_ + ":" + port, decode_ns_);
-  EXPECT_EQ(read_line(decode.from_child, 20s), "none 0 exact");
+  decode.spawn(std::string("decode@") + prefill_ip_ + ":" + port, decode_ns_);
+  EXPECT_EQ(decode.line(20s), "none 0 exact");
   EXPECT_EQ(decode.wait_exit(), 0);
-  EXPECT_EQ(read_line(prefill.from_child, 10s), "none");
+  EXPECT_EQ(prefill.line(10s), "none");
   EXPECT_EQ(prefill.wait_exit(), 0);
 }
 
