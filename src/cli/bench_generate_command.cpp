@@ -172,7 +172,7 @@ Action add_bench_generate_command(CLI::App& app) {
     std::string model;
     std::vector<std::string> drafts = {"oracle", "ngram"};
     int num_spec_tokens = 4;
-    int draft_layers = 0;  // self: 0 is model::kDefaultSelfDraftLayers
+    std::optional<int> draft_layers;  // self; absent: model::kDefaultSelfDraftLayers
     int batch = 1;
     std::string prompts;
     std::int64_t max_tokens = 128;
@@ -240,9 +240,9 @@ Action add_bench_generate_command(CLI::App& app) {
       }
     }
     const bool self = std::ranges::find(args->drafts, model::kSelfDraft) != args->drafts.end();
-    if (args->draft_layers != 0 && !self) {
+    if (args->draft_layers && !self) {
       throw_invalid(fmt::format("--draft-layers {} is for the self drafter; add --draft self",
-                                args->draft_layers));
+                                *args->draft_layers));
     }
     // The model: a GGUF (its tokenizer and chat template make the prompts) or a tiny model.
     std::shared_ptr<const weights::GgufFile> gguf;
@@ -273,7 +273,7 @@ Action add_bench_generate_command(CLI::App& app) {
       // The self drafter changes nothing of the plan (its layers' KV is the target's), so one
       // runner serves the plain runs and the others.
       model::DescribeOptions d;
-      if (args->draft_layers != 0) d.draft_layers = args->draft_layers;
+      d.draft_layers = args->draft_layers;
       ro.self_draft_layers = model::describe_self(source, d).draft_info->shared_target_layers;
     }
     runner::ModelRunner runner =

@@ -60,7 +60,7 @@ Action add_generate_command(CLI::App& app) {
   struct Args {
     std::string model;
     std::string draft;
-    int draft_layers = 0;  // --draft self
+    std::optional<int> draft_layers;  // --draft self
     int num_spec_tokens = 3;
     std::string prompt;
     std::vector<engine::TokenId> prompt_ids;

@@ -85,7 +85,7 @@ runner::ModelRunner RunnerSetup::make_runner() const {
 
 RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
                            std::int64_t memory_bytes, std::int64_t max_model_len, int threads,
-                           int draft_layers) {
+                           std::optional<int> draft_layers) {
   Loaded loaded = load_model(model);
   runner::RunnerOptions ro;
   ro.memory_bytes = memory_bytes;
@@ -102,14 +102,14 @@ RunnerSetup prepare_runner(const std::string& model, const std::string& draft, i
   // plan, its weights the target's.
   const engine::TinyModel* tiny_draft = engine::find_tiny_model(draft);
   const bool self = draft == model::kSelfDraft;
-  if (draft_layers != 0 && !self) {
-    throw_invalid(fmt::format("--draft-layers {} is for --draft self, not --draft {}", draft_layers,
-                              draft.empty() ? "(none)" : draft));
+  if (draft_layers && !self) {
+    throw_invalid(fmt::format("--draft-layers {} is for --draft self, not --draft {}",
+                              *draft_layers, draft.empty() ? "(none)" : draft));
   }
   if (self) {
     // The target's own first layers: the runner checks the count against the model.
     model::DescribeOptions d;
-    if (draft_layers != 0) d.draft_layers = draft_layers;
+    d.draft_layers = draft_layers;
     ro.self_draft_layers = model::describe_self(loaded.source, d).draft_info->shared_target_layers;
   }
   const bool keyword = draft == "oracle" || draft == "ngram" || draft == "random" ||

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "mixkv/model/describe.hpp"
@@ -30,11 +31,11 @@ struct RunnerSetup {
 // MODEL and --draft (empty: none) as a runner's config, weights and options. `max_model_len` 0:
 // the model's context, at most 2048 for a GGUF model. Throws Error naming the model or drafter
 // that is unknown or does not fit the target.
-// `draft_layers`: --draft self's --draft-layers (0: model::kDefaultSelfDraftLayers, at most the
-// target's layers - 1).
+// `draft_layers`: --draft self's --draft-layers (absent: model::kDefaultSelfDraftLayers; 1 to
+// the target's layers - 1).
 RunnerSetup prepare_runner(const std::string& model, const std::string& draft, int num_spec_tokens,
                            std::int64_t memory_bytes, std::int64_t max_model_len = 0,
-                           int threads = 0, int draft_layers = 0);
+                           int threads = 0, std::optional<int> draft_layers = std::nullopt);
 
 // The drafter object for --draft over `runner` (built from prepare_runner's result): ngram,
 // random (seeded), mtp, self, a drafter model (EAGLE-style or DFlash). Null for an empty --draft.

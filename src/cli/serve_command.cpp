@@ -70,8 +70,8 @@ Action add_serve_command(CLI::App& app) {
                   "Prompt tokens one request computes per step")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 20));
-  CLI::Option* memory =
-      cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 64MiB)")->capture_default_str();
+  CLI::Option* memory = cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 64MiB)")
+                            ->capture_default_str();
   CLI::Option* gpu = cmd->add_option("--gpu", args->gpu,
                                      "Budget the KV cache as plan does for this GPU: "
                                      "h100|h200|b200|b300 (memory minus estimated weights)")
@@ -234,7 +234,8 @@ Action add_serve_command(CLI::App& app) {
                        plan.pools.empty() ? 0 : plan.pools.front().num_blocks,
                        plan.memory_bytes >> 20, plan.max_model_len,
                        drafter ? fmt::format(", drafter {} (k = {})", drafter->name(), k) : "")
-        << memory_note << fmt::format("serving {} at http://{}:{} (SIGINT/SIGTERM to stop)\n",
+        << memory_note
+        << fmt::format("serving {} at http://{}:{} (SIGINT/SIGTERM to stop)\n",
                        so.served_model_name, so.host, srv.port())
         << (so.kv.role == server::KvRole::kPrefill
                 ? fmt::format("kv-role prefill: KV agent on {}:{}\n", so.host, srv.kv_port())

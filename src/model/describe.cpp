@@ -448,8 +448,10 @@ ModelDesc describe_self(const ModelSource& target, const DescribeOptions& option
     if (is_recurrent(l.kind)) {
       throw_invalid(fmt::format(
           "--draft self --draft-layers {}: {}'s layer {} is {}, whose recurrent state drafting "
-          "would advance; a self drafter shares attention layers only (use fewer layers)",
-          shared, target.name, l.name, to_string(l.kind)));
+          "would advance; a self drafter shares attention layers only ({})",
+          shared, target.name, l.name, to_string(l.kind),
+          i == 0 ? "this model's first layer is recurrent: choose another drafter"
+                 : fmt::format("use --draft-layers {} or fewer", i)));
     }
   }
   DraftInfo info{DraftKind::kSelf, std::nullopt, {}};

@@ -121,5 +121,16 @@ TEST(BadInputCommand, ServeGpuBudgetsAreCheckedBeforeListening) {
   expect_bad_input({"serve", "tiny-swa", "--gpu", "a100"}, {"a100", "h100"});
 }
 
+// --draft-layers 0 is a count the user wrote, not "the default": each command that takes it
+// refuses it; a target whose first layer is recurrent says no layer count helps.
+TEST(BadInputCommand, SelfDrafterLayerCountsAreChecked) {
+  for (const char* command : {"generate", "bench-generate"}) {
+    expect_bad_input({command, "tiny-swa", "--draft", "self", "--draft-layers", "0"},
+                     {"--draft-layers 0", "1 to 3 of tiny-swa's 4 layers"});
+  }
+  expect_bad_input({"generate", "tiny-hybrid", "--draft", "self"},
+                   {"layers.0 is gdn", "first layer is recurrent: choose another drafter"});
+}
+
 }  // namespace
 }  // namespace mixkv::cli
