@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -16,6 +17,9 @@
 #include "mixkv/model/model.hpp"
 
 namespace mixkv::testing {
+
+inline constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+inline constexpr std::int64_t kGiB = std::int64_t{1} << 30;
 
 struct Pair {
   std::string target;
@@ -73,6 +77,13 @@ inline std::vector<const model::LayerDesc*> layers_of(const model::ModelDesc& de
 }
 
 // Runs `fn`, expects a mixkv::Error with `code` whose message contains every one of `needles`.
+// The layers' indices, in order.
+inline std::vector<int> indices(const std::vector<const model::LayerDesc*>& layers) {
+  std::vector<int> out;
+  for (const auto* l : layers) out.push_back(l->index);
+  return out;
+}
+
 inline void expect_error(const std::function<void()>& fn, ErrorCode code,
                          std::initializer_list<std::string_view> needles) {
   try {

@@ -15,7 +15,7 @@ using backend::parse_backend;
 
 namespace {
 
-constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+using mixkv::testing::kGiB;
 
 plan::CachePlan make(const model::ModelDesc& desc, plan::Policy policy = plan::Policy::kMixkv,
                      Backend backend = Backend::kFlashinfer) {

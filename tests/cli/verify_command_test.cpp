@@ -147,9 +147,10 @@ TEST(VerifyCommand, FaultGroupThePlanDoesNotHaveIsAnError) {
 // itself and every verified group passes. Kept fast for CI with one short request and one layer
 // per group (the scale is still the one verify picks for it: the recurrent references of large
 // hybrids, 24 GDN groups for Qwen3.5, cost the most); PlainVerifyPassesWhere... runs the whole
-// default batch. The pairs are dealt over kSweepShards tests (pair i to shard i mod kSweepShards),
-// so that `ctest -j` runs the sweep on every core instead of one long test. Named *VerifySweep*
-// so `make test-sanitize` leaves it to `make test`.
+// default batch. The (pair, backend) runs are dealt over kSweepShards tests (run i to shard i mod
+// kSweepShards; a large hybrid's runs cost the most), so that `ctest -j` runs the sweep on every
+// core instead of as one long test. Named *VerifySweep* so `make test-sanitize` leaves it to
+// `make test`.
 constexpr int kSweepShards = 8;
 
 // A backend accepts the pair when it plans it and builds its attention groups.
@@ -169,13 +170,12 @@ bool accepts(const model::ModelDesc& desc, backend::Backend backend) {
 class PlainVerifySweep : public ::testing::TestWithParam<int> {};
 
 TEST_P(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
-  const std::vector<mixkv::testing::Pair> pairs = mixkv::testing::builtin_pairs();
-  for (std::size_t i = static_cast<std::size_t>(GetParam()); i < pairs.size(); i += kSweepShards) {
-    const mixkv::testing::Pair& pair = pairs[i];
+  int run = 0;  // index of the (pair, backend) run, over every shard's
+  for (const auto& pair : mixkv::testing::builtin_pairs()) {
     const model::ModelDesc desc = mixkv::testing::describe_pair(pair);
     for (backend::Backend backend : backend::all_backends()) {
+      if (!accepts(desc, backend) || run++ % kSweepShards != GetParam()) continue;
       const std::string label = pair.label() + " on " + std::string(backend::to_string(backend));
-      if (!accepts(desc, backend)) continue;
       kernels::VerifyOptions o;
       o.plan.backend = backend;
       o.requests = 1;

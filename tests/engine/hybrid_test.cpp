@@ -37,7 +37,7 @@ ModelRunner make_hybrid_mtp(RunnerOptions o) {
 // 16 prompts of 1 to 134 tokens; every other one starts with the same 64 tokens. tiny-hybrid's
 // snapshot interval is 16 (its attention block) and each prefill chunk keeps the latest boundary
 // it crosses, so the sharers keep the state at 64 (chunks of 24 or 32) and later ones hit it.
-std::vector<std::vector<TokenId>> mixed_batch() {
+std::vector<std::vector<TokenId>> hybrid_batch() {
   return testing::mixed_prompts(
       "A hybrid model keeps one state per layer and pages for the rest; a hit restores both.", 64,
       7, 5);
@@ -83,7 +83,7 @@ TEST(TinyHybrid, MtpSpeculationIsBitIdenticalToPlainDecoding) {
 
   // The mixed batch, all 16 at once, then six at a time (prefix hits through the snapshots and
   // the MTP layer's blocks): the same tokens, and the target's states and pages of a plain run.
-  const auto prompts = mixed_batch();
+  const auto prompts = hybrid_batch();
   o = {};
   o.max_tokens = testing::kGeneratedTokens;
   o.max_batch = 16;

@@ -18,7 +18,7 @@
 namespace mixkv::kernels {
 namespace {
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+using mixkv::testing::kMiB;
 
 struct Shape {
   std::int64_t kv_len = 0;

@@ -180,12 +180,12 @@ TEST(PagedDecode, ReadsEveryStoredCodeExactly) {
   });
 }
 
-struct Case {
+struct ThreadCase {
   std::string name;
   AttentionSpec spec;
 };
 
-std::vector<Case> cases() {
+std::vector<ThreadCase> thread_cases() {
   AttentionSpec gqa;
   gqa.params.kv_dtype = DType::kBfloat16;
   gqa.params.num_q_heads = 12;
@@ -224,7 +224,7 @@ struct Shapes {
   std::vector<testing::Request> requests;
   std::vector<float> sinks;
 };
-Shapes make_shapes(const Case& c, std::mt19937_64& rng) {
+Shapes make_shapes(const ThreadCase& c, std::mt19937_64& rng) {
   std::int64_t pages = 1;
   for (auto [kv, nq] : kShapes) pages += (kv + 15) / 16;
   Shapes s{make_layer(c.spec, pages), {}, {}};
@@ -241,7 +241,7 @@ Shapes make_shapes(const Case& c, std::mt19937_64& rng) {
 }
 
 TEST(PagedAttentionThreads, OutputsAreBitIdenticalWhateverTheWorkerCount) {
-  for (const Case& c : cases()) {
+  for (const ThreadCase& c : thread_cases()) {
     std::mt19937_64 rng(11);
     auto [l, all, sinks] = make_shapes(c, rng);
     const std::vector<std::size_t> everyone = {0, 1, 2, 3, 4};
@@ -263,7 +263,7 @@ TEST(PagedAttentionThreads, OutputsAreBitIdenticalWhateverTheWorkerCount) {
 }
 
 TEST(PagedAttentionThreads, ARequestAloneMatchesItselfInsideAnyBatch) {
-  for (const Case& c : cases()) {
+  for (const ThreadCase& c : thread_cases()) {
     std::mt19937_64 rng(12);
     auto [l, all, sinks] = make_shapes(c, rng);
     ThreadPool pool(3);
@@ -294,7 +294,7 @@ TEST(PagedAttentionRows, EachRowOfAVerifyMatchesItsOwnDecode) {
     bool cap, sinks, causal;
     std::int64_t page_tokens;
   };
-  const std::vector<RowsCase> cases = {
+  const std::vector<RowsCase> thread_cases = {
       {"bf16 gqa window cap sinks", DType::kBfloat16, 8, 2, 64, 37, true, true, true, 16},
       {"bf16 gqa 32-token pages window", DType::kBfloat16, 8, 2, 64, 21, false, false, true, 32},
       {"fp8 mha", DType::kFp8E4m3, 4, 4, 128, -1, false, false, true, 16},
@@ -304,7 +304,7 @@ TEST(PagedAttentionRows, EachRowOfAVerifyMatchesItsOwnDecode) {
   // Windows that put the block's first key and each row's first key in the same page at various
   // offsets from the page start (and in the page before).
   std::vector<RowsCase> all_cases;
-  for (const RowsCase& c : cases) {
+  for (const RowsCase& c : thread_cases) {
     all_cases.push_back(c);
     if (c.window < 0) continue;
     for (int more : {7, 24, 40}) {

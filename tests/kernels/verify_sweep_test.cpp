@@ -13,7 +13,7 @@
 namespace mixkv::kernels {
 namespace {
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+using mixkv::testing::kMiB;
 
 // The first (TP, memory scale) that plans, trying TP 1, 2, 4, 8 with 64 to 512 MiB each: a large
 // hybrid's recurrent states with a drafter's checkpoints take more than 64 MiB for even one short

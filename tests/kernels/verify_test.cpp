@@ -13,7 +13,7 @@
 namespace mixkv::kernels {
 namespace {
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+using mixkv::testing::kMiB;
 
 VerifyReport run_verify(std::string_view target, std::optional<std::string_view> draft,
                         plan::Policy policy, backend::Backend backend, int requests = 2,

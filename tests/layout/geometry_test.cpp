@@ -12,7 +12,7 @@
 namespace mixkv::layout {
 namespace {
 
-constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+using mixkv::testing::kGiB;
 
 struct Built {
   model::ModelDesc desc;

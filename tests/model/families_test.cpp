@@ -14,11 +14,7 @@ using testing::describe_builtin;
 using testing::describe_text;
 using testing::layers_of;
 
-std::vector<int> indices(const std::vector<const LayerDesc*>& layers) {
-  std::vector<int> out;
-  for (const auto* l : layers) out.push_back(l->index);
-  return out;
-}
+using testing::indices;
 
 const StateTensor& state_named(const LayerDesc& layer, std::string_view name) {
   for (const auto& t : layer.state) {

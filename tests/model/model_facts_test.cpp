@@ -280,7 +280,7 @@ TEST(DrafterFit, Eagle3TargetHiddenSizeIsWhatMustMatch) {
 // ---------------------------------------------------------------------------------------------
 // The native model file
 
-ModelDesc round_trip(const ModelDesc& desc) {
+ModelDesc facts_round_trip(const ModelDesc& desc) {
   return describe(parse_model_source("file", "model.json", to_json(desc).dump(2)), std::nullopt,
                   {});
 }
@@ -306,7 +306,7 @@ TEST(ModelFactsJson, FactsRoundTripThroughTheNativeFile) {
     std::optional<std::string_view> draft_ref;
     if (draft) draft_ref = draft;
     const ModelDesc desc = with_tp(target, draft_ref, 2);
-    const ModelDesc back = round_trip(desc);
+    const ModelDesc back = facts_round_trip(desc);
     EXPECT_EQ(back.facts, desc.facts) << target;
     EXPECT_EQ(back, desc) << target;
   }
@@ -315,7 +315,7 @@ TEST(ModelFactsJson, FactsRoundTripThroughTheNativeFile) {
 TEST(ModelFactsJson, FactsAreOptionalWhenReading) {
   json doc = to_json(describe_builtin("llama-3.1-8b"));
   doc.erase("facts");
-  EXPECT_EQ(round_trip(model_desc_from_json(doc, "model.json")).facts, ModelFacts{});
+  EXPECT_EQ(facts_round_trip(model_desc_from_json(doc, "model.json")).facts, ModelFacts{});
   doc["facts"] = {{"weight_bytes", nullptr}, {"hidden_size", 4096}};
   const ModelFacts f = model_desc_from_json(doc, "model.json").facts;
   EXPECT_FALSE(f.weight_bytes.has_value());

@@ -28,11 +28,7 @@ ModelDesc describe_fixture(std::string_view name, std::optional<std::string> dra
   return describe_refs(target, *draft, options);
 }
 
-std::vector<int> indices(const std::vector<const LayerDesc*>& layers) {
-  std::vector<int> out;
-  for (const auto* l : layers) out.push_back(l->index);
-  return out;
-}
+using testing::indices;
 
 std::vector<int> every(int from, int to, int step) {
   std::vector<int> out;

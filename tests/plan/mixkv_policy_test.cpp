@@ -10,7 +10,7 @@
 namespace mixkv::plan {
 namespace {
 
-constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+using mixkv::testing::kGiB;
 
 PlanOptions options(Policy policy, std::int64_t memory = 40 * kGiB) {
   PlanOptions o;

@@ -26,9 +26,9 @@
 namespace mixkv::plan {
 namespace {
 
+using mixkv::testing::fuzz_chance;
+using mixkv::testing::FuzzRng;
 using nlohmann::json;
-using testing::fuzz_chance;
-using testing::FuzzRng;
 
 constexpr std::uint64_t kSeed = 0x6d69786b76706c31;  // "mixkvpl1"
 constexpr std::int64_t kDefaultIterations = 1500;
@@ -80,11 +80,12 @@ void mutate(json& doc, FuzzRng& rng) {
       case 0:
       case 1: {  // a number of some layer (heads, head size, window, index, a state dimension)
         std::vector<json*> numbers;
-        testing::fuzz_numbers(layer, numbers);
+        mixkv::testing::fuzz_numbers(layer, numbers);
         if (!numbers.empty()) {
           json& n = *numbers[rng() % numbers.size()];
-          n = fuzz_chance(rng, 70) ? json(testing::fuzz_pick(rng, testing::fuzz_edge_ints()))
-                                   : json(static_cast<std::int64_t>(rng() % 300));
+          n = fuzz_chance(rng, 70)
+                  ? json(mixkv::testing::fuzz_pick(rng, mixkv::testing::fuzz_edge_ints()))
+                  : json(static_cast<std::int64_t>(rng() % 300));
         }
         break;
       }
@@ -93,9 +94,9 @@ void mutate(json& doc, FuzzRng& rng) {
                                                        "gdn",  "kda",     "mamba2"};
         static const std::vector<std::string> dtypes = {"bfloat16", "float32", "fp8_e4m3", "nvfp4"};
         if (fuzz_chance(rng, 50)) {
-          layer["kind"] = testing::fuzz_pick(rng, kinds);
+          layer["kind"] = mixkv::testing::fuzz_pick(rng, kinds);
         } else if (layer.contains("kv_dtype")) {
-          layer["kv_dtype"] = testing::fuzz_pick(rng, dtypes);
+          layer["kv_dtype"] = mixkv::testing::fuzz_pick(rng, dtypes);
         }
         break;
       }
@@ -113,17 +114,18 @@ void mutate(json& doc, FuzzRng& rng) {
           doc["num_spec_tokens"] = static_cast<std::int64_t>(rng() % 40);
         } else {
           doc["facts"]["max_position_embeddings"] =
-              fuzz_chance(rng, 50) ? json(testing::fuzz_pick(rng, testing::fuzz_edge_ints()))
-                                   : json(static_cast<std::int64_t>(16 + rng() % 300000));
+              fuzz_chance(rng, 50)
+                  ? json(mixkv::testing::fuzz_pick(rng, mixkv::testing::fuzz_edge_ints()))
+                  : json(static_cast<std::int64_t>(16 + rng() % 300000));
         }
     }
   }
 }
 
 Input make_input(std::uint64_t iteration) {
-  FuzzRng rng = testing::fuzz_rng(kSeed, iteration);
+  FuzzRng rng = mixkv::testing::fuzz_rng(kSeed, iteration);
   Input in;
-  in.doc = testing::fuzz_pick(rng, seeds());
+  in.doc = mixkv::testing::fuzz_pick(rng, seeds());
   if (fuzz_chance(rng, 85)) mutate(in.doc, rng);
   PlanOptions& o = in.options;
   o.policy = fuzz_chance(rng, 50) ? Policy::kVllm : Policy::kMixkv;
@@ -133,13 +135,13 @@ Input make_input(std::uint64_t iteration) {
   static const std::vector<std::int64_t> memories = {
       0, 1, 4096, 1 << 20, std::int64_t{1} << 30, std::int64_t{40} << 30, std::int64_t{1} << 40};
   o.memory_bytes = fuzz_chance(rng, 70)
-                       ? testing::fuzz_pick(rng, memories)
+                       ? mixkv::testing::fuzz_pick(rng, memories)
                        : static_cast<std::int64_t>(rng() % (std::int64_t{1} << 36));
   static const std::vector<std::int64_t> blocks = {0, 1, 7, 16, 32, 64, 528, 1024, 4096};
-  if (fuzz_chance(rng, 40)) o.block_size = testing::fuzz_pick(rng, blocks);
+  if (fuzz_chance(rng, 40)) o.block_size = mixkv::testing::fuzz_pick(rng, blocks);
   static const std::vector<std::int64_t> lengths = {0, 1, 15, 16, 2500, 4096, 131072, 1 << 24};
-  if (fuzz_chance(rng, 60)) o.max_model_len = testing::fuzz_pick(rng, lengths);
-  if (fuzz_chance(rng, 60)) o.request_len = testing::fuzz_pick(rng, lengths);
+  if (fuzz_chance(rng, 60)) o.max_model_len = mixkv::testing::fuzz_pick(rng, lengths);
+  if (fuzz_chance(rng, 60)) o.request_len = mixkv::testing::fuzz_pick(rng, lengths);
   return in;
 }
 
@@ -160,7 +162,7 @@ std::string check(const Input& in, bool* planned) {
 }
 
 TEST(PlanFuzz, EveryMutatedModelFileAndOptionPlansOrThrowsMixkvError) {
-  if (const auto replay = testing::fuzz_env("MIXKV_FUZZ_REPLAY")) {
+  if (const auto replay = mixkv::testing::fuzz_env("MIXKV_FUZZ_REPLAY")) {
     const Input in = make_input(static_cast<std::uint64_t>(*replay));
     bool planned = false;
     const std::string problem = check(in, &planned);
@@ -169,7 +171,7 @@ TEST(PlanFuzz, EveryMutatedModelFileAndOptionPlansOrThrowsMixkvError) {
     EXPECT_TRUE(problem.empty()) << problem;
     return;
   }
-  const std::int64_t iterations = testing::fuzz_iterations(kDefaultIterations);
+  const std::int64_t iterations = mixkv::testing::fuzz_iterations(kDefaultIterations);
   std::int64_t planned_count = 0;
   int failures = 0;
   for (std::int64_t i = 0; i < iterations && failures < 3; ++i) {

@@ -15,7 +15,7 @@
 namespace mixkv::plan {
 namespace {
 
-constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+using mixkv::testing::kGiB;
 // Enough for one max-length request of every built-in (Llama 3.1 70B at 131,072 tokens needs 40
 // GiB).
 constexpr std::int64_t kMemory = 80 * kGiB;

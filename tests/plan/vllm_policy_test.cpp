@@ -10,7 +10,7 @@
 namespace mixkv::plan {
 namespace {
 
-constexpr std::int64_t kGiB = std::int64_t{1} << 30;
+using mixkv::testing::kGiB;
 
 PlanOptions vllm_options(std::int64_t memory = 40 * kGiB) {
   PlanOptions o;
@@ -25,7 +25,7 @@ model::ModelDesc qwen3_next(std::optional<int> tp = {}, std::optional<int> spec 
   model::DescribeOptions d;
   d.tp = tp;
   d.num_spec_tokens = spec;
-  return testing::describe_builtin("qwen3-next-80b-a3b", draft, d);
+  return mixkv::testing::describe_builtin("qwen3-next-80b-a3b", draft, d);
 }
 
 const KvCacheGroup& first_group(const CachePlan& plan, Behaviour behaviour) {
@@ -107,7 +107,7 @@ TEST(VllmPolicy, MtpLayerMakesGroupsOfThirteenWithThreePaddingLayers) {
 TEST(VllmPolicy, MhaDraftSetsTheCommonPageAndPadsRecurrentPagesSeveralFold) {
   model::DescribeOptions d;
   d.tp = 4;
-  const auto desc = testing::describe_builtin("qwen3.5-27b", "mha-draft-qwen3.5-27b", d);
+  const auto desc = mixkv::testing::describe_builtin("qwen3.5-27b", "mha-draft-qwen3.5-27b", d);
   const CachePlan plan = make_plan(desc, vllm_options());
   const KvCacheGroup& gdn = first_group(plan, Behaviour::kRecurrent);
   EXPECT_GE(gdn.page_bytes, 4 * gdn.real_page_bytes);
@@ -120,7 +120,7 @@ TEST(VllmPolicy, MhaDraftSetsTheCommonPageAndPadsRecurrentPagesSeveralFold) {
 }
 
 TEST(VllmPolicy, UniformAttentionModelIsOneGroupOfSixteenTokenBlocks) {
-  const auto desc = testing::describe_builtin("llama-3.1-8b");
+  const auto desc = mixkv::testing::describe_builtin("llama-3.1-8b");
   const CachePlan plan = make_plan(desc, vllm_options());
   ASSERT_EQ(plan.groups.size(), 1u);
   EXPECT_EQ(plan.groups[0].block_size, 16);
@@ -130,7 +130,7 @@ TEST(VllmPolicy, UniformAttentionModelIsOneGroupOfSixteenTokenBlocks) {
 
 TEST(VllmPolicy, OneMoreDraftLayerKeepsGroupsWhole) {
   // gpt-oss-20b + EAGLE-3: 12 sliding + 13 full layers give groups of 13 with one padding slot.
-  const auto desc = testing::describe_builtin("gpt-oss-20b", "eagle3-gpt-oss-20b");
+  const auto desc = mixkv::testing::describe_builtin("gpt-oss-20b", "eagle3-gpt-oss-20b");
   const CachePlan plan = make_plan(desc, vllm_options());
   ASSERT_EQ(plan.groups.size(), 2u);
   EXPECT_EQ(plan.tensors.size(), 13u);
@@ -164,7 +164,7 @@ TEST(VllmPolicy, ConcurrencyAtMaxModelLenChargesSlidingLayersAsVllmDoes) {
   // B per token; 16-token blocks: page 131,072 B, groups of 21, block unit 21 x 131,072 =
   // 2,752,512 B; 40 GiB / 2,752,512 = 15,603 blocks. At L = 8,192: full cdiv(8192, 16) = 512;
   // sliding min(4095 + 8192, 8192) = 8192 -> 512 + 1 = 513.
-  const auto desc = testing::describe_builtin("gemma-2-9b");
+  const auto desc = mixkv::testing::describe_builtin("gemma-2-9b");
   PlanOptions o = vllm_options();
   const CachePlan plan = make_plan(desc, o);
   ASSERT_EQ(plan.pools[0].num_blocks, 15'603);
@@ -207,7 +207,7 @@ TEST(VllmPolicy, LongestRequestThatFitsIsVllmsEstimate) {
   // The same Gemma 2 plan in 1 GiB: 390 blocks of 2,752,512 B. vLLM's estimate is the largest L
   // with cdiv(L, 16) + cdiv(min(4095 + 8192, L), 16) + 1 <= 390: L = 3,104 (194 + 194 + 1 = 389;
   // 3,105 needs 195 + 195 + 1 = 391).
-  const auto desc = testing::describe_builtin("gemma-2-9b");
+  const auto desc = mixkv::testing::describe_builtin("gemma-2-9b");
   PlanOptions o = vllm_options(kGiB);
   mixkv::testing::expect_error([&] { make_plan(desc, o); }, ErrorCode::kInvalidInput,
                                {"longest request that fits is 3104 tokens"});

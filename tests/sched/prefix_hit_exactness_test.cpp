@@ -23,7 +23,7 @@
 namespace mixkv::cache {
 namespace {
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+using mixkv::testing::kMiB;
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;

@@ -34,10 +34,10 @@
 namespace mixkv::cache {
 namespace {
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+using mixkv::testing::kMiB;
 constexpr std::int64_t kChunk = 64;  // gdn_chunked_prefill's chunk, the usual one
 
-std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
+std::uint64_t kernel_mix(std::uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ULL;
   x ^= x >> 27;
@@ -47,7 +47,7 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finaliser
 
 // Uniform in [-1, 1) from the element index of a seeded stream.
 float uniform(std::uint64_t seed, std::uint64_t e) {
-  return static_cast<float>(mix(seed + (e + 1) * 0x9E3779B97F4A7C15ULL) >> 40) /
+  return static_cast<float>(kernel_mix(seed + (e + 1) * 0x9E3779B97F4A7C15ULL) >> 40) /
              static_cast<float>(1 << 23) -
          1.0f;
 }
@@ -74,12 +74,12 @@ struct Layer {
 // The scheduler's model (it runs the sampled layers' kernels as a model would) and drafter; the
 // test scripts each step's drafts, how many are accepted and the token sampled. Requests are
 // named by the test's ids; rid() gives the manager's.
-class Engine final : public sched::Model, public spec::Drafter {
+class KernelEngine final : public sched::Model, public spec::Drafter {
  public:
   // Runs the kernels on the first layer of the first two recurrent groups and of the last one, and
   // on the last recurrent layer: several groups' slots and both ends of the layer list, at about
   // 10 s per test under sanitizers. (prefix_hit_exactness_test.cpp covers every layer's slots.)
-  Engine(const model::ModelDesc& desc, const plan::CachePlan& plan, int k)
+  KernelEngine(const model::ModelDesc& desc, const plan::CachePlan& plan, int k)
       : k_(k), manager_(plan, k), sched_(manager_, plan, options(k)) {
     geometry_ = layout::make_geometry(desc, plan, attn::build_attention_groups(desc, plan));
     std::map<int, std::vector<std::size_t>> by_group;
@@ -277,7 +277,7 @@ class Engine final : public sched::Model, public spec::Drafter {
                  const plan::CachePlan& plan, std::size_t index) {
     Layer l;
     l.geo = &geo;
-    l.seed = mix(0x5EED0000ULL + index);
+    l.seed = kernel_mix(0x5EED0000ULL + index);
     l.gdn = desc.kind == model::LayerKind::kGdn;
     ASSERT_TRUE(l.gdn || desc.kind == model::LayerKind::kMamba2) << desc.name;
     if (l.gdn) {
@@ -342,9 +342,9 @@ class Engine final : public sched::Model, public spec::Drafter {
     const std::int64_t heads = l.gdn ? l.g.gdn.num_v_heads : l.m.ssm.heads;
     std::vector<float> x(static_cast<std::size_t>(n * ch)), per_head;
     for (std::int64_t t = 0; t < n; ++t) {
-      const std::uint64_t seed =
-          mix(l.seed ^ mix(static_cast<std::uint64_t>(first + t) * 1000003ULL +
-                           static_cast<std::uint64_t>(seq[static_cast<std::size_t>(t)])));
+      const std::uint64_t seed = kernel_mix(
+          l.seed ^ kernel_mix(static_cast<std::uint64_t>(first + t) * 1000003ULL +
+                              static_cast<std::uint64_t>(seq[static_cast<std::size_t>(t)])));
       for (std::int64_t c = 0; c < ch; ++c)
         x[static_cast<std::size_t>(t * ch + c)] = uniform(seed, c);
       for (std::int64_t h = 0; h < 2 * heads; ++h) per_head.push_back(uniform(seed, ch + h));
@@ -407,7 +407,7 @@ class Engine final : public sched::Model, public spec::Drafter {
       Output& o = outputs_[{id.value(), li, first + t}];
       o.digest = 0;
       for (const auto row : {conv_row, out_row}) {
-        for (float f : row) o.digest = mix(o.digest ^ std::bit_cast<std::uint32_t>(f));
+        for (float f : row) o.digest = kernel_mix(o.digest ^ std::bit_cast<std::uint32_t>(f));
       }
       if (keep_values_) {
         o.values.assign(conv_row.begin(), conv_row.end());
@@ -437,7 +437,7 @@ bool same_floats(const std::vector<float>& a, const std::vector<float>& b) {
 // Request `id` in `x` (which took a hit) against the same request in `y` (from scratch): live
 // states byte for byte, and every output `x` computed equal to `y`'s at the same layer and
 // position. Returns how many outputs were compared.
-std::int64_t expect_same(const Engine& x, const Engine& y, RequestId id) {
+std::int64_t expect_same(const KernelEngine& x, const KernelEngine& y, RequestId id) {
   EXPECT_EQ(x.manager().num_computed(x.rid(id)), y.manager().num_computed(y.rid(id)));
   const auto xs = x.live_states(id);
   const auto ys = y.live_states(id);
@@ -463,7 +463,7 @@ std::int64_t expect_same(const Engine& x, const Engine& y, RequestId id) {
   return compared;
 }
 
-std::vector<TokenId> iota_tokens(std::int64_t n, TokenId start) {
+std::vector<TokenId> token_run(std::int64_t n, TokenId start) {
   std::vector<TokenId> t(static_cast<std::size_t>(n));
   std::iota(t.begin(), t.end(), start);
   return t;
@@ -496,16 +496,16 @@ std::int64_t hit_only(const plan::CachePlan& plan, int k, const std::vector<Toke
 // `y`; both then take the same speculative steps: first one rejecting every draft, then one
 // accepting all, then random.
 void run_case(const model::ModelDesc& desc, const plan::CachePlan& plan, int k, int steps) {
-  Engine x(desc, plan, k), y(desc, plan, k);
+  KernelEngine x(desc, plan, k), y(desc, plan, k);
   ASSERT_GT(x.num_layers(), 0u);
   const std::int64_t c = x.manager().snapshot_interval();
   ASSERT_GT(c, 0);
   const std::int64_t a_len = 2 * c + c / 2 + 20, shared = 2 * c + c / 4;
-  const auto a = iota_tokens(a_len, 1);
+  const auto a = token_run(a_len, 1);
   auto b = std::vector<TokenId>(a.begin(), a.begin() + shared);
   // B's own tokens cross the next boundary: its prefill from the hit is split there, and the
   // recomputation's at every boundary before it too.
-  const auto own = iota_tokens(c + 37, 50000);
+  const auto own = token_run(c + 37, 50000);
   b.insert(b.end(), own.begin(), own.end());
   const RequestId ida{1}, idb{2};
 
@@ -599,14 +599,14 @@ TEST(RecurrentPrefixHitKernels, SnapshotKeptByDecodeStepsServesAHitWithinRoundin
   const int k = 2;
   const auto desc = qwen_next(k);
   const auto plan = small_plan(desc, 128 * kMiB);
-  Engine x(desc, plan, k), y(desc, plan, k);
+  KernelEngine x(desc, plan, k), y(desc, plan, k);
   x.keep_values();
   y.keep_values();
   const std::int64_t c = x.manager().snapshot_interval();
   ASSERT_GT(c, 8);
   const RequestId ida{1}, idb{2};
   // A's prompt ends just before the boundary c: only its decode steps cross it.
-  ASSERT_EQ(x.prefill(ida, iota_tokens(c - 3, 1), 5), 0);
+  ASSERT_EQ(x.prefill(ida, token_run(c - 3, 1), 5), 0);
   std::mt19937 rng(11);
   for (int s = 0; x.manager().num_computed(x.rid(ida)) < c + 8; ++s) {
     x.decode(ida, {100 + s, 200 + s}, static_cast<int>(rng() % (k + 1)), 400 + s);

@@ -13,7 +13,7 @@
 namespace mixkv::sched {
 namespace {
 
-constexpr std::int64_t kMiB = std::int64_t{1} << 20;
+using mixkv::testing::kMiB;
 
 // The target's pick after position p of request i: a fixed stream, so plain decoding gives
 // tokens known in advance.

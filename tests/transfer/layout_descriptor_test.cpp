@@ -14,12 +14,7 @@ using ::testing::HasSubstr;
 using testing::make_side;
 using testing::SideOptions;
 
-SideOptions side(std::string model, std::optional<std::string> draft = {}) {
-  SideOptions o;
-  o.model = std::move(model);
-  o.draft = std::move(draft);
-  return o;
-}
+using testing::side;
 
 std::string refusal(const LayoutDescriptor& p, const LayoutDescriptor& d) {
   try {

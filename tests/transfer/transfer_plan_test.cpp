@@ -17,14 +17,9 @@ using testing::make_blocks;
 using testing::make_side;
 using testing::SideOptions;
 
-constexpr std::uint64_t kSeed = 42;
+constexpr std::uint64_t kPlanSeed = 42;
 
-SideOptions side(std::string model, std::optional<std::string> draft = {}) {
-  SideOptions o;
-  o.model = std::move(model);
-  o.draft = std::move(draft);
-  return o;
-}
+using testing::side;
 
 // Moves a request of `tokens` tokens from p to d (one rank each) and checks it byte for byte.
 void expect_exact(const SideOptions& po, const SideOptions& dopt, std::int64_t tokens,
@@ -34,13 +29,13 @@ void expect_exact(const SideOptions& po, const SideOptions& dopt, std::int64_t t
   reconcile(p.descriptor, d.descriptor);
   const RequestBlocks pb = make_blocks(p, tokens, 3);
   const RequestBlocks db = make_blocks(d, tokens, 5);
-  testing::fill(p, pb, tokens, kSeed);
+  testing::fill(p, pb, tokens, kPlanSeed);
   const PullPlan plan = plan_pull(p.descriptor, d.descriptor, pb, db, {tokens, first});
   apply_locally(plan, p.tensors(), d.tensors());
   const std::int64_t expected = testing::expected_bytes(d, db, first, tokens);
   EXPECT_GT(expected, 0);
   EXPECT_EQ(plan.bytes, expected);
-  EXPECT_EQ(testing::mismatches(d, db, first, tokens, kSeed), 0);
+  EXPECT_EQ(testing::mismatches(d, db, first, tokens, kPlanSeed), 0);
   EXPECT_EQ(testing::touched(d), expected);  // nothing outside the request's KV was written
   EXPECT_EQ(unit_checksums(plan, p.tensors(), true), unit_checksums(plan, d.tensors(), false));
 }
@@ -107,7 +102,7 @@ void expect_tp(int prefill_tp, int decode_tp, std::int64_t tokens) {
     o.tp_rank = r;
     ps.push_back(make_side(o));
     pbs.push_back(make_blocks(ps.back(), tokens, 2 + r));
-    testing::fill(ps.back(), pbs.back(), tokens, kSeed);
+    testing::fill(ps.back(), pbs.back(), tokens, kPlanSeed);
   }
   for (int r = 0; r < decode_tp; ++r) {
     auto o = side("tiny-swa", "tiny-eagle");
@@ -125,7 +120,7 @@ void expect_tp(int prefill_tp, int decode_tp, std::int64_t tokens) {
     }
     const std::int64_t expected = testing::expected_bytes(d, db, 0, tokens);
     EXPECT_EQ(bytes, expected) << "decode rank " << r;
-    EXPECT_EQ(testing::mismatches(d, db, 0, tokens, kSeed), 0) << "decode rank " << r;
+    EXPECT_EQ(testing::mismatches(d, db, 0, tokens, kPlanSeed), 0) << "decode rank " << r;
     EXPECT_EQ(testing::touched(d), expected) << "decode rank " << r;
   }
 }
@@ -152,7 +147,7 @@ TEST(PullPlan, MlaLatentIsReplicatedAndPulledOnce) {
     po.tp_rank = r;
     ps.push_back(make_side(po));
     pbs.push_back(make_blocks(ps.back(), kTokens, 1 + r));
-    testing::fill(ps.back(), pbs.back(), kTokens, kSeed);
+    testing::fill(ps.back(), pbs.back(), kTokens, kPlanSeed);
   }
   auto d = make_side(o);
   ASSERT_EQ(d.descriptor.layers.at(0).total_kv_heads, 1);
@@ -161,7 +156,7 @@ TEST(PullPlan, MlaLatentIsReplicatedAndPulledOnce) {
   EXPECT_EQ(plan_pull(ps[1].descriptor, d.descriptor, pbs[1], db, {kTokens, 0}).bytes, 0);
   apply_locally(plan_pull(ps[0].descriptor, d.descriptor, pbs[0], db, {kTokens, 0}),
                 ps[0].tensors(), d.tensors());
-  EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kSeed), 0);
+  EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kPlanSeed), 0);
   EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 0, kTokens));
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mixkv/attn/attention_groups.hpp"
@@ -32,6 +33,14 @@ struct SideOptions {
   std::optional<DType> kv_dtype;
   backend::Backend backend = backend::Backend::kCpu;
 };
+
+// Options for a side serving `model` (and `draft`), the rest as SideOptions has them.
+inline SideOptions side(std::string model, std::optional<std::string> draft = {}) {
+  SideOptions o;
+  o.model = std::move(model);
+  o.draft = std::move(draft);
+  return o;
+}
 
 inline model::ModelDesc describe_tiny(const SideOptions& o, int tp) {
   const engine::TinyModel* m = engine::find_tiny_model(o.model);

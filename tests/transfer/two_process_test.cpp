@@ -26,7 +26,7 @@ using testing::make_side;
 using testing::SideOptions;
 using namespace std::chrono_literals;
 
-constexpr std::uint64_t kSeed = 99;
+constexpr std::uint64_t kProcessSeed = 99;
 constexpr std::int64_t kTokens = 1000;
 constexpr std::int64_t kRequest = 1;
 
@@ -82,7 +82,7 @@ TEST(TransferChild, Run) {
   if (role == "prefill") {
     auto p = make_side(prefill_options());
     const RequestBlocks pb = make_blocks(p, kTokens, 1);
-    testing::fill(p, pb, kTokens, kSeed);
+    testing::fill(p, pb, kTokens, kProcessSeed);
     PrefillAgent agent(p.descriptor, p.tensors(), tcp(), where);
     agent.offer(kRequest, pb, kTokens);
     write_all(fd, std::to_string(agent.port()) + "\n");
@@ -109,9 +109,9 @@ TEST(TransferChild, Run) {
   const RequestBlocks db = make_blocks(d, kTokens, 2);
   const PullResult r = agent.pull(kRequest, db, {kTokens, 0});
   const bool exact = testing::touched(d) == testing::expected_bytes(d, db, 0, kTokens);
-  write_all(fd,
-            fmt::format("{} {} {}\n", to_string(r.reason),
-                        testing::mismatches(d, db, 0, kTokens, kSeed), exact ? "exact" : "other"));
+  write_all(fd, fmt::format("{} {} {}\n", to_string(r.reason),
+                            testing::mismatches(d, db, 0, kTokens, kProcessSeed),
+                            exact ? "exact" : "other"));
   std::_Exit(r.ok() ? 0 : 4);
 }
 
@@ -126,7 +126,7 @@ TEST(TwoProcess, DecodePullsFromAPrefillProcessByteForByte) {
   agent.connect("127.0.0.1", static_cast<std::uint16_t>(std::stoi(port)));
   const PullResult r = agent.pull(kRequest, db, {kTokens, 0});
   ASSERT_TRUE(r.ok()) << to_string(r.reason) << ": " << r.message;
-  EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kSeed), 0);
+  EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kProcessSeed), 0);
   EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 0, kTokens));
   EXPECT_EQ(child.line(10s), "none");  // released as completed
   EXPECT_EQ(child.wait_exit(), 0);
@@ -155,7 +155,7 @@ TEST(TwoProcess, PrefillKilledMidTransferFailsCleanly) {
 TEST(TwoProcess, DecodeKilledMidTransferReleasesThePrefillBlocks) {
   auto p = make_side(prefill_options());
   const RequestBlocks pb = make_blocks(p, kTokens, 1);
-  testing::fill(p, pb, kTokens, kSeed);
+  testing::fill(p, pb, kTokens, kProcessSeed);
   PrefillAgent agent(p.descriptor, p.tensors(), tcp());  // lease 10 s
   agent.offer(kRequest, pb, kTokens);
   Child child;

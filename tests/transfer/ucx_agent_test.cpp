@@ -21,14 +21,9 @@ using testing::make_side;
 using testing::SideOptions;
 using namespace std::chrono_literals;
 
-constexpr std::uint64_t kSeed = 7;
+constexpr std::uint64_t kAgentSeed = 7;
 
-SideOptions side(std::string model, std::optional<std::string> draft = {}) {
-  SideOptions o;
-  o.model = std::move(model);
-  o.draft = std::move(draft);
-  return o;
-}
+using testing::side;
 
 AgentOptions agent_options(std::string transports) {
   AgentOptions a;
@@ -63,7 +58,7 @@ void expect_pull(const Case& c) {
   auto d = make_side(c.decode);
   const RequestBlocks pb = make_blocks(p, c.tokens, 2);
   const RequestBlocks db = make_blocks(d, c.tokens, 9);
-  testing::fill(p, pb, c.tokens, kSeed);
+  testing::fill(p, pb, c.tokens, kAgentSeed);
   PrefillAgent prefill(p.descriptor, p.tensors(), agent_options(c.transports));
   DecodeAgent decode(d.descriptor, d.tensors(), agent_options(c.transports));
   decode.connect("127.0.0.1", prefill.port());
@@ -73,7 +68,7 @@ void expect_pull(const Case& c) {
   ASSERT_TRUE(r.ok()) << to_string(r.reason) << ": " << r.message;
   const std::int64_t expected = testing::expected_bytes(d, db, 0, c.tokens);
   EXPECT_EQ(r.bytes, expected);
-  EXPECT_EQ(testing::mismatches(d, db, 0, c.tokens, kSeed), 0);
+  EXPECT_EQ(testing::mismatches(d, db, 0, c.tokens, kAgentSeed), 0);
   EXPECT_EQ(testing::touched(d), expected);
   EXPECT_EQ(wait_released(prefill), (std::vector<Release>{{11, FailureReason::kNone}}));
   EXPECT_EQ(prefill.num_pinned(), 0u);
@@ -103,7 +98,7 @@ TEST(UcxAgent, PrefixHitAndTheLastPromptTokenLeftToTheDecodeSide) {
   auto d = make_side(dopt);
   const RequestBlocks pb = make_blocks(p, 100, 1);
   const RequestBlocks db = make_blocks(d, 100, 2);
-  testing::fill(p, pb, 100, kSeed);
+  testing::fill(p, pb, 100, kAgentSeed);
   PrefillAgent prefill(p.descriptor, p.tensors(), agent_options("tcp"));
   DecodeAgent decode(d.descriptor, d.tensors(), agent_options("tcp"));
   decode.connect("127.0.0.1", prefill.port());
@@ -114,7 +109,7 @@ TEST(UcxAgent, PrefixHitAndTheLastPromptTokenLeftToTheDecodeSide) {
   prefill.offer(5, pb, 100);
   const PullResult r = decode.pull(5, db, {99, 32});
   ASSERT_TRUE(r.ok()) << r.message;
-  EXPECT_EQ(testing::mismatches(d, db, 32, 99, kSeed), 0);
+  EXPECT_EQ(testing::mismatches(d, db, 32, 99, kAgentSeed), 0);
   EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 32, 99));
   // Request 5 is released; request 4 (asked wrongly) stays offered for a good fetch until its
   // lease ends.
@@ -150,7 +145,7 @@ TEST(UcxAgent, PlantedCorruptPageIsCaughtByItsChecksum) {
   auto p = make_side(side("tiny-swa"));
   auto d = make_side(side("tiny-swa"));
   const RequestBlocks pb = make_blocks(p, 100, 1);
-  testing::fill(p, pb, 100, kSeed);
+  testing::fill(p, pb, 100, kAgentSeed);
   AgentOptions o = agent_options("tcp");
   // After the offer (checksums computed), before the gets: one byte of the last token's K of
   // layers.1 changes on the prefill side, as a bad link or a stray write would.
@@ -201,7 +196,7 @@ TEST(UcxAgent, ReaderPastTheLeaseDiscardsWhatItRead) {
   auto p = make_side(side("tiny-swa"));
   auto d = make_side(side("tiny-swa"));
   const RequestBlocks pb = make_blocks(p, 64, 1);
-  testing::fill(p, pb, 64, kSeed);
+  testing::fill(p, pb, 64, kAgentSeed);
   AgentOptions po = agent_options("tcp");
   po.lease = 100ms;
   AgentOptions dopt = agent_options("tcp");
@@ -225,7 +220,7 @@ TEST(UcxAgent, TensorParallelOneToTwoAndTwoToOne) {
   {
     auto p = make_side(o1);
     const RequestBlocks pb = make_blocks(p, kTokens, 1);
-    testing::fill(p, pb, kTokens, kSeed);
+    testing::fill(p, pb, kTokens, kAgentSeed);
     PrefillAgent prefill(p.descriptor, p.tensors(), agent_options("tcp"));
     prefill.offer(1, pb, kTokens, 2);
     for (int r = 0; r < 2; ++r) {
@@ -236,7 +231,7 @@ TEST(UcxAgent, TensorParallelOneToTwoAndTwoToOne) {
       decode.connect("127.0.0.1", prefill.port());
       const PullResult res = decode.pull(1, db, {kTokens, 0});
       ASSERT_TRUE(res.ok()) << res.message;
-      EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kSeed), 0) << "rank " << r;
+      EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kAgentSeed), 0) << "rank " << r;
       EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 0, kTokens)) << "rank " << r;
       EXPECT_EQ(prefill.num_pinned(), r == 0 ? 1u : 0u);  // freed only after both readers
     }
@@ -251,7 +246,7 @@ TEST(UcxAgent, TensorParallelOneToTwoAndTwoToOne) {
       o2.tp_rank = r;
       ps.push_back(make_side(o2));
       const RequestBlocks pb = make_blocks(ps.back(), kTokens, 2 + r);
-      testing::fill(ps.back(), pb, kTokens, kSeed);
+      testing::fill(ps.back(), pb, kTokens, kAgentSeed);
       agents.push_back(std::make_unique<PrefillAgent>(ps.back().descriptor, ps.back().tensors(),
                                                       agent_options("tcp")));
       agents.back()->offer(2, pb, kTokens);
@@ -262,7 +257,7 @@ TEST(UcxAgent, TensorParallelOneToTwoAndTwoToOne) {
     for (auto& a : agents) decode.connect("127.0.0.1", a->port());
     const PullResult res = decode.pull(2, db, {kTokens, 0});
     ASSERT_TRUE(res.ok()) << res.message;
-    EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kSeed), 0);
+    EXPECT_EQ(testing::mismatches(d, db, 0, kTokens, kAgentSeed), 0);
     EXPECT_EQ(testing::touched(d), testing::expected_bytes(d, db, 0, kTokens));
     for (auto& a : agents)
       EXPECT_EQ(wait_released(*a), (std::vector<Release>{{2, FailureReason::kNone}}));
