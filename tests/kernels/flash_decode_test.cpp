@@ -21,6 +21,9 @@
 #include "mixkv/kernels/thread_pool.hpp"
 
 namespace mixkv::kernels {
+// A named namespace (not only an anonymous one): in a unity batch its Case and Layer meet
+// other test files' helpers of the same names.
+namespace flash_decode_test {
 namespace {
 
 using detail::kSplitTokens;
@@ -226,4 +229,5 @@ TEST(FlashDecoding, AChunkAQuerySeesNothingOfChangesNothing) {
 }
 
 }  // namespace
+}  // namespace flash_decode_test
 }  // namespace mixkv::kernels
