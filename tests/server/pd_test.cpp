@@ -344,10 +344,10 @@ TEST(PdFaults, ACorruptPageIsCaughtByItsChecksumAndRecomputed) {
   prefill.start();
   prefill.attach(ps.served());
   ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
-  // After the prefill side answered the fetch (its checksums computed), before the gets: every
-  // byte of its first cache tensor changes, as a bad link or a stray write would.
-  o.kv.agent.after_offer = [&] {
-    for (std::byte& b : ps.runner->cache_tensor(0)) b ^= std::byte{0x5a};
+  // After the gets, before the verification: every byte of the decode side's first cache tensor
+  // changes, as a bad link would change what landed (nothing else runs on the decode server).
+  o.kv.agent.after_gets = [&] {
+    for (std::byte& b : ds.runner->cache_tensor(0)) b ^= std::byte{0x5a};
   };
   Server decode(o);
   decode.start();
