@@ -10,9 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -51,7 +49,7 @@ using Clock = std::chrono::steady_clock;
 using Words = std::vector<std::int64_t>;
 
 // Active-message ids of the protocol (docs/transfer.md).
-enum AmId : unsigned { kFetch = 1, kOffer = 2, kDone = 3, kAck = 4, kHeartbeat = 5, kSums = 6 };
+enum AmId : unsigned { kFetch = 1, kOffer = 2, kDone = 3, kAck = 4, kHeartbeat = 5 };
 enum OfferStatus : std::int64_t { kOfferOk = 0, kOfferUnknown = 1, kOfferBad = 2 };
 
 [[noreturn]] void ucx_fail(const char* what, ucs_status_t status) {
@@ -237,7 +235,7 @@ struct Endpoint {
       rkeys.push_back(to_hex(packed, packed_len));
       ucp_rkey_buffer_release(packed);
     }
-    for (unsigned id : {kFetch, kOffer, kDone, kAck, kHeartbeat, kSums}) {
+    for (unsigned id : {kFetch, kOffer, kDone, kAck, kHeartbeat}) {
       ucp_am_handler_param_t hp{};
       hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                       UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -416,9 +414,6 @@ struct PrefillAgent::Impl {
     FailureReason reader_failure = FailureReason::kNone;  // what a failed reader reported
     std::map<std::int64_t, bool> reading;                 // peer -> still reading
     Clock::time_point lease_until;
-    int hashing = 0;  // the hash thread reads its pages for a reader's checksums
-    // Released while hashing: the release waits until the hash thread is off its pages.
-    std::optional<FailureReason> release_after_hashing;
   };
   mutable std::mutex mutex;
   std::map<std::int64_t, Offered> offers;
@@ -429,66 +424,6 @@ struct PrefillAgent::Impl {
   std::map<std::int64_t, std::unique_ptr<Peer>> peers;
   std::int64_t next_peer = 1;
 
-  // The checksums of a fetch are computed on their own thread while the decode side's gets run
-  // (the worker's thread must keep serving them), and sent in a SUMS message when ready.
-  struct HashJob {
-    std::int64_t request = 0, peer = 0, tag = 0;
-    PullPlan plan;
-    std::vector<std::uint64_t> sums;
-  };
-  std::thread hash_thread;
-  std::condition_variable hash_cv;
-  std::deque<HashJob> hash_jobs;  // under mutex
-  std::vector<HashJob> hashed;    // under mutex: for the worker's thread to send
-
-  void hash_loop() {
-    std::unique_lock lock(mutex);
-    for (;;) {
-      hash_cv.wait(lock, [&] { return stop || !hash_jobs.empty(); });
-      if (stop) return;
-      HashJob job = std::move(hash_jobs.front());
-      hash_jobs.pop_front();
-      lock.unlock();
-      // The offer's blocks stay pinned while `hashing` counts this job.
-      job.sums = unit_checksums(job.plan, endpoint->tensors, true);
-      lock.lock();
-      hashed.push_back(std::move(job));
-    }
-  }
-
-  // The worker's thread: sends finished checksums, and lets an offer go that waited for them.
-  void send_sums() {
-    std::vector<HashJob> done;
-    {
-      std::lock_guard lock(mutex);
-      done.swap(hashed);
-    }
-    for (HashJob& job : done) {
-      Words w{job.request, job.tag, static_cast<std::int64_t>(job.sums.size())};
-      for (std::uint64_t x : job.sums) w.push_back(static_cast<std::int64_t>(x));
-      if (Peer* peer = peer_of(job.peer)) {
-        peer->send(*endpoint, kSums, w, Clock::now() + std::chrono::seconds(2));
-      }
-      std::lock_guard lock(mutex);
-      auto it = offers.find(job.request);
-      if (it == offers.end() || --it->second.hashing > 0) continue;
-      if (it->second.release_after_hashing) {
-        released.push_back({it->first, *it->second.release_after_hashing});
-        offers.erase(it);
-      }
-    }
-  }
-
-  // Under the mutex: the offer's blocks may be freed now (or, while hashed, once hashed).
-  void release(std::map<std::int64_t, Offered>::iterator it, FailureReason reason) {
-    if (it->second.hashing > 0) {
-      if (!it->second.release_after_hashing) it->second.release_after_hashing = reason;
-      return;
-    }
-    released.push_back({it->first, reason});
-    offers.erase(it);
-  }
-
   // Sleeps in poll() on the worker's event fd and the listening socket (UCX wakes it for any
   // incoming message or remote access it must serve), at most 5 ms, so leases are watched. A
   // wake-up that brings no work (shared-memory transports signal their fd for traffic this
@@ -498,12 +433,18 @@ struct PrefillAgent::Impl {
     const bool wakeup =
         options.peer_failure_detection && ucp_worker_get_efd(endpoint->worker, &efd) == UCS_OK;
     bool woken = false;
+    // New peers and leases are looked at every millisecond, not at every turn: while a pull runs
+    // this loop turns for every batch of fragments it serves, and a poll() on the listening
+    // socket each time was a system call per turn.
+    auto next_watch = Clock::now();
     while (!stop) {
       const bool worked = endpoint->progress() || !endpoint->inbox.empty();
-      accept_peers();
       handle_messages();
-      send_sums();
-      watch();
+      if (const auto now = Clock::now(); now >= next_watch) {
+        accept_peers();
+        watch();
+        next_watch = now + std::chrono::milliseconds(1);
+      }
       if (worked) {
         woken = false;
         continue;
@@ -605,8 +546,8 @@ struct PrefillAgent::Impl {
           {
             std::lock_guard lock(mutex);
             auto it = offers.find(request);
-            held = it != offers.end() && !it->second.release_after_hashing &&
-                   it->second.reading.count(peer_id) && it->second.reading[peer_id];
+            held = it != offers.end() && it->second.reading.count(peer_id) &&
+                   it->second.reading[peer_id];
             if (held) {
               it->second.reading[peer_id] = false;
               if (!ok && it->second.reader_failure == FailureReason::kNone && why > 0 &&
@@ -635,9 +576,11 @@ struct PrefillAgent::Impl {
   void finish_reader(std::map<std::int64_t, Offered>::iterator it) {
     if (++it->second.finished < it->second.readers) return;
     const Offered& o = it->second;
-    release(it, !o.any_failed                              ? FailureReason::kNone
-                : o.reader_failure != FailureReason::kNone ? o.reader_failure
-                                                           : FailureReason::kPeerFailed);
+    released.push_back({it->first, !o.any_failed ? FailureReason::kNone
+                                   : o.reader_failure != FailureReason::kNone
+                                       ? o.reader_failure
+                                       : FailureReason::kPeerFailed});
+    offers.erase(it);
   }
 
   // False when the request is not offered yet.
@@ -646,7 +589,6 @@ struct PrefillAgent::Impl {
     const std::int64_t num_tokens = r.next();
     const std::int64_t first_token = r.next();
     const RequestBlocks dst = r.blocks();
-    const bool want_sums = r.next() != 0 && options.checksums;
     Words reply{request, tag, kOfferOk};
     {
       std::lock_guard lock(mutex);
@@ -655,22 +597,20 @@ struct PrefillAgent::Impl {
         return false;
       }
       Offered& o = it->second;
-      if (o.release_after_hashing) return true;  // released: no new reader
+      std::vector<std::uint64_t> sums;
       try {
         if (num_tokens > o.num_tokens) {
           throw_invalid(fmt::format("request {}: {} tokens asked, {} offered", request, num_tokens,
                                     o.num_tokens));
         }
-        PullPlan plan = plan_pull(layout, peer.layout, o.blocks, dst, {num_tokens, first_token});
+        const PullPlan plan =
+            plan_pull(layout, peer.layout, o.blocks, dst, {num_tokens, first_token});
+        if (options.checksums) sums = unit_checksums(plan, endpoint->tensors, true);
         put_blocks(reply, o.blocks);
-        reply.push_back(want_sums ? 1 : 0);  // the checksums follow in a SUMS message
+        reply.push_back(static_cast<std::int64_t>(sums.size()));
+        for (std::uint64_t s : sums) reply.push_back(static_cast<std::int64_t>(s));
         o.reading[peer.id] = true;
         o.lease_until = Clock::now() + options.lease;
-        if (want_sums) {
-          ++o.hashing;
-          hash_jobs.push_back({request, peer.id, tag, std::move(plan), {}});
-          hash_cv.notify_one();
-        }
       } catch (const Error&) {
         reply = {request, tag, kOfferBad};
       }
@@ -694,12 +634,12 @@ struct PrefillAgent::Impl {
           ++o.finished;
         }
       }
-      if (o.release_after_hashing) {
-        ++it;  // decided: waits for the hash thread
-      } else if (now > o.lease_until) {
-        release(it++, FailureReason::kLeaseExpired);
+      if (now > o.lease_until) {
+        released.push_back({it->first, FailureReason::kLeaseExpired});
+        it = offers.erase(it);
       } else if (dead_reader && o.finished >= o.readers) {
-        release(it++, FailureReason::kPeerFailed);
+        released.push_back({it->first, FailureReason::kPeerFailed});
+        it = offers.erase(it);
       } else {
         ++it;
       }
@@ -743,17 +683,11 @@ PrefillAgent::PrefillAgent(LayoutDescriptor layout, TensorSpans tensors, AgentOp
   impl_->listen_fd = fd;
   impl_->port = ntohs(a.sin_port);
   impl_->thread = std::thread([this] { impl_->run(); });
-  if (impl_->options.checksums) impl_->hash_thread = std::thread([this] { impl_->hash_loop(); });
 }
 
 PrefillAgent::~PrefillAgent() {
-  {
-    std::lock_guard lock(impl_->mutex);
-    impl_->stop = true;
-    impl_->hash_cv.notify_all();
-  }
+  impl_->stop = true;
   impl_->thread.join();
-  if (impl_->hash_thread.joinable()) impl_->hash_thread.join();
   for (auto& [id, p] : impl_->peers) p->close(*impl_->endpoint);
   impl_->peers.clear();
   ::close(impl_->listen_fd);
@@ -921,35 +855,23 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
     Words w{request, m.peers[i]->id, static_cast<std::int64_t>(i), spec.num_tokens,
             spec.first_token};
     put_blocks(w, blocks);
-    w.push_back(m.options.checksums ? 1 : 0);
     if (!m.peers[i]->send(e, kFetch, w, deadline))
       return fail(FailureReason::kPeerFailed, "the prefill side is unreachable");
   }
-  auto next_beat = Clock::now();
-  // A heartbeat to every peer at most every AgentOptions::heartbeat, renewing the lease.
-  auto beat = [&] {
-    if (Clock::now() < next_beat) return;
-    for (auto& p : m.peers) p->send(e, kHeartbeat, Words{request, p->id}, deadline);
-    next_beat = Clock::now() + m.options.heartbeat;
-  };
-  // Waits until `got[i]` holds an answer of type `want_id` from every peer i; false on failure.
-  // Other messages stay in the inbox (a peer's SUMS may come before another peer's OFFER).
+  // Waits until `want(i)` holds an answer of type `id` from every peer; false on failure.
   auto collect = [&](unsigned want_id, std::vector<std::optional<Words>>& got,
                      FailureReason* reason, std::string* why) {
     std::size_t have = 0;
     while (have < n) {
       e.progress();
-      for (auto it = e.inbox.begin(); it != e.inbox.end();) {
-        auto& [id, w] = *it;
+      for (auto& [id, w] : e.inbox) {
         if (id != want_id || w.size() < 3 || w[0] != request || w[1] < 0 ||
-            static_cast<std::size_t>(w[1]) >= n || got[static_cast<std::size_t>(w[1])]) {
-          ++it;
+            static_cast<std::size_t>(w[1]) >= n || got[static_cast<std::size_t>(w[1])])
           continue;
-        }
         got[static_cast<std::size_t>(w[1])] = std::move(w);
         ++have;
-        it = e.inbox.erase(it);
       }
+      e.inbox.clear();
       for (const auto& p : m.peers) {
         if (p->failed) {
           *reason = FailureReason::kPeerFailed;
@@ -963,7 +885,6 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
             fmt::format("no answer from the prefill side within {} ms", m.options.timeout.count());
         return false;
       }
-      beat();
     }
     return true;
   };
@@ -989,13 +910,12 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
                                 request));
       }
       const RequestBlocks src = r.blocks();
-      const bool sums_follow = r.next() != 0;
+      const std::int64_t count = r.next();
+      for (std::int64_t k = 0; k < count; ++k)
+        sums[i].push_back(static_cast<std::uint64_t>(r.next()));
       plans[i] = plan_pull(m.peers[i]->layout, m.layout, src, blocks, spec);
-      if (m.options.checksums && !sums_follow) {
-        return fail(FailureReason::kRefused,
-                    "the prefill side sends no checksums (its checksums are off); turn them off "
-                    "on both sides or on on both");
-      }
+      if (m.options.checksums && sums[i].size() != plans[i].units.size())
+        return fail(FailureReason::kRefused, "the offer's checksums do not match the pull plan");
       result.bytes += plans[i].bytes;
       result.runs += static_cast<std::int64_t>(plans[i].runs.size());
     }
@@ -1008,6 +928,12 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
   const auto gets_start = Clock::now();
   Impl::Gets gets;
   constexpr std::int64_t kMaxInFlight = 512;
+  auto next_beat = Clock::now();
+  auto beat = [&] {
+    if (Clock::now() < next_beat) return;
+    for (auto& p : m.peers) p->send(e, kHeartbeat, Words{request, p->id}, deadline);
+    next_beat = Clock::now() + m.options.heartbeat;
+  };
   auto any_failed = [&] {
     for (const auto& p : m.peers) {
       if (p->failed) return true;
@@ -1069,21 +995,6 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
   }
   result.get_seconds = std::chrono::duration<double>(Clock::now() - gets_start).count();
   if (m.options.checksums) {
-    // The prefill side hashed its pages while the gets ran; its SUMS may still be on the way.
-    std::vector<std::optional<Words>> sum_msgs(n);
-    if (!collect(kSums, sum_msgs, &reason, &why)) return fail(reason, why);
-    try {
-      for (std::size_t i = 0; i < n; ++i) {
-        Reader r{*sum_msgs[i], 2};
-        const std::int64_t count = r.next();
-        if (count != static_cast<std::int64_t>(plans[i].units.size()))
-          return fail(FailureReason::kRefused, "the checksums sent do not match the pull plan");
-        for (std::int64_t k = 0; k < count; ++k)
-          sums[i].push_back(static_cast<std::uint64_t>(r.next()));
-      }
-    } catch (const Error& err) {
-      return fail(FailureReason::kRefused, err.what());
-    }
     if (m.options.after_gets) m.options.after_gets();
     const auto t0 = Clock::now();
     for (std::size_t i = 0; i < n; ++i) {

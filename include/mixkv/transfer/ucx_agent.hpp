@@ -51,8 +51,8 @@ struct AgentOptions {
   std::string control;
   // Decode, for tests: called once the offers arrived, before the first get.
   std::function<void()> after_offer;
-  // Decode, for tests: called once the gets are done and the checksums arrived, before they are
-  // verified (a test corrupts a landed page there, as a bad link would).
+  // Decode, for tests: called once the gets are done, before the checksums are verified (a test
+  // corrupts a landed page there, as a bad link would).
   std::function<void()> after_gets;
 };
 
