@@ -310,10 +310,11 @@ TEST(PdFaults, AClientLeavingDuringItsPullFreesTheBlocksAfterThePull) {
   Server prefill(serve_options(KvRole::kPrefill));
   prefill.start();
   prefill.attach(ps.served());
-  std::atomic<bool> left{false}, first{true};
+  std::atomic<bool> in_pull{false}, left{false}, first{true};
   ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
   o.kv.agent.after_offer = [&] {
     if (!first.exchange(false)) return;
+    in_pull = true;
     const auto until = std::chrono::steady_clock::now() + kTimeout / 2;
     while (!left && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
     std::this_thread::sleep_for(100ms);  // the server notices the hang-up within 20 ms
@@ -321,13 +322,18 @@ TEST(PdFaults, AClientLeavingDuringItsPullFreesTheBlocksAfterThePull) {
   Server decode(o);
   decode.start();
   decode.attach(ds.served());
-  {
-    httplib::Client c("127.0.0.1", decode.port());
-    c.set_read_timeout(0, 50000);  // 50 ms: gives up and closes while the pull waits
+  httplib::Client c("127.0.0.1", decode.port());
+  c.set_read_timeout(60, 0);
+  std::thread client([&] {
     c.Post("/v1/completions",
            json{{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}}.dump(),
            "application/json");
-  }
+  });
+  const auto until = std::chrono::steady_clock::now() + kTimeout;
+  while (!in_pull && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(in_pull) << "the request's pull never started";
+  c.stop();  // hangs up while the pull waits
+  client.join();
   left = true;
   EXPECT_TRUE(idle(decode)) << decode.metrics_text();
   EXPECT_TRUE(idle(prefill)) << prefill.metrics_text();
