@@ -82,7 +82,7 @@ void BM_TransferPull(benchmark::State& state, const char* transports, bool check
   decode.connect("127.0.0.1", prefill.port());
   std::int64_t id = 0;
   std::int64_t bytes = 0;
-  double checksum = 0;
+  double checksum = 0, offer = 0, get = 0;
   double total = 0;
   for (auto _ : state) {
     prefill.offer(++id, pb, tokens);
@@ -94,12 +94,18 @@ void BM_TransferPull(benchmark::State& state, const char* transports, bool check
     while (prefill.take_released().empty()) std::this_thread::yield();
     bytes = r.bytes;
     checksum += r.checksum_seconds;
+    offer += r.offer_seconds;
+    get += r.get_seconds;
     total += r.seconds;
     state.counters["runs"] = static_cast<double>(r.runs);
     state.counters["gets"] = static_cast<double>(r.gets);
   }
   state.SetBytesProcessed(state.iterations() * bytes);
   state.counters["MB"] = static_cast<double>(bytes) / 1e6;
+  // Where a pull's time goes: the offer (fetch to offer: the prefill side plans and sums), the
+  // gets, the decode side's verification; the rest is planning and the acknowledgement.
+  state.counters["offer_share"] = total > 0 ? offer / total : 0;
+  state.counters["get_share"] = total > 0 ? get / total : 0;
   state.counters["verify_share"] = total > 0 ? checksum / total : 0;
 }
 

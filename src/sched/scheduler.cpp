@@ -123,7 +123,8 @@ std::span<const TokenId> Scheduler::outputs(std::size_t i) const {
 
 // FIFO, all or nothing in every group; the prefix hit skips computed blocks.
 void Scheduler::admit() {
-  while (!waiting_.empty() && static_cast<std::int64_t>(running_.size()) < options_.max_batch) {
+  while (!waiting_.empty() &&
+         static_cast<std::int64_t>(running_.size() + loading_) < options_.max_batch) {
     const std::size_t i = waiting_.front();
     Req& r = reqs_[i];
     const auto t0 = Clock::now();
@@ -132,7 +133,7 @@ void Scheduler::admit() {
     if (!hit) manager_.free(id_of(i));
     charge(counters_.manager_seconds, t0);
     if (!hit) {
-      if (running_.empty() && held_ == 0) {
+      if (running_.empty() && held_ == 0 && loading_ == 0) {
         throw_invalid(fmt::format(
             "{}: {} tokens plus {} look-ahead do not fit the KV cache ({} blocks) even alone; "
             "give more cache memory",
@@ -146,38 +147,69 @@ void Scheduler::admit() {
     if (r.external) {
       // Once only: after a preemption the request recomputes what it lost.
       r.external = false;
-      if (options_.load_prompt) {
-        const std::optional<std::int64_t> loaded =
-            options_.load_prompt(i, manager_, id_of(i), *hit);
-        const auto last = static_cast<std::int64_t>(r.tokens.size()) - 1;
-        if (!loaded) {
-          r.load_failed = true;
-          r.started = true;
-          r.admitted_at_ns = now_ns();
-          retire(i, nullptr);
-          continue;
-        }
-        if (*loaded < *hit || *loaded > last) {
-          throw_internal(fmt::format("{}: load_prompt answered {} tokens, outside [{}, {}]",
-                                     r.label, *loaded, *hit, last));
-        }
-        if (*loaded > *hit) {
-          // The loaded tokens are verified KV like computed ones (their full blocks join the
-          // prefix cache); the commit also ends a prefix hit's recurrent restore, so the next
-          // step reads the loaded state.
-          const auto t1 = Clock::now();
-          manager_.commit(id_of(i), *loaded - *hit, {}, 0);
-          charge(counters_.manager_seconds, t1);
-          counters_.external_tokens += *loaded - *hit;
-          r.computed = *loaded;
-        }
+      if (options_.start_load && options_.start_load(i, manager_, id_of(i), *hit)) {
+        r.loading = true;
+        ++loading_;
+        if (!r.started) r.started = true, r.admitted_at_ns = now_ns();
+        continue;
       }
+      if (options_.load_prompt &&
+          !apply_load(i, *hit, options_.load_prompt(i, manager_, id_of(i), *hit)))
+        continue;
     }
-    counters_.prompt_tokens += static_cast<std::int64_t>(r.tokens.size());
-    counters_.hit_tokens += *hit;
-    if (!r.started) r.started = true, r.admitted_at_ns = now_ns();
-    running_.push_back(i);
+    start_running(i, *hit);
   }
+  counters_.peak_running =
+      std::max(counters_.peak_running, static_cast<std::int64_t>(running_.size()));
+}
+
+void Scheduler::start_running(std::size_t i, std::int64_t hit) {
+  Req& r = reqs_[i];
+  counters_.prompt_tokens += static_cast<std::int64_t>(r.tokens.size());
+  counters_.hit_tokens += hit;
+  if (!r.started) r.started = true, r.admitted_at_ns = now_ns();
+  running_.push_back(i);
+}
+
+bool Scheduler::apply_load(std::size_t i, std::int64_t hit, std::optional<std::int64_t> loaded) {
+  Req& r = reqs_[i];
+  const auto last = static_cast<std::int64_t>(r.tokens.size()) - 1;
+  if (!loaded) {
+    r.load_failed = true;
+    if (!r.started) r.started = true, r.admitted_at_ns = now_ns();
+    retire(i, nullptr);
+    return false;
+  }
+  if (*loaded < hit || *loaded > last) {
+    throw_internal(fmt::format("{}: load_prompt answered {} tokens, outside [{}, {}]", r.label,
+                               *loaded, hit, last));
+  }
+  if (*loaded > hit) {
+    // The loaded tokens are verified KV like computed ones (their full blocks join the
+    // prefix cache); the commit also ends a prefix hit's recurrent restore, so the next
+    // step reads the loaded state.
+    const auto t1 = Clock::now();
+    manager_.commit(id_of(i), *loaded - hit, {}, 0);
+    charge(counters_.manager_seconds, t1);
+    counters_.external_tokens += *loaded - hit;
+    r.computed = *loaded;
+  }
+  return true;
+}
+
+void Scheduler::complete_load(std::size_t i, std::optional<std::int64_t> loaded) {
+  Req& r = reqs_.at(i);
+  if (!r.loading) throw_internal(fmt::format("{}: complete_load without a load", r.label));
+  r.loading = false;
+  --loading_;
+  const std::int64_t hit = r.stats.prefix_hit_tokens;
+  if (r.cancel_on_load) {
+    r.hold = false;
+    retire(i, nullptr);
+    ++counters_.cancelled;
+    return;
+  }
+  if (apply_load(i, hit, loaded)) start_running(i, hit);
   counters_.peak_running =
       std::max(counters_.peak_running, static_cast<std::int64_t>(running_.size()));
 }
@@ -256,6 +288,11 @@ void Scheduler::free_held(std::size_t i) {
 void Scheduler::cancel(std::size_t i, spec::Drafter* drafter) {
   Req& r = reqs_.at(i);
   if (r.finished) return;
+  if (r.loading) {
+    // Its blocks are being written: freed once complete_load() says the writes are over.
+    r.cancel_on_load = true;
+    return;
+  }
   if (const auto w = std::find(waiting_.begin(), waiting_.end(), i); w != waiting_.end()) {
     // Never admitted, or preempted: the manager holds nothing for it.
     waiting_.erase(w);

@@ -18,9 +18,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <ctime>
+#include <deque>
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 
@@ -227,6 +229,9 @@ struct Server::Impl {
   ServeOptions opt;
   HttpServer http;
   std::thread listener, engine_thread;
+  // --kv-role decode: the pulls run here, off the engine thread, so the running batch keeps
+  // stepping while a request's KV arrives; the decode agent is used by this thread only.
+  std::thread pull_thread;
   int bound_port = 0;
   std::atomic<bool> ready{false}, draining{false}, stopped{false};
   std::atomic<std::uint64_t> next_id{0};
@@ -250,6 +255,19 @@ struct Server::Impl {
   int control_port = 0;
   std::atomic<std::int64_t> next_offer{1};
   std::unordered_map<std::int64_t, std::size_t> held;  // prefill: offer id -> scheduler id
+  // Decode: a pull the scheduler's start_load asked for, and its answer for complete_load().
+  struct Pull {
+    std::size_t sched = 0;
+    std::int64_t kv_request = 0;
+    std::int64_t boundary = 0;  // the prompt's tokens but the last
+    std::int64_t hit = 0;
+    transfer::RequestBlocks blocks;
+  };
+  struct Loaded {
+    std::size_t sched = 0;
+    std::optional<std::int64_t> tokens;
+    std::string error;  // --kv-load-failure fail: why
+  };
 
   std::mutex mu;
   std::condition_variable engine_cv, jobs_cv;
@@ -259,6 +277,11 @@ struct Server::Impl {
   std::int64_t sched_running = 0;
   bool cancel_pending = false;
   bool stop_engine = false;
+  std::condition_variable pull_cv;  // the pull thread waits for work
+  std::deque<Pull> pulls;           // under mu: asked, not started
+  std::vector<Loaded> loaded;       // under mu: finished, for the engine thread
+  bool pulling = false;             // under mu: the pull thread is in a pull
+  bool stop_pulls = false;
   int open_requests = 0;  // handlers and streams still answering
 
   std::string name() const { return opt.served_model_name; }
@@ -273,8 +296,8 @@ struct Server::Impl {
     // keep failing decodes plainly instead of paying for verify rows.
     so.adaptive_draft = true;
     if (decode_agent) {
-      so.load_prompt = [this](std::size_t i, const cache::KvCacheManager& m, cache::RequestId id,
-                              std::int64_t hit) { return load_prompt(i, m, id, hit); };
+      so.start_load = [this](std::size_t i, const cache::KvCacheManager& m, cache::RequestId id,
+                             std::int64_t hit) { return start_load(i, m, id, hit); };
     }
     scheduler = std::make_unique<sched::Scheduler>(*manager, model.runner->plan(), so);
     seen = {};
@@ -294,23 +317,55 @@ struct Server::Impl {
     return b;
   }
 
-  // Decode side, engine thread, inside the scheduler's admission of request i: pulls what the
-  // prefill side computed of its prompt (all but the last token) beyond the prefix hit into the
-  // blocks just allocated. A failure counts by reason and recomputes (returns the hit) or, with
-  // --kv-load-failure fail, fails the request.
-  std::optional<std::int64_t> load_prompt(std::size_t i, const cache::KvCacheManager& m,
-                                          cache::RequestId id, std::int64_t hit) {
+  // Decode side, engine thread, inside the scheduler's admission of request i: hands the pull
+  // of what the prefill side computed of its prompt (all but the last token) beyond the prefix
+  // hit, into the blocks just allocated, to the pull thread. False when nothing is to be pulled
+  // (the remote prefill failed: the prompt is computed here).
+  bool start_load(std::size_t i, const cache::KvCacheManager& m, cache::RequestId id,
+                  std::int64_t hit) {
     const auto it = active.find(i);
-    if (it == active.end() || it->second->kv_request < 0) return hit;
-    Job& j = *it->second;
-    const auto boundary = static_cast<std::int64_t>(j.prompt.size()) - 1;
-    auto failed = [&](std::string_view reason,
-                      const std::string& message) -> std::optional<std::int64_t> {
+    if (it == active.end() || it->second->kv_request < 0) return false;
+    Pull p;
+    p.sched = i;
+    p.kv_request = it->second->kv_request;
+    p.boundary = static_cast<std::int64_t>(it->second->prompt.size()) - 1;
+    p.hit = hit;
+    p.blocks = blocks_of(m, id);
+    std::lock_guard lk(mu);
+    pulls.push_back(std::move(p));
+    pull_cv.notify_one();
+    return true;
+  }
+
+  // Decode side, the pull thread: one pull after another. A failure counts by reason and
+  // recomputes (answers the hit) or, with --kv-load-failure fail, fails the request.
+  void pull_loop() {
+    std::unique_lock lk(mu);
+    for (;;) {
+      pull_cv.wait(lk, [&] { return stop_pulls || !pulls.empty(); });
+      if (stop_pulls) break;
+      Pull p = std::move(pulls.front());
+      pulls.pop_front();
+      pulling = true;
+      lk.unlock();
+      Loaded l = pull(p);
+      lk.lock();
+      pulling = false;
+      loaded.push_back(std::move(l));
+      engine_cv.notify_all();
+    }
+  }
+
+  Loaded pull(const Pull& p) {
+    Loaded l{p.sched, p.hit, {}};
+    auto failed = [&](std::string_view reason, const std::string& message) {
       metrics.transfer_failure(std::string(reason)).Increment();
-      if (!opt.kv.fail_on_load_failure) return hit;
-      j.load_error =
-          fmt::format("the KV transfer from the prefill server failed ({}): {}", reason, message);
-      return std::nullopt;
+      if (opt.kv.fail_on_load_failure) {
+        l.tokens = std::nullopt;
+        l.error =
+            fmt::format("the KV transfer from the prefill server failed ({}): {}", reason, message);
+      }
+      return l;
     };
     if (decode_agent->num_peers() == 0) {
       // The prefill server answered this request's prefill, so it is back: join it again.
@@ -323,11 +378,35 @@ struct Server::Impl {
     // A prefix hit covering the boundary still pulls (nothing but recurrent states), so the
     // prefill side hears DONE and frees its blocks now.
     const transfer::PullResult r =
-        decode_agent->pull(j.kv_request, blocks_of(m, id), {boundary, std::min(hit, boundary)});
+        decode_agent->pull(p.kv_request, p.blocks, {p.boundary, std::min(p.hit, p.boundary)});
     if (!r.ok()) return failed(transfer::to_string(r.reason), r.message);
     metrics.transfer_bytes->Increment(static_cast<double>(r.bytes));
     metrics.transfer_latency->Observe(r.seconds);
-    return boundary;
+    l.tokens = p.boundary;
+    return l;
+  }
+
+  // Decode side, engine thread between steps: the finished pulls' requests start running (or
+  // recompute, or fail); one cancelled while it loaded ends now.
+  void complete_loads() {
+    for (Loaded& l : loaded) {
+      const auto it = active.find(l.sched);
+      if (it != active.end()) {
+        it->second->load_error = std::move(l.error);
+        cancel_pending |= it->second->cancel;
+      }
+      scheduler->complete_load(l.sched, l.tokens);
+    }
+    if (!loaded.empty()) collect();
+    loaded.clear();
+  }
+
+  // Decode side, engine thread, before the scheduler is replaced: no pull may still write into
+  // the old one's blocks.
+  void drop_pulls(std::unique_lock<std::mutex>& lk) {
+    pulls.clear();  // never started: their offers end with the prefill side's lease
+    engine_cv.wait(lk, [&] { return !pulling; });
+    loaded.clear();
   }
 
   // Prefill side, engine thread: frees the blocks of requests every reader finished with (or
@@ -369,7 +448,8 @@ struct Server::Impl {
       metrics.accepted_at(p).Increment(static_cast<double>(c.accepted_per_position[p] - before));
     }
     seen = c;
-    sched_running = static_cast<std::int64_t>(scheduler->num_running());
+    // Requests waiting for their pulls are admitted: they count as running.
+    sched_running = static_cast<std::int64_t>(scheduler->num_running() + scheduler->num_loading());
     metrics.running->Set(static_cast<double>(sched_running));
     sched_waiting = scheduler->num_waiting();
     metrics.waiting->Set(static_cast<double>(sched_waiting + inbox.size()));
@@ -451,8 +531,11 @@ struct Server::Impl {
   void engine_loop() {
     std::unique_lock lk(mu);
     for (;;) {
+      // Requests that only wait for their pulls give the engine nothing to step.
       const auto woken = [&] {
-        return stop_engine || !inbox.empty() || cancel_pending || !scheduler->idle();
+        return stop_engine || !inbox.empty() || cancel_pending || !loaded.empty() ||
+               scheduler->num_running() > 0 ||
+               (scheduler->num_waiting() > 0 && scheduler->num_loading() == 0);
       };
       if (held.empty()) {
         engine_cv.wait(lk, woken);
@@ -461,6 +544,7 @@ struct Server::Impl {
       }
       if (stop_engine) break;
       release_held();
+      complete_loads();
       for (const JobPtr& j : inbox) {
         j->sched = scheduler->add({j->prompt, j->max_tokens, fmt::format("request {}", next_id++),
                                    j->stop_at_eos ? model.stop_tokens : std::vector<TokenId>{},
@@ -477,6 +561,10 @@ struct Server::Impl {
             continue;
           }
           scheduler->cancel(it->first, drafter());
+          if (!scheduler->finished(it->first)) {  // its pull runs: it ends at complete_load()
+            ++it;
+            continue;
+          }
           scheduler->release(it->first);
           finish(j, "stop");
           it = active.erase(it);
@@ -499,6 +587,7 @@ struct Server::Impl {
       if (!failure.empty()) {
         // The scheduler may be mid-step: start over with a fresh manager and scheduler.
         fail_all(fmt::format("the engine failed a step: {}", failure));
+        drop_pulls(lk);
         manager = std::make_unique<cache::KvCacheManager>(
             model.runner->plan(), k, cache::ManagerOptions{opt.prefix_caching, 0, 0});
         new_scheduler();
@@ -509,6 +598,7 @@ struct Server::Impl {
       jobs_cv.notify_all();
     }
     fail_all("the server stopped");
+    drop_pulls(lk);
     for (const JobPtr& j : inbox) j->error = "the server stopped", j->done = true;
     inbox.clear();
     jobs_cv.notify_all();
@@ -1099,6 +1189,7 @@ void Server::attach(const ServedModel& served) {
     std::lock_guard lk(m.mu);
     m.export_counters();
   }
+  if (m.decode_agent) m.pull_thread = std::thread([&m] { m.pull_loop(); });
   m.engine_thread = std::thread([&m] { m.engine_loop(); });
   m.ready = true;
 }
@@ -1118,6 +1209,14 @@ bool Server::shutdown() {
     m.engine_cv.notify_one();
   }
   if (m.engine_thread.joinable()) m.engine_thread.join();
+  if (m.pull_thread.joinable()) {
+    {
+      std::lock_guard lk(m.mu);
+      m.stop_pulls = true;
+      m.pull_cv.notify_all();
+    }
+    m.pull_thread.join();
+  }
   {
     // Streams of cancelled jobs send their error event and close.
     std::unique_lock lk(m.mu);

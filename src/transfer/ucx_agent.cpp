@@ -433,11 +433,18 @@ struct PrefillAgent::Impl {
     const bool wakeup =
         options.peer_failure_detection && ucp_worker_get_efd(endpoint->worker, &efd) == UCS_OK;
     bool woken = false;
+    // New peers and leases are looked at every millisecond, not at every turn: while a pull runs
+    // this loop turns for every batch of fragments it serves, and a poll() on the listening
+    // socket each time was a system call per turn.
+    auto next_watch = Clock::now();
     while (!stop) {
       const bool worked = endpoint->progress() || !endpoint->inbox.empty();
-      accept_peers();
       handle_messages();
-      watch();
+      if (const auto now = Clock::now(); now >= next_watch) {
+        accept_peers();
+        watch();
+        next_watch = now + std::chrono::milliseconds(1);
+      }
       if (worked) {
         woken = false;
         continue;
@@ -885,6 +892,7 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
   std::string why;
   std::vector<std::optional<Words>> offers(n);
   if (!collect(kOffer, offers, &reason, &why)) return fail(reason, why);
+  result.offer_seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
   std::vector<PullPlan> plans(n);
   std::vector<std::vector<std::uint64_t>> sums(n);
@@ -917,6 +925,7 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
   if (m.options.after_offer) m.options.after_offer();
 
   // The gets: every run of every peer's plan, a bounded number in flight, heartbeats between.
+  const auto gets_start = Clock::now();
   Impl::Gets gets;
   constexpr std::int64_t kMaxInFlight = 512;
   auto next_beat = Clock::now();
@@ -984,7 +993,9 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
     return fail(any_failed() || gets.error ? FailureReason::kPeerFailed : FailureReason::kTimeout,
                 "a get failed: the prefill side is gone or the transfer timed out");
   }
+  result.get_seconds = std::chrono::duration<double>(Clock::now() - gets_start).count();
   if (m.options.checksums) {
+    if (m.options.after_gets) m.options.after_gets();
     const auto t0 = Clock::now();
     for (std::size_t i = 0; i < n; ++i) {
       const std::vector<std::uint64_t> got = unit_checksums(plans[i], e.tensors, false);

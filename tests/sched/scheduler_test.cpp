@@ -268,7 +268,7 @@ TEST(Scheduler, ARequestWhosePromptKvArrivesFromOutsideComputesOnlyItsLastToken)
   RowCounter model;
   s.run(model, nullptr);
   EXPECT_EQ(hits.size(), 3u);
-  EXPECT_EQ(model.prefill_rows[0], 1);                                   // the last token only
+  EXPECT_EQ(model.prefill_rows[0], 1);                                  // the last token only
   EXPECT_EQ(model.prefill_rows[1], std::ssize(requests(3)[1].prompt));  // all of it
   EXPECT_EQ(model.prefill_rows.count(2), 0u);
   EXPECT_EQ(s.counters().external_tokens, std::ssize(requests(3)[0].prompt) - 1);
@@ -282,6 +282,51 @@ TEST(Scheduler, ARequestWhosePromptKvArrivesFromOutsideComputesOnlyItsLastToken)
   EXPECT_TRUE(s.finished(2));
   EXPECT_TRUE(s.load_failed(2));
   EXPECT_TRUE(s.outputs(2).empty());
+  EXPECT_EQ(manager.pool().num_used(), 0);
+  EXPECT_EQ(manager.check_invariants(), "");
+}
+
+// start_load: the request waits admitted, outside the batch, while the others keep stepping;
+// complete_load() runs it (or, cancelled meanwhile, frees its blocks only then).
+TEST(Scheduler, AnAsynchronousLoadLetsTheOthersStepUntilItCompletes) {
+  const auto plan = small_plan(256 * kMiB, 0);
+  cache::KvCacheManager manager(plan, 0);
+  SchedulerOptions o;
+  std::vector<std::size_t> started;
+  o.start_load = [&](std::size_t i, const cache::KvCacheManager& m, cache::RequestId id,
+                     std::int64_t) {
+    EXPECT_FALSE(m.block_table(id, 0).empty());  // its blocks are allocated already
+    started.push_back(i);
+    return true;
+  };
+  Scheduler s(manager, plan, o);
+  const std::vector<Request> reqs = requests(3);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    Request r = reqs[i];
+    r.external_prompt = i != 1;  // 0 and 2 load, 1 computes
+    s.add(r);
+  }
+  RowCounter model;
+  for (int step = 0; step < 8; ++step) s.step(model, nullptr);
+  EXPECT_EQ(started, (std::vector<std::size_t>{0, 2}));
+  EXPECT_EQ(s.num_loading(), 2u);
+  EXPECT_EQ(s.num_running(), 1u);
+  EXPECT_FALSE(s.outputs(1).empty());  // request 1 decodes while the others load
+  EXPECT_TRUE(s.outputs(0).empty());
+  EXPECT_EQ(model.prefill_rows.count(0), 0u);
+  s.cancel(2, nullptr);  // its blocks are still being written: kept until the load ends
+  EXPECT_FALSE(s.finished(2));
+  s.complete_load(2, std::nullopt);
+  EXPECT_TRUE(s.finished(2));
+  s.complete_load(0, std::ssize(reqs[0].prompt) - 1);
+  s.run(model, nullptr);
+  EXPECT_EQ(model.prefill_rows[0], 1);  // the last token only
+  const Outcome plain = run(plan, 0, nullptr);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto out = s.outputs(i);
+    EXPECT_EQ(std::vector<TokenId>(out.begin(), out.end()), plain.outputs[i]) << i;
+  }
+  EXPECT_EQ(s.counters().cancelled, 1);
   EXPECT_EQ(manager.pool().num_used(), 0);
   EXPECT_EQ(manager.check_invariants(), "");
 }

@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -240,6 +241,106 @@ TokenList long_prompt(int n, int salt = 1) {
   return t;
 }
 
+// The pull runs off the decode server's engine thread: while request B's pull is held up
+// after its offer arrived, request A (one token of prompt: computed locally) keeps streaming
+// tokens. Were the pull on the engine thread, A could not step and the hook would wait in vain.
+TEST(PdServing, OtherRequestsKeepDecodingWhileAPullIsInFlight) {
+  Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
+  Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
+  const TokenList prompt = long_prompt(70);
+  const TokenList expected = ds.generate({prompt}, 6)[0];
+  Server prefill(serve_options(KvRole::kPrefill));
+  prefill.start();
+  prefill.attach(ps.served());
+  std::atomic<int> a_events{0};
+  std::atomic<bool> b_done{false}, progressed{false};
+  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
+  o.kv.agent.after_offer = [&] {
+    const int at = a_events;
+    const auto until = std::chrono::steady_clock::now() + kTimeout / 2;
+    while (a_events < at + 5 && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(1ms);
+    }
+    progressed = a_events >= at + 5;
+  };
+  Server decode(o);
+  decode.start();
+  decode.attach(ds.served());
+  std::thread a([&] {
+    httplib::Client c("127.0.0.1", decode.port());
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.set_header("Content-Type", "application/json");
+    req.body = json{
+        {"prompt", TokenList{11}},
+        {"max_tokens", 1000},
+        {"stream", true},
+        {"ignore_eos",
+         true}}.dump();
+    // Hangs up once B is answered.
+    req.content_receiver = [&](const char*, std::size_t, std::uint64_t, std::uint64_t) {
+      ++a_events;
+      return !b_done;
+    };
+    c.send(req);
+  });
+  const auto until = std::chrono::steady_clock::now() + kTimeout;
+  while (a_events == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GT(a_events, 0) << "request A never streamed";
+  EXPECT_EQ(ids(complete(decode.port(), prompt, 6)), expected);
+  b_done = true;
+  a.join();
+  EXPECT_TRUE(progressed) << "request A got no tokens while B's pull was in flight"
+                          << decode.metrics_text();
+  EXPECT_EQ(metric(decode, "mixkv:kv_transfer_latency_seconds_count"), 1);
+  EXPECT_TRUE(idle(prefill)) << prefill.metrics_text();
+  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
+}
+
+// A client that leaves while its request's pull is in flight: the request ends once the pull
+// is over (its blocks are being written until then), and both pools return to idle.
+TEST(PdFaults, AClientLeavingDuringItsPullFreesTheBlocksAfterThePull) {
+  Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
+  Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
+  const TokenList prompt = long_prompt(70);
+  const TokenList expected = ds.generate({prompt}, 6)[0];
+  Server prefill(serve_options(KvRole::kPrefill));
+  prefill.start();
+  prefill.attach(ps.served());
+  std::atomic<bool> in_pull{false}, left{false}, first{true};
+  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
+  o.kv.agent.after_offer = [&] {
+    if (!first.exchange(false)) return;
+    in_pull = true;
+    const auto until = std::chrono::steady_clock::now() + kTimeout / 2;
+    while (!left && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(100ms);  // the server notices the hang-up within 20 ms
+  };
+  Server decode(o);
+  decode.start();
+  decode.attach(ds.served());
+  httplib::Client c("127.0.0.1", decode.port());
+  c.set_read_timeout(60, 0);
+  std::thread client([&] {
+    c.Post("/v1/completions",
+           json{{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}}.dump(),
+           "application/json");
+  });
+  const auto until = std::chrono::steady_clock::now() + kTimeout;
+  while (!in_pull && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(in_pull) << "the request's pull never started";
+  c.stop();  // hangs up while the pull waits
+  client.join();
+  left = true;
+  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
+  EXPECT_TRUE(idle(prefill)) << prefill.metrics_text();
+  EXPECT_EQ(ids(complete(decode.port(), prompt, 6)), expected);  // still serving, right tokens
+  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
+}
+
 TEST(PdFaults, ACorruptPageIsCaughtByItsChecksumAndRecomputed) {
   Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
   Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
@@ -249,10 +350,10 @@ TEST(PdFaults, ACorruptPageIsCaughtByItsChecksumAndRecomputed) {
   prefill.start();
   prefill.attach(ps.served());
   ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
-  // After the prefill side answered the fetch (its checksums computed), before the gets: every
-  // byte of its first cache tensor changes, as a bad link or a stray write would.
-  o.kv.agent.after_offer = [&] {
-    for (std::byte& b : ps.runner->cache_tensor(0)) b ^= std::byte{0x5a};
+  // After the gets, before the verification: every byte of the decode side's first cache tensor
+  // changes, as a bad link would change what landed (nothing else runs on the decode server).
+  o.kv.agent.after_gets = [&] {
+    for (std::byte& b : ds.runner->cache_tensor(0)) b ^= std::byte{0x5a};
   };
   Server decode(o);
   decode.start();

@@ -147,21 +147,22 @@ TEST(UcxAgent, PlantedCorruptPageIsCaughtByItsChecksum) {
   const RequestBlocks pb = make_blocks(p, 100, 1);
   testing::fill(p, pb, 100, kAgentSeed);
   AgentOptions o = agent_options("tcp");
-  // After the offer (checksums computed), before the gets: one byte of the last token's K of
-  // layers.1 changes on the prefill side, as a bad link or a stray write would.
-  const layout::TokenLocation loc = layout::locate_token(
-      p.geometry.layer("layers.1"),
-      pb.groups.at(static_cast<std::size_t>(p.geometry.layer("layers.1").kv_cache_group)), 99);
-  const int tensor = p.geometry.layer("layers.1").tensor;
-  o.after_offer = [&] {
-    p.storage[static_cast<std::size_t>(tensor)][static_cast<std::size_t>(loc.k_offset)] ^=
+  // After the gets, before the verification: one byte of the last token's K of layers.1 that
+  // landed on the decode side differs from what the prefill side holds, as a bad link would
+  // make it.
+  const RequestBlocks db = make_blocks(d, 100, 4);
+  const layout::LayerGeometry& layer = d.geometry.layer("layers.1");
+  const layout::TokenLocation loc =
+      layout::locate_token(layer, db.groups.at(static_cast<std::size_t>(layer.kv_cache_group)), 99);
+  o.after_gets = [&] {
+    d.storage[static_cast<std::size_t>(layer.tensor)][static_cast<std::size_t>(loc.k_offset)] ^=
         std::byte{1};
   };
   PrefillAgent prefill(p.descriptor, p.tensors(), agent_options("tcp"));
   DecodeAgent decode(d.descriptor, d.tensors(), o);
   decode.connect("127.0.0.1", prefill.port());
   prefill.offer(3, pb, 100);
-  const PullResult r = decode.pull(3, make_blocks(d, 100, 4), {100, 0});
+  const PullResult r = decode.pull(3, db, {100, 0});
   EXPECT_EQ(r.reason, FailureReason::kChecksumMismatch);
   EXPECT_THAT(r.message, HasSubstr("layer layers.1 tokens [96, 100)"));
   EXPECT_EQ(wait_released(prefill), (std::vector<Release>{{3, FailureReason::kChecksumMismatch}}));

@@ -151,6 +151,13 @@ struct SchedulerOptions {
   std::function<std::optional<std::int64_t>(std::size_t request, const cache::KvCacheManager&,
                                             cache::RequestId id, std::int64_t hit)>
       load_prompt;
+  // The asynchronous form of load_prompt (set one of the two): starts filling the blocks and
+  // returns true at once; the request then waits admitted (its blocks allocated, counted in
+  // max_batch, never preempted) outside the running batch, so the others keep stepping, until
+  // Scheduler::complete_load() brings load_prompt's answer. False: nothing comes (computed here).
+  std::function<bool(std::size_t request, const cache::KvCacheManager&, cache::RequestId id,
+                     std::int64_t hit)>
+      start_load;
 };
 
 // Drives one KvCacheManager, built from `plan` for num_spec_tokens look-ahead tokens. Requests
@@ -171,7 +178,8 @@ class Scheduler {
   void run(Model& model, spec::Drafter* drafter);
   // Ends request `i` between steps, waiting or running: its blocks go back to the pool now (its
   // verified blocks stay in the prefix cache) and `drafter` (may be null) forgets it. A server
-  // calls it when a client disconnects or a stop condition matched. No-op once finished.
+  // calls it when a client disconnects or a stop condition matched. No-op once finished. A
+  // request whose start_load is in flight ends at its complete_load() (its blocks are written).
   void cancel(std::size_t i, spec::Drafter* drafter);
   // Drops the prompt and outputs of a finished request, so a long-running server holds only a
   // small record per past request. Throws Error for a request that has not finished.
@@ -181,8 +189,13 @@ class Scheduler {
   std::size_t num_held() const { return held_; }
   // load_prompt failed the request.
   bool load_failed(std::size_t i) const { return reqs_.at(i).load_failed; }
+  // Ends start_load's load of request i with load_prompt's answer (between steps). A request
+  // cancelled while it loaded is retired now, its blocks no longer written.
+  void complete_load(std::size_t i, std::optional<std::int64_t> loaded);
+  bool loading(std::size_t i) const { return reqs_.at(i).loading; }
+  std::size_t num_loading() const { return loading_; }
 
-  bool idle() const { return running_.empty() && waiting_.empty(); }
+  bool idle() const { return running_.empty() && waiting_.empty() && loading_ == 0; }
   std::size_t num_requests() const { return reqs_.size(); }
   std::size_t num_running() const { return running_.size(); }
   std::size_t num_waiting() const { return waiting_.size(); }
@@ -200,6 +213,9 @@ class Scheduler {
   void allocate(spec::Drafter* drafter);
   void preempt(std::size_t i, spec::Drafter* drafter);
   void retire(std::size_t i, spec::Drafter* drafter);
+  // load_prompt's answer for request i, admitted with `hit` tokens: false when it failed it.
+  bool apply_load(std::size_t i, std::int64_t hit, std::optional<std::int64_t> loaded);
+  void start_running(std::size_t i, std::int64_t hit);
 
   struct Req {
     std::vector<TokenId> tokens;  // prompt, then verified outputs
@@ -218,6 +234,8 @@ class Scheduler {
     bool held = false;      // finished and still holding them
     bool external = false;  // load_prompt is asked at its next admission
     bool load_failed = false;
+    bool loading = false;         // start_load's load in flight: its blocks are being written
+    bool cancel_on_load = false;  // cancel() came while it loaded
     std::int64_t admitted_at_ns = 0;
     std::vector<TokenId> step_input;  // decode: last token + drafts
     int draft_len = 0;                // tokens to draft next step (adaptive: next_draft_length)
@@ -235,6 +253,7 @@ class Scheduler {
   std::vector<std::size_t> running_;  // in admission order: the back is the newest
   std::size_t finished_ = 0;
   std::size_t held_ = 0;
+  std::size_t loading_ = 0;
   Counters counters_;
 };
 

@@ -51,6 +51,9 @@ struct AgentOptions {
   std::string control;
   // Decode, for tests: called once the offers arrived, before the first get.
   std::function<void()> after_offer;
+  // Decode, for tests: called once the gets are done, before the checksums are verified (a test
+  // corrupts a landed page there, as a bad link would).
+  std::function<void()> after_gets;
 };
 
 // A request whose blocks the prefill side may free now, and why (kNone: the readers completed).
@@ -91,6 +94,8 @@ struct PullResult {
   std::int64_t gets = 0;  // ucp_get_nbx calls: the runs, those that continue one another joined
   double seconds = 0;     // from the first fetch to the acknowledgement
   double checksum_seconds = 0;  // of that, verifying checksums
+  double offer_seconds = 0;     // of that, from the fetch to the offers (the prefill side's sums)
+  double get_seconds = 0;       // of that, the gets
   bool ok() const { return reason == FailureReason::kNone; }
 };
 
