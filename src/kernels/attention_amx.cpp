@@ -1,14 +1,15 @@
 // AMX tile products of paged attention (see attention_amx.hpp). A task's groups hold m <= 16
 // columns each (query row x head, spread evenly over the groups). Tiles:
-//   0/1  K rows straight from the page (q.k^T, by k-step parity), then V slices (p.V)  16 x 64 B
-//   2    a query term, 16 bf16 pairs x m columns                                      16 x 4m B
-//   3    scores, 16 keys x m columns: per k-step the hi, mid and lo terms, in order     16 x 4m B
+//   0/3  K^T of one k-step: 16 pairs of head elements x 16 keys (a 32-bit transpose of
+//        the page's rows), by k-step parity; then V slices (p.V)                       16 x 64 B
+//   1    a query term as A: m columns x 16 bf16 pairs                                   m x 64 B
+//   2    scores, m columns x 16 keys: per k-step the hi, mid and lo terms, in order      m x 64 B
 //   4    p as A: [hi | mid] of the 16 keys of each column                                m x 64 B
 //   5    p as A: [lo | 0]                                                                m x 64 B
 //   6/7  p.V of one 16-element V slice, fresh per tile                                   m x 64 B
 // V is re-laid in VNNI pairs of keys with its 8 pair rows twice, so one product adds the hi and
-// mid terms; then acc = fma(acc, rescale, slice) in float. The costs of AMX products grow with
-// the rows of A, so p.V takes m rows, not 16.
+// mid terms; then acc = fma(acc, rescale, slice) in float. Both products take the columns as
+// the rows of A, so the scores come out [column][key] as the softmax reads them.
 #include "kernels/attention_amx.hpp"
 
 #include <algorithm>
@@ -45,6 +46,12 @@ bool takes(const AttentionSpec& spec, const PageLayout& page) {
          page.kernel_tokens % kKeys == 0 && usable();
 }
 
+// GCC 12 does not treat the tile loads and stores (nor LDTILECFG) as reading and writing the
+// memory they are given, so it may drop or move vector stores into a buffer a tile then loads
+// from (seen: a reused buffer read stale), or vector loads of what a tile stored: a compiler
+// barrier that lets the buffer's address escape, between the two.
+#define MIXKV_AMX_FENCE(p) __asm__ volatile("" : : "r"(p) : "memory")
+
 namespace {
 
 // The top halves of 16 floats' bits (each float is a bf16 there).
@@ -64,10 +71,11 @@ MIXKV_AMX_TARGET inline void split16(__m512 v, __m256i& hi, __m256i& mid, __m256
   lo = halves(_mm512_sub_ps(r, m));
 }
 
-// Transposes 16 x 16 floats (rows 64 bytes apart) from `in` into `out`.
-MIXKV_AMX_TARGET inline void transpose16(const float* in, float* out) {
+// Transposes 16 x 16 32-bit words (rows `stride` bytes apart from `in`) into `out` (rows 64
+// bytes apart).
+MIXKV_AMX_TARGET inline void transpose16(const std::byte* in, std::int64_t stride, float* out) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(in + 16 * i);
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * stride);
   for (int i = 0; i < 16; i += 2) {
     t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
     t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -95,6 +103,7 @@ MIXKV_AMX_TARGET inline void transpose16(const float* in, float* out) {
 
 MIXKV_AMX_TARGET void prepare_q(const float* const* rows, std::int64_t cols, std::int64_t m,
                                 std::int64_t d, std::uint32_t* out) {
+  (void)m;  // the rows of A are the columns: every group has room for 16
   const std::int64_t steps = d / kStep;
   std::fill(out, out + q_words(d), 0u);
   alignas(64) std::uint16_t terms[kTerms][kStep];
@@ -110,8 +119,7 @@ MIXKV_AMX_TARGET void prepare_q(const float* const* rows, std::int64_t cols, std
       for (int t = 0; t < kTerms; ++t) {
         std::uint32_t pairs[16];
         std::memcpy(pairs, terms[t], sizeof pairs);
-        std::uint32_t* tile = out + (s * kTerms + t) * 16 * m;
-        for (std::int64_t p = 0; p < 16; ++p) tile[p * m + c] = pairs[p];
+        std::memcpy(out + ((s * kTerms + t) * kCols + c) * 16, pairs, sizeof pairs);
       }
     }
   }
@@ -119,10 +127,11 @@ MIXKV_AMX_TARGET void prepare_q(const float* const* rows, std::int64_t cols, std
 
 MIXKV_AMX_TARGET void configure(std::int64_t m) {
   amx_support::TileConfig cfg;
-  for (int t = 0; t < 8; ++t)
-    cfg.rows[t] = t < 4 ? 16 : static_cast<std::uint8_t>(m), cfg.colsb[t] = 64;
-  // GCC 12 does not see LDTILECFG read the record and drops the stores above without this.
-  __asm__ volatile("" : : "r"(&cfg) : "memory");
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = t == 0 || t == 3 ? 16 : static_cast<std::uint8_t>(m);
+    cfg.colsb[t] = 64;
+  }
+  MIXKV_AMX_FENCE(&cfg);
   _tile_loadconfig(&cfg);
 }
 
@@ -135,16 +144,18 @@ namespace {
 //
 // One k-step s of q.k^T: K rows of the step into tile KK, the three query terms through tile 2
 // into the score tile 3.
-#define MIXKV_SCORE_STEP(KK, s)                               \
-  do {                                                        \
-    _tile_loadd(KK, k + (s)*64, static_cast<long>(k_stride)); \
-    const std::uint32_t* qs = q + (s)*kTerms * 16 * m;        \
-    _tile_loadd(2, qs, q_stride);                             \
-    _tile_dpbf16ps(3, KK, 2);                                 \
-    _tile_loadd(2, qs + 16 * m, q_stride);                    \
-    _tile_dpbf16ps(3, KK, 2);                                 \
-    _tile_loadd(2, qs + 2 * 16 * m, q_stride);                \
-    _tile_dpbf16ps(3, KK, 2);                                 \
+#define MIXKV_SCORE_STEP(KK, s)                            \
+  do {                                                     \
+    transpose16(k + (s)*64, k_stride, kt[(s)&1]);          \
+    MIXKV_AMX_FENCE(kt[(s)&1]);                            \
+    _tile_loadd(KK, kt[(s)&1], 64);                        \
+    const std::uint32_t* qs = q + (s)*kTerms * 16 * kCols; \
+    _tile_loadd(1, qs, 64);                                \
+    _tile_dpbf16ps(2, 1, KK);                              \
+    _tile_loadd(1, qs + 16 * kCols, 64);                   \
+    _tile_dpbf16ps(2, 1, KK);                              \
+    _tile_loadd(1, qs + 2 * 16 * kCols, 64);               \
+    _tile_dpbf16ps(2, 1, KK);                              \
   } while (0)
 
 // Slice c of p.V into tile O: [hi | mid] (tile 4) and [lo | 0] (tile 5) against V slice c
@@ -162,19 +173,17 @@ namespace {
 
 MIXKV_AMX_TARGET void scores(const std::uint32_t* q, std::int64_t m, std::int64_t d,
                              const std::byte* k, std::int64_t k_stride, float* out) {
-  const auto q_stride = static_cast<long>(4 * m);
-  _tile_zero(3);
+  (void)m;  // the configured rows of tiles 1 and 2
+  alignas(64) float kt[2][16 * 16];
+  _tile_zero(2);
   const std::int64_t steps = d / kStep;
   std::int64_t s = 0;
   for (; s + 2 <= steps; s += 2) {
     MIXKV_SCORE_STEP(0, s);
-    MIXKV_SCORE_STEP(1, s + 1);
+    MIXKV_SCORE_STEP(3, s + 1);
   }
   if (s < steps) MIXKV_SCORE_STEP(0, s);
-  // The store writes m floats of each row; the rest is zero, so the transpose reads defined values.
-  alignas(64) float t[16 * 16] = {};
-  _tile_stored(3, t, 64);
-  transpose16(t, out);
+  _tile_stored(2, out, 64);
 }
 
 MIXKV_AMX_TARGET void relayout_v(const std::byte* v, std::int64_t v_stride, std::int64_t a,
@@ -222,6 +231,8 @@ MIXKV_AMX_TARGET void pv(const float* probs, const float* rescale, std::int64_t 
     _mm256_store_si256(reinterpret_cast<__m256i*>(hm[c] + 16), md);
     _mm256_store_si256(reinterpret_cast<__m256i*>(lo[c]), l);
   }
+  MIXKV_AMX_FENCE(hm);
+  MIXKV_AMX_FENCE(lo);
   _tile_loadd(4, hm, 64);
   _tile_loadd(5, lo, 64);
   alignas(64) float o[2][16 * 16];
@@ -229,7 +240,8 @@ MIXKV_AMX_TARGET void pv(const float* probs, const float* rescale, std::int64_t 
   for (std::int64_t c0 = 0; c0 < slices; c0 += 2) {
     const std::int64_t n = std::min<std::int64_t>(2, slices - c0);
     MIXKV_PV_SLICE(6, 0, c0, o[0]);
-    if (n > 1) MIXKV_PV_SLICE(7, 1, c0 + 1, o[1]);
+    if (n > 1) MIXKV_PV_SLICE(7, 3, c0 + 1, o[1]);
+    MIXKV_AMX_FENCE(o);
     for (std::int64_t c = 0; c < cols; ++c) {
       const __m512 f = _mm512_set1_ps(rescale[c]);
       float* a = acc + c * acc_stride + c0 * 16;

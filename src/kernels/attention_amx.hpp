@@ -34,14 +34,14 @@ std::atomic<bool>& switched_on();
 // requests or threads: a row of a verify must take its decode's path to keep its bits.
 bool takes(const AttentionSpec& spec, const PageLayout& page);
 
-// Words of one group's query tiles: per k-step and term a B tile of 16 bf16 pairs x up to 16
-// columns.
+// Words of one group's query tiles: per k-step and term an A tile of up to 16 columns x 16 bf16
+// pairs.
 inline std::int64_t q_words(std::int64_t d) { return d / kStep * kTerms * 16 * kCols; }
 // Words of one tile's V in VNNI pairs: per 16 V elements, 8 key pairs x 16 pairs, twice.
 inline std::int64_t v_words(std::int64_t dv) { return dv / 16 * 16 * 16; }
 
-// Lays out `cols` <= m query rows of d floats (row c at rows[c]) as a group's B tiles of m
-// columns; the other columns are zero.
+// Lays out `cols` <= m query rows of d floats (row c at rows[c]) as a group's A tiles (three
+// bf16 terms per element); the other rows are zero.
 void prepare_q(const float* const* rows, std::int64_t cols, std::int64_t m, std::int64_t d,
                std::uint32_t* out);
 
@@ -51,7 +51,7 @@ void configure(std::int64_t m);
 void release();
 
 // Raw q.k of the 16 keys at `k` (rows k_stride bytes apart, d bf16 each) for a group's m
-// columns (the configured m): out[col * 16 + key], 16 rows (those past m are zero).
+// columns (the configured m): out[col * 16 + key], m rows.
 void scores(const std::uint32_t* q, std::int64_t m, std::int64_t d, const std::byte* k,
             std::int64_t k_stride, float* out);
 
