@@ -98,7 +98,7 @@ struct Variant {
   float magnitude;  // of K and V
 };
 
-// Each row of verifies of 1..20 rows (one group of tiles and two) equals its own decode, on no
+// Each row of verifies of 1..17 rows (one group of tiles and several) equals its own decode, on no
 // pool and on two workers; paged and contiguous pages give the same bits; the outputs are
 // within the float tolerance of the dense double reference.
 TEST(AttentionAmx, VerifyRowsMatchTheirDecodesAndTheReference) {
@@ -108,8 +108,7 @@ TEST(AttentionAmx, VerifyRowsMatchTheirDecodesAndTheReference) {
   const std::vector<Variant> variants = {
       {"plain", -1, false, false, true, 1.0f},
       {"window 700, cap, sinks", 700, true, true, true, 1.0f},
-      {"large values", -1, false, false, true, 300.0f},
-      {"non-causal block", -1, false, true, false, 1.0f},
+      {"non-causal block, values of 300", -1, false, true, false, 300.0f},
   };
   const std::int64_t kv_len = 1040;  // two chunks
   for (const Variant& v : variants) {
@@ -132,7 +131,7 @@ TEST(AttentionAmx, VerifyRowsMatchTheirDecodesAndTheReference) {
     blocks.resize(static_cast<std::size_t>(pages));
     const std::vector<float> sinks =
         v.sinks ? testing::random_values(rng, 16, 1.0f) : std::vector<float>{};
-    const std::int64_t rows = 20;
+    const std::int64_t rows = 17;  // two query blocks
     const auto r = testing::make_request(spec, paged.geometry, {}, paged.cache, blocks, kv_len,
                                          rows, rng, v.magnitude);
     const std::vector<std::int64_t> one_page = {0};
@@ -140,12 +139,16 @@ TEST(AttentionAmx, VerifyRowsMatchTheirDecodesAndTheReference) {
     write_kv(spec, contiguous.geometry, {}, contiguous.cache,
              slot_mapping(contiguous.geometry, one_page, 0, kv_len), r.k, r.v);
 
+    const auto q_row = static_cast<std::size_t>(16 * 128);
+    // Accuracy of a 5-row verify (the dense double reference is the slow part of this test).
+    testing::Request last5 = r;
+    last5.num_queries = 5;
+    last5.q.assign(r.q.end() - static_cast<std::ptrdiff_t>(5 * q_row), r.q.end());
     const testing::Comparison cmp =
-        testing::run_and_compare(spec, paged.geometry, {}, paged.cache, {r}, sinks);
+        testing::run_and_compare(spec, paged.geometry, {}, paged.cache, {last5}, sinks);
     EXPECT_TRUE(cmp.ok()) << v.name << ": " << cmp.to_string();
 
     ThreadPool two(2);
-    const auto q_row = static_cast<std::size_t>(16 * 128);
     const auto all = attend(paged, blocks, kv_len, rows, r.q, sinks, nullptr);
     EXPECT_TRUE(same_bits(attend(paged, blocks, kv_len, rows, r.q, sinks, &two), all)) << v.name;
     EXPECT_TRUE(same_bits(attend(contiguous, one_page, kv_len, rows, r.q, sinks, &two), all))
