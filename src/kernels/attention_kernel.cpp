@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention_amx.hpp"
 #include "kernels/attention_simd.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/kernels/convert.hpp"
@@ -260,6 +261,14 @@ void write_kv(const AttentionSpec& spec, const layout::LayerGeometry& layer, KvS
 
 std::string simd_target() { return detail::attend_target(); }
 
+bool attention_uses_amx(const AttentionSpec& spec, const layout::LayerGeometry& layer) {
+  return detail::attn_amx::takes(spec, page_layout(spec, layer));
+}
+
+void set_attention_amx(bool on) {
+  detail::attn_amx::switched_on().store(on, std::memory_order_relaxed);
+}
+
 void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
                      const AttentionInputs& inputs, std::span<float> out) {
   const PageLayout p = page_layout(spec, layer);
@@ -312,6 +321,7 @@ void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& lay
   call.sinks = inputs.sinks.data();
   call.scales = inputs.scales;
   call.out = out.data();
+  call.amx = detail::attn_amx::takes(spec, p);
   const int workers = inputs.pool != nullptr ? inputs.pool->size() : 1;
   const TaskPlan plan = make_tasks(spec, inputs.batch, workers);
   std::vector<detail::AttendScratch> scratch(static_cast<std::size_t>(workers));

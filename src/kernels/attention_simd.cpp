@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/attention_amx.hpp"
 #include "kernels/element_load.hpp"
 #include "mixkv/kernels/convert.hpp"
 
@@ -527,6 +528,110 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     }
   }
 
+  // AMX: the columns of KV head hk are (row i, head h) for the task's heads hb.. of hk, column
+  // c = i * g + (h - hb), in groups of m <= 16 (as even as possible: 20 columns are 2 x 10);
+  // column c has slot col0[hk] + c for its softmax state and accumulator. Which columns share a
+  // group changes no bit of any of them (attention_amx.hpp).
+  const auto amx_head = [&](std::int64_t hk, std::int64_t& hb, std::int64_t& g,
+                            std::int64_t& groups, std::int64_t& m) {
+    hb = std::max(task.h_begin, hk * ts.group);
+    g = std::min(task.h_end, (hk + 1) * ts.group) - hb;
+    groups = (nq * g + attn_amx::kCols - 1) / attn_amx::kCols;
+    m = (nq * g + groups - 1) / groups;
+  };
+  std::int64_t amx_m = 0;  // the tile shape configured on this thread
+  const std::int64_t q_words = attn_amx::q_words(d);
+  if (call.amx) {
+    s.amx_col0.resize(static_cast<std::size_t>(hk_last + 1 - hk_first));
+    std::int64_t slots = 0;
+    for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
+      std::int64_t hb, g, groups, m;
+      amx_head(hk, hb, g, groups, m);
+      s.amx_col0[static_cast<std::size_t>(hk - hk_first)] = slots;
+      slots += groups * attn_amx::kCols;
+    }
+    grow(s.amx_max, slots);
+    grow(s.amx_sum, slots);
+    grow(s.amx_acc, slots * dv);
+    grow(s.amx_q, slots / attn_amx::kCols * q_words);
+    grow(s.amx_v, attn_amx::v_words(dv));
+    grow(s.amx_scores, attn_amx::kCols * attn_amx::kKeys);
+    grow(s.amx_probs, attn_amx::kCols * attn_amx::kKeys + attn_amx::kCols);
+    const float* rows[attn_amx::kCols];
+    for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
+      std::int64_t hb, g, groups, m;
+      amx_head(hk, hb, g, groups, m);
+      const std::int64_t col0 = s.amx_col0[static_cast<std::size_t>(hk - hk_first)];
+      for (std::int64_t gi = 0; gi < groups; ++gi) {
+        const std::int64_t cols = std::min(m, nq * g - gi * m);
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const std::int64_t c = gi * m + j;
+          rows[j] = s.q.data() + ((c / g) * nh + hb + c % g - task.h_begin) * dp;
+        }
+        attn_amx::prepare_q(rows, cols, m, d,
+                            s.amx_q.data() + (col0 / attn_amx::kCols + gi) * q_words);
+      }
+    }
+  }
+  // One tile of KV head hk on the AMX path: q.k^T per group, the online softmax per column (the
+  // same step as the other paths), then p.V into the columns' accumulators.
+  const auto amx_tile = [&](std::int64_t hk, const std::byte* k_head, const std::byte* v_head,
+                            std::int64_t t0, std::int64_t tile, std::int64_t vis_lo,
+                            std::int64_t vis_hi) {
+    std::int64_t hb, g, groups, m;
+    amx_head(hk, hb, g, groups, m);
+    const std::int64_t col0 = s.amx_col0[static_cast<std::size_t>(hk - hk_first)];
+    if (m != amx_m) attn_amx::configure(m);
+    amx_m = m;
+    attn_amx::relayout_v(v_head, p.v_token_bytes, std::max(vis_lo, t0) - t0,
+                         std::min(vis_hi, t0 + tile - 1) - t0, dv, s.amx_v.data());
+    float* sc = s.amx_scores.data();
+    float* pr = s.amx_probs.data();
+    float* factors = pr + attn_amx::kCols * attn_amx::kKeys;
+    for (std::int64_t gi = 0; gi < groups; ++gi) {
+      const std::int64_t cols = std::min(m, nq * g - gi * m);
+      attn_amx::scores(s.amx_q.data() + (col0 / attn_amx::kCols + gi) * q_words, m, d, k_head,
+                       p.k_token_bytes, sc);
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const std::int64_t c = gi * m + j;
+        float* prow = pr + j * attn_amx::kKeys;
+        factors[j] = 1.0f;
+        const KeyRange range = key_range(params, ts.first_pos + task.q_begin + c / g, seq.kv_len);
+        const std::int64_t a = std::max(range.lo, t0) - t0;
+        const std::int64_t b = std::min(range.hi, t0 + tile - 1) - t0;
+        if (a > b) {  // a column that sees no key of the tile adds exact zeros
+          std::fill(prow, prow + attn_amx::kKeys, 0.0f);
+          continue;
+        }
+        const auto slot = static_cast<std::size_t>(col0 + c);
+        softmax_step(ts, sc + j * attn_amx::kKeys, a, b, s.amx_max[slot], s.amx_sum[slot], prow,
+                     factors[j]);
+      }
+      attn_amx::pv(pr, factors, cols, s.amx_v.data(), dv, s.amx_acc.data() + (col0 + gi * m) * dv,
+                   dv);
+    }
+  };
+  // The partial (max, sum, acc) of row i, head h for the chunk just done. The AMX accumulator
+  // is made +0 where it is a zero: a column beside others adds their keys' 0 x V products, whose
+  // sign may differ from a lone column's (every nonzero sum is the same).
+  const auto partial_of = [&](std::int64_t i, std::int64_t h) {
+    if (!call.amx) {
+      const std::int64_t state = i * nh + h;
+      const auto st = static_cast<std::size_t>(state);
+      return Partial{s.max[st], s.sum[st], s.acc.data() + state * dvp};
+    }
+    const std::int64_t hk = (task.h_begin + h) / ts.group;
+    std::int64_t hb, g, groups, m;
+    amx_head(hk, hb, g, groups, m);
+    const std::int64_t slot =
+        s.amx_col0[static_cast<std::size_t>(hk - hk_first)] + i * g + task.h_begin + h - hb;
+    float* acc = s.amx_acc.data() + slot * dv;
+    for (std::int64_t e = 0; e < dv; e += n)
+      hn::StoreU(hn::Add(hn::LoadU(df, acc + e), hn::Zero(df)), df, acc + e);
+    const auto st = static_cast<std::size_t>(slot);
+    return Partial{s.amx_max[st], s.amx_sum[st], acc};
+  };
+
   // Ranges move right with the position, so the block's keys are [lo of first, hi of last].
   const std::int64_t lo_all = key_range(params, ts.first_pos + task.q_begin, seq.kv_len).lo;
   const std::int64_t hi_all = key_range(params, ts.first_pos + task.q_end - 1, seq.kv_len).hi;
@@ -557,11 +662,17 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   for (std::int64_t c = task.chunk_begin; c < task.chunk_end; ++c) {
     const std::int64_t lo = std::max(task_lo, c * kSplitTokens);
     const std::int64_t hi = std::min(task_hi, (c + 1) * kSplitTokens - 1);
-    for (std::int64_t state = 0; state < nq * nh; ++state) {
-      s.max[static_cast<std::size_t>(state)] = neg_inf;
-      s.sum[static_cast<std::size_t>(state)] = 0.0f;
+    if (call.amx) {
+      std::fill(s.amx_max.begin(), s.amx_max.end(), neg_inf);
+      std::fill(s.amx_sum.begin(), s.amx_sum.end(), 0.0f);
+      std::fill(s.amx_acc.begin(), s.amx_acc.end(), 0.0f);
+    } else {
+      for (std::int64_t state = 0; state < nq * nh; ++state) {
+        s.max[static_cast<std::size_t>(state)] = neg_inf;
+        s.sum[static_cast<std::size_t>(state)] = 0.0f;
+      }
+      std::fill(s.acc.begin(), s.acc.begin() + nq * nh * dvp, 0.0f);
     }
-    std::fill(s.acc.begin(), s.acc.begin() + nq * nh * dvp, 0.0f);
     // The first tile may start before lo (inside lo's piece); keys before a query's range are
     // masked, never used.
     const std::int64_t piece = std::max(lo - lo % p.kernel_tokens, c * kSplitTokens);
@@ -586,6 +697,10 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
         const std::byte* k_head = k_src + hk * k_head_bytes;
         const std::byte* v_head = v_src + hk * v_head_bytes;
+        if (call.amx) {
+          amx_tile(hk, k_head, v_head, t0, tile, lo, hi);
+          continue;
+        }
         if (in_registers) {
           switch (p.dtype) {
             case DType::kFloat32:
@@ -622,9 +737,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     // The chunk's partials: kept for reduce_partials, or folded here.
     for (std::int64_t i = 0; i < nq; ++i) {
       for (std::int64_t h = 0; h < nh; ++h) {
-        const std::int64_t state = i * nh + h;
-        const auto st = static_cast<std::size_t>(state);
-        const Partial part{s.max[st], s.sum[st], s.acc.data() + state * dvp};
+        const auto st = static_cast<std::size_t>(i * nh + h);
+        const Partial part = partial_of(i, h);
         if (task.split != nullptr) {
           const SplitBlock& b = *task.split;
           float* rec =
@@ -636,11 +750,12 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           rec[1] = part.sum;
           std::copy(part.acc, part.acc + dvp, rec + 2);
         } else {
-          fold(s.run_max[st], s.run_sum[st], s.run_acc.data() + state * dvp, part, dvp);
+          fold(s.run_max[st], s.run_sum[st], s.run_acc.data() + (i * nh + h) * dvp, part, dvp);
         }
       }
     }
   }
+  if (amx_m != 0) attn_amx::release();
   if (task.split != nullptr) return;
 
   for (std::int64_t i = 0; i < nq; ++i) {

@@ -61,6 +61,8 @@ struct AttendCall {
   const float* sinks = nullptr;
   KvScales scales;
   float* out = nullptr;
+  // The AMX tile path (attention_amx.hpp), chosen by the layer's shape and the CPU alone.
+  bool amx = false;
 };
 
 // One query block of a request whose context chunks are computed by several tasks: each stores
@@ -98,6 +100,11 @@ struct AttendTask {
 // online softmax; run_*: the fold of the chunks so far.
 struct AttendScratch {
   std::vector<float> q, k, v, scores, probs, max, sum, acc, run_max, run_sum, run_acc;
+  // AMX path: per column (query row x head) slot its softmax state and accumulator; the
+  // queries' and one tile's V in tile form.
+  std::vector<float> amx_max, amx_sum, amx_acc, amx_scores, amx_probs;
+  std::vector<std::uint32_t> amx_q, amx_v;
+  std::vector<std::int64_t> amx_col0;  // per KV head of the task: its first slot
 };
 
 // Runs one task with the best instruction set this CPU has.

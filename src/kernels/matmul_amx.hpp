@@ -20,8 +20,6 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MIXKV_MATMUL_AMX 1
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -29,8 +27,7 @@
 #include <cstring>
 #include <vector>
 
-#define MIXKV_AMX_TARGET \
-  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,f16c,fma")))
+#include "kernels/amx_support.hpp"
 
 namespace mixkv::kernels::detail::amx {
 
@@ -41,30 +38,7 @@ constexpr int kTerms = 3;
 // Rows of x per pass over W (4 groups of tiles).
 constexpr std::int64_t kPassRows = 64;
 
-struct alignas(64) TileConfig {
-  std::uint8_t palette = 1;
-  std::uint8_t start_row = 0;
-  std::uint8_t reserved[14] = {};
-  std::uint16_t colsb[16] = {};
-  std::uint8_t rows[16] = {};
-};
-
-// CPUID leaf 7: AMX-BF16 (EDX 22), AMX-TILE (EDX 24), AVX512-BF16 (leaf 7 sub-leaf 1, EAX 5);
-// then the kernel's permission for the tile data (Linux 5.16+, arch_prctl).
-inline bool probe() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
-  if (a < 7) return false;
-  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-  const bool tile = (d >> 24) & 1, bf16 = (d >> 22) & 1;
-  const bool avx512 = ((b >> 16) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F, BW, VL
-  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(1));
-  const bool avx512bf16 = (a >> 5) & 1;
-  if (!tile || !bf16 || !avx512 || !avx512bf16) return false;
-  constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
-  constexpr long kXtileData = 18;         // XFEATURE_XTILEDATA
-  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-}
+using amx_support::TileConfig;
 
 // Whether matmul takes the AMX path: the CPU and OS allow it (probed once), and tests have not
 // switched it off to check the other paths on an AMX machine.
@@ -74,8 +48,7 @@ inline std::atomic<bool>& switched_on() {
 }
 
 inline bool available() {
-  static const bool ok = probe();
-  return ok && switched_on().load(std::memory_order_relaxed);
+  return amx_support::tiles_usable() && switched_on().load(std::memory_order_relaxed);
 }
 
 // bf16 weights only: the block formats would need their per-block scales applied between tile

@@ -96,4 +96,15 @@ void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& lay
 // "AVX3" for AVX-512, "AVX2"), chosen at run time.
 std::string simd_target();
 
+// Whether paged_attention over this layer runs its products on AMX tiles on this CPU: bf16
+// caches (not MLA) with head sizes that are multiples of 32 and kernel pages of whole 16-key
+// tiles, on a CPU and OS with AMX-BF16. Fixed by the layer and the CPU alone, so every call over
+// the layer (decode, verify, prefill, any threads) takes the same path. Its order differs from the
+// other paths' (docs/kernels.md), and it reads subnormal bf16 K/V values as zero and an infinite
+// V as NaN (AMX flushes subnormals; the weight's split terms meet the infinity).
+bool attention_uses_amx(const AttentionSpec& spec, const layout::LayerGeometry& layer);
+// Switches the AMX path off (false) or on again for the whole process: tests use it to check the
+// other paths on an AMX machine.
+void set_attention_amx(bool on);
+
 }  // namespace mixkv::kernels

@@ -1,0 +1,204 @@
+// The AMX tile path of paged attention (bf16 caches, attention_uses_amx): chosen by the layer's
+// shape and the CPU alone, bit-identical for every row of a verify against its own decode, for
+// 1 and 2 threads, for a whole context against chunk pieces and for paged against contiguous
+// pages, and within the float tolerance of the dense double reference. On a CPU without AMX the
+// path is never taken and the checks that need it are skipped.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels_test_support.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
+
+namespace mixkv::kernels {
+namespace {
+
+struct Layer {
+  AttentionSpec spec;
+  layout::LayerGeometry geometry;
+  std::vector<std::byte> cache;
+};
+
+// NHD pages of `page_tokens` (K then V), every byte 0xFF (NaN) until written.
+Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages, std::int64_t page_tokens) {
+  Layer l;
+  l.spec = spec;
+  auto& g = l.geometry;
+  g.layer = "amx";
+  g.kernel_tokens = page_tokens;
+  g.block_tokens = page_tokens;
+  const std::int64_t elem = element_bytes(spec.params.kv_dtype);
+  g.k_token_bytes = k_row_elements(spec) * elem;
+  g.v_token_bytes = v_row_elements(spec) * elem;
+  g.kernel_page_bytes = g.kernel_tokens * (g.k_token_bytes + g.v_token_bytes);
+  g.kernel_page_stride = g.kernel_page_bytes;
+  g.v_offset = g.kernel_tokens * g.k_token_bytes;
+  l.cache.assign(static_cast<std::size_t>(num_pages * g.kernel_page_stride), std::byte{0xFF});
+  return l;
+}
+
+// A Llama-style layer: 32 query heads over 8 KV heads of 128 (the benchmarks' shape).
+AttentionSpec llama() {
+  AttentionSpec s;
+  s.params.kv_dtype = DType::kBfloat16;
+  s.params.num_q_heads = 32;
+  s.params.num_kv_heads = 8;
+  s.head_size = 128;
+  s.head_size_v = 128;
+  s.params.scale = 1.0 / std::sqrt(128.0);
+  return s;
+}
+
+std::vector<float> attend(const Layer& l, std::span<const std::int64_t> pages, std::int64_t kv_len,
+                          std::int64_t rows, std::span<const float> q, std::span<const float> sinks,
+                          ThreadPool* pool) {
+  const std::vector<PagedSequence> batch = {{pages, kv_len, rows}};
+  std::vector<float> out(static_cast<std::size_t>(rows * l.spec.params.num_q_heads) *
+                         static_cast<std::size_t>(l.spec.head_size_v));
+  AttentionInputs inputs{l.cache, batch, q, sinks, {}};
+  inputs.pool = pool;
+  paged_attention(l.spec, l.geometry, inputs, out);
+  return out;
+}
+
+bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(AttentionAmx, TheLayerShapeAloneChoosesThePath) {
+  set_attention_amx(true);
+  const AttentionSpec base = llama();
+  const bool usable = attention_uses_amx(base, make_layer(base, 1, 16).geometry);
+  EXPECT_EQ(attention_uses_amx(base, make_layer(base, 1, 64).geometry), usable);
+  AttentionSpec fp8 = base;
+  fp8.params.kv_dtype = DType::kFp8E4m3;
+  AttentionSpec odd = base;
+  odd.head_size = odd.head_size_v = 72;
+  AttentionSpec mla = base;
+  mla.params.num_kv_heads = 1;
+  mla.mla = true;
+  mla.head_size_v = 64;
+  for (const AttentionSpec& s : {fp8, odd, mla})
+    EXPECT_FALSE(attention_uses_amx(s, make_layer(s, 1, 16).geometry));
+  EXPECT_FALSE(attention_uses_amx(base, make_layer(base, 1, 40).geometry));  // pages of 40 keys
+  set_attention_amx(false);
+  EXPECT_FALSE(attention_uses_amx(base, make_layer(base, 1, 16).geometry));
+  set_attention_amx(true);
+}
+
+struct Variant {
+  std::string name;
+  int window;  // -1: none
+  bool cap, sinks, causal;
+  float magnitude;  // of K and V
+};
+
+// Each row of verifies of 1..17 rows (one group of tiles and several) equals its own decode, on no
+// pool and on two workers; paged and contiguous pages give the same bits; the outputs are
+// within the float tolerance of the dense double reference.
+TEST(AttentionAmx, VerifyRowsMatchTheirDecodesAndTheReference) {
+  set_attention_amx(true);
+  if (!attention_uses_amx(llama(), make_layer(llama(), 1, 16).geometry))
+    GTEST_SKIP() << "no AMX-BF16 on this CPU";
+  const std::vector<Variant> variants = {
+      {"plain", -1, false, false, true, 1.0f},
+      {"window 700, cap, sinks", 700, true, true, true, 1.0f},
+      {"non-causal block, values of 300", -1, false, true, false, 300.0f},
+  };
+  const std::int64_t kv_len = 1040;  // two chunks
+  for (const Variant& v : variants) {
+    // Half the benchmark layer's heads (the sanitizer build runs this too); still 4 query heads
+    // per KV head, so 5 rows are 20 columns: two groups of tiles.
+    AttentionSpec spec = llama();
+    spec.params.num_q_heads = 16;
+    spec.params.num_kv_heads = 4;
+    spec.params.window_left = v.window;
+    if (v.cap) spec.params.soft_cap = 10.0;
+    spec.params.sinks = v.sinks;
+    spec.params.causal = v.causal;
+    const std::int64_t pages = (kv_len + 15) / 16;
+    Layer paged = make_layer(spec, pages + 2, 16);
+    Layer contiguous = make_layer(spec, 1, pages * 16);
+    std::mt19937_64 rng(41);
+    std::vector<std::int64_t> blocks(static_cast<std::size_t>(pages + 2));
+    std::iota(blocks.begin(), blocks.end(), 0);
+    std::shuffle(blocks.begin(), blocks.end(), rng);
+    blocks.resize(static_cast<std::size_t>(pages));
+    const std::vector<float> sinks =
+        v.sinks ? testing::random_values(rng, 16, 1.0f) : std::vector<float>{};
+    const std::int64_t rows = 17;  // two query blocks
+    const auto r = testing::make_request(spec, paged.geometry, {}, paged.cache, blocks, kv_len,
+                                         rows, rng, v.magnitude);
+    const std::vector<std::int64_t> one_page = {0};
+    // The same values into the contiguous layer.
+    write_kv(spec, contiguous.geometry, {}, contiguous.cache,
+             slot_mapping(contiguous.geometry, one_page, 0, kv_len), r.k, r.v);
+
+    const auto q_row = static_cast<std::size_t>(16 * 128);
+    // Accuracy of a 5-row verify (the dense double reference is the slow part of this test).
+    testing::Request last5 = r;
+    last5.num_queries = 5;
+    last5.q.assign(r.q.end() - static_cast<std::ptrdiff_t>(5 * q_row), r.q.end());
+    const testing::Comparison cmp =
+        testing::run_and_compare(spec, paged.geometry, {}, paged.cache, {last5}, sinks);
+    EXPECT_TRUE(cmp.ok()) << v.name << ": " << cmp.to_string();
+
+    ThreadPool two(2);
+    const auto all = attend(paged, blocks, kv_len, rows, r.q, sinks, nullptr);
+    EXPECT_TRUE(same_bits(attend(paged, blocks, kv_len, rows, r.q, sinks, &two), all)) << v.name;
+    EXPECT_TRUE(same_bits(attend(contiguous, one_page, kv_len, rows, r.q, sinks, &two), all))
+        << v.name << ": contiguous";
+    for (std::int64_t n : {1, 5, 16}) {
+      // The last n rows as a verify of n rows, then each alone.
+      const std::int64_t first = rows - n;
+      const std::span<const float> qn(r.q.data() + static_cast<std::size_t>(first) * q_row,
+                                      static_cast<std::size_t>(n) * q_row);
+      const auto block = attend(paged, blocks, kv_len, n, qn, sinks, &two);
+      if (v.causal) {
+        EXPECT_TRUE(same_bits(
+            block, std::span<const float>(all).subspan(static_cast<std::size_t>(first) * q_row)))
+            << v.name << ": last " << n << " rows";
+      }
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t kv = v.causal ? kv_len - n + i + 1 : kv_len;
+        const auto alone = attend(paged, blocks, kv, 1, qn.subspan(i * q_row, q_row), sinks,
+                                  i % 2 == 0 ? &two : nullptr);
+        EXPECT_TRUE(same_bits(alone, std::span<const float>(block).subspan(i * q_row, q_row)))
+            << v.name << ": row " << i << " of " << n;
+      }
+    }
+    for (float x : all) ASSERT_TRUE(std::isfinite(x)) << v.name;
+  }
+}
+
+// The AMX path and the float path agree to the float tolerance (each against the reference, and
+// their outputs are not the same bits: the path really changed).
+TEST(AttentionAmx, DiffersFromTheFloatPathOnlyInRounding) {
+  set_attention_amx(true);
+  const AttentionSpec spec = llama();
+  Layer l = make_layer(spec, 40, 16);
+  if (!attention_uses_amx(spec, l.geometry)) GTEST_SKIP() << "no AMX-BF16 on this CPU";
+  std::mt19937_64 rng(43);
+  std::vector<std::int64_t> blocks(40);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  const auto r = testing::make_request(spec, l.geometry, {}, l.cache, blocks, 630, 3, rng);
+  const auto amx = attend(l, blocks, 630, 3, r.q, {}, nullptr);
+  const testing::Comparison cmp = testing::run_and_compare(spec, l.geometry, {}, l.cache, {r}, {});
+  set_attention_amx(false);
+  const auto plain = attend(l, blocks, 630, 3, r.q, {}, nullptr);
+  set_attention_amx(true);
+  EXPECT_TRUE(cmp.ok()) << cmp.to_string();
+  EXPECT_FALSE(same_bits(amx, plain));
+  double worst = 0;
+  for (std::size_t i = 0; i < amx.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(amx[i] - plain[i])));
+  EXPECT_LT(worst, 1e-5);
+}
+
+}  // namespace
+}  // namespace mixkv::kernels
