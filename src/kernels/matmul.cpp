@@ -1290,9 +1290,23 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
   const std::int64_t tile = c.packed != nullptr ? detail::kPanelRows : detail::kTileW;
   const std::int64_t tiles = ceil_div(w.rows, tile);
   const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
+  // The packed blocksum order takes AMX-INT8 tiles from a few rows of x on (the same bits as
+  // the VNNI path: the same integers, the same float steps; docs/kernels.md).
+#ifdef MIXKV_MATMUL_AMX
+  // Measured (docs/kernels.md): q8_0's tiles read B straight from the panel and win from 2 rows;
+  // q4's nibbles are spread to bytes first, which one VNNI pass does not need, so from 5.
+  const std::int64_t int8_min_rows = w.dtype == WeightType::kQ8_0 ? 2 : 5;
+  const bool int8_tiles = c.packed != nullptr && c.order == ReductionOrder::kBlockSum &&
+                          n >= int8_min_rows && detail::amx::int8_available();
+#else
+  constexpr bool int8_tiles = false;
+#endif
   const auto run = [&](std::int64_t t, int) {
     const std::int64_t r_begin = tiles * t / tasks * tile;
     const std::int64_t r_end = std::min(w.rows, tiles * (t + 1) / tasks * tile);
+#ifdef MIXKV_MATMUL_AMX
+    if (int8_tiles) return detail::amx::int8_rows(c, r_begin, r_end);
+#endif
     HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
   };
   if (tasks > 1) {
