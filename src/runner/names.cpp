@@ -154,13 +154,14 @@ namespace {
 
 // The mapped file's pages of a tensor that now lives packed: the products read the copy, so the
 // original need not stay resident (a tied embedding's lookups fault back only the rows they
-// read). MADV_PAGEOUT (Linux 5.4+) reclaims without losing data, so it is also safe on bytes a
-// caller parsed from its own memory; where the kernel refuses it only the memory held differs.
+// read from the file). Only for a file mapping: on a caller's own memory MADV_DONTNEED would
+// drop the bytes themselves. (MADV_PAGEOUT, which would be safe everywhere, left the pages
+// resident on the development VM.)
 void release_pages(std::span<const std::byte> bytes) {
   const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto begin = (reinterpret_cast<std::uintptr_t>(bytes.data()) + page - 1) / page * page;
   const auto end = (reinterpret_cast<std::uintptr_t>(bytes.data()) + bytes.size()) / page * page;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 }  // namespace
@@ -253,7 +254,7 @@ Matrix WeightSource::matrix(const std::string& name, std::int64_t rows, std::int
       if (kernels::matmul_reads_packed(*kernel_type)) {
         m.packed = std::make_shared<const kernels::PackedWeight>(kernels::pack_weight(m.view));
         m.view.packed = m.packed->data();
-        release_pages(g->bytes);
+        if (store_.gguf->mapped()) release_pages(g->bytes);
       }
     }
     return m;

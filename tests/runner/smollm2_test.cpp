@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <string>
 
@@ -20,6 +21,19 @@ namespace {
 using testing::first_blocks;
 using testing::llamacpp_reference;
 using testing::smollm2_runner;
+
+// This process's resident memory as Linux reports it (anonymous: the packed copies; file: the
+// mapped GGUF's resident pages).
+std::string resident_memory() {
+  std::ifstream in("/proc/self/status");
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.starts_with("VmRSS") || line.starts_with("RssAnon") || line.starts_with("RssFile")) {
+      out += " " + line;
+    }
+  }
+  return out;
+}
 
 // Logits of `tokens` at positions [0, n), computed `chunk` tokens per forward.
 std::vector<float> logits_in_chunks(ModelRunner& runner, std::span<const TokenId> tokens,
@@ -50,8 +64,12 @@ TEST(SmolLm2Runner, OneStepOverManyTokensGivesTheLogitsOfOneTokenSteps) {
     o.weight_order = order;
     ModelRunner runner = smollm2_runner(path, o);
     EXPECT_EQ(runner.vocab_size(), 49152);
+    std::cout << fmt::format("{} order, after loading:{}\n", kernels::to_string(order),
+                             resident_memory());
     const std::vector<float> batched = logits_in_chunks(runner, tokens, tokens.size());
     const std::vector<float> stepped = logits_in_chunks(runner, tokens, 1);
+    std::cout << fmt::format("{} order, after 20 forwards:{}\n", kernels::to_string(order),
+                             resident_memory());
     ASSERT_EQ(batched.size(), tokens.size() * 49152u);
     ASSERT_EQ(batched.size(), stepped.size());
     EXPECT_EQ(std::memcmp(batched.data(), stepped.data(), batched.size() * sizeof(float)), 0)
