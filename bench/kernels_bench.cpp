@@ -14,7 +14,8 @@
 // Names: BM_Decode/<paged|contiguous>/<dtype>/ctx:<tokens>/threads:<n>, BM_StreamRead/threads:<n>,
 // BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
 // BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n>,
-// BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>.
+// BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for the
+// block formats in the kBlockSum order.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -297,6 +298,35 @@ void run_weight_matmul(benchmark::State& state, WeightType type, std::int64_t ro
   state.SetLabel(matmul_uses_amx(type) ? "AMX" : matmul_target());
 }
 
+// The same in the kBlockSum order (BM_WeightMatmul/<dtype>_blocksum/...): every copy of W packed
+// once (pack_weight, as a runner does at load) where this CPU's path reads the packed layout.
+void run_weight_matmul_blocksum(benchmark::State& state, WeightType type, std::int64_t rows,
+                                int threads) {
+  constexpr std::int64_t kOut = 4096, kIn = 14336;
+  const WeightFixture& f = weight_of(type, kOut, kIn);
+  static std::map<WeightType, std::vector<PackedWeight>> packed;
+  std::vector<PackedWeight>& copies = packed[type];
+  if (copies.empty() && matmul_reads_packed(type)) {
+    for (std::int64_t c = 0; c < f.copies; ++c)
+      copies.push_back(pack_weight({type, kOut, kIn, f.data.data() + c * f.bytes}));
+  }
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(rows * kIn), 8);
+  std::vector<float> y(static_cast<std::size_t>(rows * kOut));
+  std::int64_t copy = 0;
+  for (auto _ : state) {
+    WeightView w{type, kOut, kIn, f.data.data() + copy * f.bytes, ReductionOrder::kBlockSum};
+    if (!copies.empty()) w.packed = copies[static_cast<std::size_t>(copy)].data();
+    matmul(w, x, y, pool_of(threads));
+    copy = (copy + 1) % f.copies;
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * f.bytes);
+  state.counters["tokens_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * rows), benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(matmul_target()) + (copies.empty() ? "" : " packed VNNI"));
+}
+
 // Streaming read of a buffer far larger than the last-level cache, split evenly over the
 // threads: the memory bandwidth those threads see, the ceiling for decode.
 void run_stream(benchmark::State& state, std::int64_t bytes, int threads) {
@@ -375,12 +405,23 @@ const bool registered = [] {
     }
     for (WeightType type : {WeightType::kBfloat16, WeightType::kFloat16, WeightType::kQ8_0,
                             WeightType::kQ4_0, WeightType::kQ4_1}) {
-      for (std::int64_t rows : {1, 5, 8, 64}) {
+      for (std::int64_t rows : {1, 2, 4, 5, 8, 16, 64}) {
         benchmark::RegisterBenchmark(
             ("BM_WeightMatmul/" + std::string(to_string(type)) + "/rows:" + std::to_string(rows) +
              th)
                 .c_str(),
             [=](benchmark::State& s) { run_weight_matmul(s, type, rows, t); })
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+    for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1}) {
+      for (std::int64_t rows : {1, 2, 4, 5, 8, 16, 64}) {
+        benchmark::RegisterBenchmark(
+            ("BM_WeightMatmul/" + std::string(to_string(type)) +
+             "_blocksum/rows:" + std::to_string(rows) + th)
+                .c_str(),
+            [=](benchmark::State& s) { run_weight_matmul_blocksum(s, type, rows, t); })
             ->Unit(benchmark::kMillisecond)
             ->UseRealTime();
       }

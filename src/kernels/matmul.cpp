@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "kernels/element_load.hpp"
@@ -53,7 +55,12 @@ struct QuantizedX {
   // the sum of the lane's four codes ([n][blocks][16] in the same layout; not for q4_1).
   std::vector<std::int8_t> x64;
   std::vector<std::int32_t> c64;
+  // The kBlockSum order's q8_0 / q4_0 weights: each block's sum of codes ([n][blocks]).
+  std::vector<std::int32_t> sum;
 };
+
+// kBlockSum's packed layout (pack_weight): panels of this many W rows, one VNNI lane each.
+constexpr std::int64_t kPanelRows = 16;
 
 // Everything one matmul call fixes; checked before any task runs.
 struct MatmulCall {
@@ -68,6 +75,8 @@ struct MatmulCall {
   float* y = nullptr;              // [n, rows]
   const QuantizedX* qx = nullptr;  // the block formats: x quantised (x itself is not read)
   bool vnni = false;               // the CPU has AVX512-VNNI and tests have not switched it off
+  ReductionOrder order = ReductionOrder::kGgml;  // the block formats' (WeightView::order)
+  const std::byte* packed = nullptr;             // kBlockSum: pack_weight's copy of W, or null
 };
 
 }  // namespace mixkv::kernels::detail
@@ -406,6 +415,17 @@ float qdot_scalar(const MatmulCall& c, std::int64_t r, std::int64_t i) {
   return kT == WeightType::kQ4_1 ? tree_sum8(acc) + summs : tree_sum8(acc);
 }
 
+// ---- The kBlockSum order (WeightView::order): per block b one exact integer sum I_b of the 32
+// products, then y = fma(d_w * d_x, I_b, y) over the blocks in order (q4_1: then y = fma(m_w,
+// s_x, y)), y starting at +0. Integers are exact on every path and the float steps are the same
+// three (four) operations per block everywhere, so every path gives the same bits.
+template <WeightType kT>
+HWY_INLINE std::int32_t block_isum_scalar(const std::byte* block, const std::int8_t* xq) {
+  std::int32_t sum = 0;
+  for (int e = 0; e < 32; ++e) sum += weight_code<kT>(block, e) * xq[e];
+  return sum;
+}
+
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 // AVX2 and AVX-512 targets: 256-bit integer dots (the eight sums of a block are the eight int32
 // lanes of one vector), the float steps lane by lane as above.
@@ -449,6 +469,17 @@ HWY_INLINE __m256i block_sums(__m256i w, __m256i x) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w)),
                              ones);
   }
+}
+
+// I_b of one block (kBlockSum): block_sums' eight lanes added up (integers: any order is exact).
+template <WeightType kT>
+HWY_INLINE std::int32_t block_isum(const std::byte* block, const std::int8_t* xq) {
+  const __m256i v = block_sums<kT>(block_codes<kT>(block),
+                                   _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq)));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(1, 0, 3, 2)));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(t);
 }
 
 // kX rows of x (from i0) against kW rows of W (from r0), each whole row in one pass.
@@ -661,6 +692,134 @@ void qtile_vnni_rows(const MatmulCall& c, std::int64_t r0) {
     }
   }
 }
+// kBlockSum on the packed layout (pack_weight): 16 W rows across the lanes of one register,
+// so each VPDPBUSD adds four products for 16 outputs, x's four codes broadcast. kX rows of x
+// (from i0) against kG panels of 16 W rows (from panel p0). Per block and output the integer
+// sum starts at -8 (q4_0) or -128 (q8_0) times the sum of x's codes (the packed codes are
+// unsigned: q4_0 as stored, q8_0 plus 128) and meets the 32 codes in 8 products, then
+// y = fma(d_w * d_x, float(I), y) (q4_1: y = fma(m_w, s_x, y)) lane by lane, as
+// block_isum_scalar's callers do.
+template <WeightType kT, int kX, int kG>
+MIXKV_VNNI_ATTR HWY_NOINLINE void ptile(const MatmulCall& c, std::int64_t p0, std::int64_t i0) {
+  const QuantizedX& qx = *c.qx;
+  const std::int64_t blocks = qx.blocks;
+  constexpr std::int64_t kPB = kPanelRows * kBlockBytes<kT>;  // one block of a panel
+  constexpr std::int64_t kHeader = kT == WeightType::kQ4_1 ? 64 : 32;
+  constexpr int kFactor = kT == WeightType::kQ8_0 ? -128 : kT == WeightType::kQ4_0 ? -8 : 0;
+  const std::byte* pw[kG];
+  for (int g = 0; g < kG; ++g) pw[g] = c.packed + (p0 + g) * blocks * kPB;
+  const std::int8_t* xq[kX];
+  const float* xd[kX];
+  [[maybe_unused]] const float* xs[kX];
+  [[maybe_unused]] const std::int32_t* xsum[kX];
+  for (int i = 0; i < kX; ++i) {
+    xq[i] = qx.q.data() + (i0 + i) * blocks * kBlock;
+    xd[i] = qx.d.data() + (i0 + i) * blocks;
+    if constexpr (kT == WeightType::kQ4_1) xs[i] = qx.s.data() + (i0 + i) * blocks;
+    if constexpr (kT != WeightType::kQ4_1) xsum[i] = qx.sum.data() + (i0 + i) * blocks;
+  }
+  __m512 y[kX][kG];
+  for (int i = 0; i < kX; ++i)
+    for (int g = 0; g < kG; ++g) y[i][g] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(15);
+  constexpr std::int64_t kAhead = 2048;  // bytes ahead of the loads that each panel is asked for
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    __m512 dw[kG];
+    [[maybe_unused]] __m512 mw[kG];
+    for (int g = 0; g < kG; ++g) {
+      const std::byte* blk = pw[g] + b * kPB;
+      for (std::int64_t o = 0; o < kPB; o += 64) hwy::Prefetch(blk + kAhead + o);
+      dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+      if constexpr (kT == WeightType::kQ4_1)
+        mw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    }
+    __m512i sums[kX][kG];
+    for (int i = 0; i < kX; ++i) {
+      const __m512i start =
+          kFactor == 0 ? _mm512_setzero_si512() : _mm512_set1_epi32(kFactor * xsum[i][b]);
+      for (int g = 0; g < kG; ++g) sums[i][g] = start;
+    }
+    const auto x4 = [&](int i, std::int64_t e) {  // x codes e .. e + 3 of block b, broadcast
+      std::int32_t v;
+      std::memcpy(&v, xq[i] + b * kBlock + e, 4);
+      return _mm512_set1_epi32(v);
+    };
+    for (int v = 0; v < (kT == WeightType::kQ8_0 ? 8 : 4); ++v) {
+      for (int g = 0; g < kG; ++g) {
+        const __m512i wv = _mm512_loadu_si512(pw[g] + b * kPB + kHeader + 64 * v);
+        if constexpr (kT == WeightType::kQ8_0) {
+          for (int i = 0; i < kX; ++i)
+            sums[i][g] = _mm512_dpbusd_epi32(sums[i][g], wv, x4(i, 4 * v));
+        } else {
+          const __m512i lo = _mm512_and_si512(wv, low4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), low4);
+          for (int i = 0; i < kX; ++i) {
+            sums[i][g] = _mm512_dpbusd_epi32(sums[i][g], lo, x4(i, 4 * v));
+            sums[i][g] = _mm512_dpbusd_epi32(sums[i][g], hi, x4(i, 16 + 4 * v));
+          }
+        }
+      }
+    }
+    for (int i = 0; i < kX; ++i) {
+      const __m512 dx = _mm512_set1_ps(xd[i][b]);
+      [[maybe_unused]] __m512 sx;
+      if constexpr (kT == WeightType::kQ4_1) sx = _mm512_set1_ps(xs[i][b]);
+      for (int g = 0; g < kG; ++g) {
+        y[i][g] =
+            _mm512_fmadd_ps(_mm512_mul_ps(dw[g], dx), _mm512_cvtepi32_ps(sums[i][g]), y[i][g]);
+        if constexpr (kT == WeightType::kQ4_1) y[i][g] = _mm512_fmadd_ps(mw[g], sx, y[i][g]);
+      }
+    }
+  }
+  for (int i = 0; i < kX; ++i) {
+    for (int g = 0; g < kG; ++g) {
+      const std::int64_t r0 = (p0 + g) * kPanelRows;
+      float* out = c.y + (i0 + i) * c.rows + r0;
+      const std::int64_t left = c.rows - r0;
+      if (left >= kPanelRows) {
+        _mm512_storeu_ps(out, y[i][g]);
+      } else {  // the last, partial panel: its padding rows are not outputs
+        _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << left) - 1), y[i][g]);
+      }
+    }
+  }
+}
+
+// Panels [p_begin, p_end) against the kX x rows from i0, kG panels per tile where they fit.
+template <WeightType kT, int kX, int kG>
+void ptile_panels(const MatmulCall& c, std::int64_t p_begin, std::int64_t p_end, std::int64_t i0) {
+  std::int64_t p = p_begin;
+  for (; p + kG <= p_end; p += kG) ptile<kT, kX, kG>(c, p, i0);
+  for (; p < p_end; ++p) ptile<kT, kX, 1>(c, p, i0);
+}
+
+// Up to 8 rows of x: one tile of x, each panel streams once through registers; fewer x rows
+// take more panels per tile (independent chains, registers to spare). More rows: panel by
+// panel, every group of 8 x rows meeting it while it is in L2.
+template <WeightType kT, int kX = 1>
+void ptile_rows(const MatmulCall& c, std::int64_t p_begin, std::int64_t p_end, std::int64_t i0,
+                bool one_panel) {
+  if constexpr (kX < 8) {
+    if (std::min<std::int64_t>(8, c.n - i0) > kX) {
+      return ptile_rows<kT, kX + 1>(c, p_begin, p_end, i0, one_panel);
+    }
+  }
+  constexpr int kG = kX <= 2 ? 4 : kX <= 4 ? 2 : 1;
+  if (one_panel) {
+    ptile_panels<kT, kX, 1>(c, p_begin, p_end, i0);
+  } else {
+    ptile_panels<kT, kX, kG>(c, p_begin, p_end, i0);
+  }
+}
+
+template <WeightType kT>
+void packed_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  const std::int64_t p_begin = r_begin / kPanelRows;
+  const std::int64_t p_end = (r_end + kPanelRows - 1) / kPanelRows;
+  if (c.n <= 8) return ptile_rows<kT>(c, p_begin, p_end, 0, false);
+  for (std::int64_t p = p_begin; p < p_end; ++p)
+    for (std::int64_t i0 = 0; i0 < c.n; i0 += 8) ptile_rows<kT>(c, p, p + 1, i0, true);
+}
 #undef MIXKV_VNNI_ATTR
 #endif
 
@@ -709,7 +868,47 @@ void qrows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   for (std::int64_t r = r_begin; r < r_end; ++r)
     for (std::int64_t i = 0; i < c.n; ++i) c.y[i * c.rows + r] = qdot_scalar<kT>(c, r, i);
 }
+
+template <WeightType kT>
+HWY_INLINE std::int32_t block_isum(const std::byte* block, const std::int8_t* xq) {
+  return block_isum_scalar<kT>(block, xq);
+}
 #endif
+
+// One output in the kBlockSum order from W's own layout (every target; the packed VNNI path
+// must equal it).
+template <WeightType kT>
+float bdot(const MatmulCall& c, std::int64_t r, std::int64_t i) {
+  const QuantizedX& qx = *c.qx;
+  const std::byte* row = c.w + r * c.row_bytes;
+  const std::int8_t* xq = qx.q.data() + i * qx.blocks * kBlock;
+  const float* xd = qx.d.data() + i * qx.blocks;
+  float y = 0.0f;
+  for (std::int64_t b = 0; b < qx.blocks; ++b) {
+    const std::byte* block = row + b * kBlockBytes<kT>;
+    const float d = fp16_bits_to_float(load_u16(block)) * xd[b];
+    y = std::fma(d, static_cast<float>(block_isum<kT>(block, xq + b * kBlock)), y);
+    if constexpr (kT == WeightType::kQ4_1) {
+      y = std::fma(fp16_bits_to_float(load_u16(block + 2)), qx.s[i * qx.blocks + b], y);
+    }
+  }
+  return y;
+}
+
+template <WeightType kT>
+void brows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (c.vnni && c.packed != nullptr) return packed_rows<kT>(c, r_begin, r_end);
+#endif
+  for (std::int64_t r = r_begin; r < r_end; ++r)
+    for (std::int64_t i = 0; i < c.n; ++i) c.y[i * c.rows + r] = bdot<kT>(c, r, i);
+}
+
+template <WeightType kT>
+void block_rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  if (c.order == ReductionOrder::kBlockSum) return brows_task<kT>(c, r_begin, r_end);
+  qrows_task<kT>(c, r_begin, r_end);
+}
 
 }  // namespace
 
@@ -722,11 +921,11 @@ void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
     case WeightType::kFloat16:
       return rows_task<WeightType::kFloat16>(c, r_begin, r_end);
     case WeightType::kQ8_0:
-      return qrows_task<WeightType::kQ8_0>(c, r_begin, r_end);
+      return block_rows_task<WeightType::kQ8_0>(c, r_begin, r_end);
     case WeightType::kQ4_0:
-      return qrows_task<WeightType::kQ4_0>(c, r_begin, r_end);
+      return block_rows_task<WeightType::kQ4_0>(c, r_begin, r_end);
     case WeightType::kQ4_1:
-      return qrows_task<WeightType::kQ4_1>(c, r_begin, r_end);
+      return block_rows_task<WeightType::kQ4_1>(c, r_begin, r_end);
   }
 }
 
@@ -805,6 +1004,10 @@ std::string_view to_string(WeightType type) {
   return "unknown";
 }
 
+std::string_view to_string(ReductionOrder order) {
+  return order == ReductionOrder::kBlockSum ? "blocksum" : "ggml";
+}
+
 std::optional<WeightType> weight_type_from_ggml(std::uint32_t ggml_type) {
   // ggml's enum ggml_type (ggml.h): the values GGUF stores in each tensor's info.
   switch (ggml_type) {
@@ -879,7 +1082,7 @@ bool vnni_available() {
 // absolute maximum by 127, the codes multiply by 127 / amax (not by 1 / d), and rounding is to
 // the nearest integer with ties to even. Non-finite x (ggml leaves them undefined) give a
 // non-finite d, so the outputs they touch are not finite either, and codes stay in range.
-void quantize_block(const float* x, std::int8_t* q, float* d, float* s) {
+void quantize_block(const float* x, std::int8_t* q, float* d, float* s, std::int32_t* code_sum) {
   float amax = 0.0f;
   bool finite = true;
   for (int e = 0; e < 32; ++e) {
@@ -895,6 +1098,7 @@ void quantize_block(const float* x, std::int8_t* q, float* d, float* s) {
     sum += q[e];
   }
   *d = fp16_to_float(float_to_fp16(scale));
+  if (code_sum != nullptr) *code_sum = sum;
   if (s != nullptr) *s = fp16_to_float(float_to_fp16(scale * static_cast<float>(sum)));
 }
 
@@ -922,6 +1126,58 @@ std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols)
                          "weight bytes");
 }
 
+void PackedWeight::Free::operator()(std::byte* p) const { std::free(p); }
+
+bool matmul_reads_packed(WeightType type) {
+  return quantizes_x(type) && vnni_available() &&
+         std::string_view(matmul_target()).starts_with("AVX3");
+}
+
+PackedWeight pack_weight(const WeightView& w) {
+  check_shape(w.dtype, w.rows, w.cols, "pack_weight");
+  if (!quantizes_x(w.dtype)) {
+    throw_invalid(fmt::format("pack_weight: a {} weight; only q8_0, q4_0 and q4_1 are packed",
+                              to_string(w.dtype)));
+  }
+  if (w.data == nullptr) throw_invalid("pack_weight: the weight has no data");
+  const std::int64_t blocks = w.cols / 32, bb = block_bytes(w.dtype);
+  const std::int64_t panels = ceil_div(w.rows, detail::kPanelRows);
+  const std::int64_t pb = detail::kPanelRows * bb;  // one block of one panel
+  const std::int64_t bytes = checked_product({panels, blocks, pb}, "pack_weight");
+  const std::int64_t row_bytes = blocks * bb;
+  PackedWeight out;
+  out.data_.reset(static_cast<std::byte*>(
+      std::aligned_alloc(64, static_cast<std::size_t>(ceil_div(bytes, 64) * 64))));
+  if (out.data_ == nullptr) throw std::bad_alloc();  // as a vector of that size would
+  out.bytes_ = bytes;
+  std::byte* base = out.data_.get();
+  const bool q8 = w.dtype == WeightType::kQ8_0, q41 = w.dtype == WeightType::kQ4_1;
+  const std::int64_t header = q41 ? 64 : 32;  // 16 d (and 16 m) as fp16
+  const std::int64_t code_bytes = bb - (q41 ? 4 : 2);
+  for (std::int64_t p = 0; p < panels; ++p) {
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      std::byte* dst = base + (p * blocks + b) * pb;
+      // Padding rows: zero scales and codes (q8_0's codes 0 + 128).
+      std::memset(dst, 0, static_cast<std::size_t>(pb));
+      if (q8) std::memset(dst + header, 0x80, static_cast<std::size_t>(pb - header));
+      for (std::int64_t j = 0; j < detail::kPanelRows && p * detail::kPanelRows + j < w.rows; ++j) {
+        const std::byte* src = w.data + (p * detail::kPanelRows + j) * row_bytes + b * bb;
+        std::memcpy(dst + 2 * j, src, 2);
+        if (q41) std::memcpy(dst + 32 + 2 * j, src + 2, 2);
+        const std::byte* codes = src + (bb - code_bytes);
+        // Vector v, lane j: four bytes of row j (q8_0 made unsigned by adding 128).
+        for (std::int64_t v = 0; v < code_bytes / 4; ++v) {
+          for (std::int64_t t = 0; t < 4; ++t) {
+            const std::byte c = codes[4 * v + t];
+            dst[header + 64 * v + 4 * j + t] = q8 ? (c ^ std::byte{0x80}) : c;
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
 void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, ThreadPool* pool,
             std::string_view where) {
   check_shape(w.dtype, w.rows, w.cols, where);
@@ -946,6 +1202,12 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
   c.w = w.data;
   c.n = n;
   c.y = y.data();
+  if (w.packed != nullptr && (w.order != ReductionOrder::kBlockSum || !quantizes_x(w.dtype))) {
+    throw_invalid(
+        fmt::format("{}: a packed weight is for the blocksum order of a block format", where));
+  }
+  c.order = quantizes_x(w.dtype) ? w.order : ReductionOrder::kGgml;
+  c.packed = w.packed;
   // Rows of x padded with zeros to whole vectors, when W's rows do not fill them (float types).
   const std::int64_t lanes = HWY_DYNAMIC_DISPATCH(detail::FloatLanesImpl)();
   std::vector<float> padded;
@@ -966,16 +1228,20 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
     qx.q.resize(static_cast<std::size_t>(n * w.cols));
     qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
     qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+    const bool block_sum = c.order == ReductionOrder::kBlockSum;
+    qx.sum.resize(block_sum && !sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
     for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
       const auto u = static_cast<std::size_t>(b);
-      quantize_block(x.data() + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr);
+      quantize_block(x.data() + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr,
+                     qx.sum.empty() ? nullptr : &qx.sum[u]);
     }
     // The VNNI path's layout of the same codes (see QuantizedX), where that path may run.
     c.vnni = vnni_available();
-    qx.x64.resize(c.vnni ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
-    qx.c64.resize(c.vnni && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
+    const bool x64 = c.vnni && !block_sum;
+    qx.x64.resize(x64 ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
+    qx.c64.resize(x64 && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
     const std::int32_t factor = w.dtype == WeightType::kQ4_0 ? -8 : -128;
-    for (std::int64_t b = 0; c.vnni && b < n * qx.blocks; ++b) {
+    for (std::int64_t b = 0; x64 && b < n * qx.blocks; ++b) {
       const std::int8_t* q = qx.q.data() + b * 32;
       std::int8_t* out = qx.x64.data() + b * 64;
       for (int quarter = 0; quarter < 4; ++quarter) {
@@ -1020,11 +1286,27 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
 #endif
   // Ranges of whole register tiles; a few per worker, so the dynamic hand-out evens out a busy
   // core. Any split gives the same bits (each output is computed inside one range).
-  const std::int64_t tiles = ceil_div(w.rows, detail::kTileW);
+  // (The packed kBlockSum layout's tiles are its panels of 16 W rows.)
+  const std::int64_t tile = c.packed != nullptr ? detail::kPanelRows : detail::kTileW;
+  const std::int64_t tiles = ceil_div(w.rows, tile);
   const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
+  // The packed blocksum order takes AMX-INT8 tiles from a few rows of x on (the same bits as
+  // the VNNI path: the same integers, the same float steps; docs/kernels.md).
+#ifdef MIXKV_MATMUL_AMX
+  // Measured (docs/kernels.md): q8_0's tiles read B straight from the panel and win from 2 rows;
+  // q4's nibbles are spread to bytes first, which one VNNI pass does not need, so from 5.
+  const std::int64_t int8_min_rows = w.dtype == WeightType::kQ8_0 ? 2 : 5;
+  const bool int8_tiles = c.packed != nullptr && c.order == ReductionOrder::kBlockSum &&
+                          n >= int8_min_rows && detail::amx::int8_available();
+#else
+  constexpr bool int8_tiles = false;
+#endif
   const auto run = [&](std::int64_t t, int) {
-    const std::int64_t r_begin = tiles * t / tasks * detail::kTileW;
-    const std::int64_t r_end = std::min(w.rows, tiles * (t + 1) / tasks * detail::kTileW);
+    const std::int64_t r_begin = tiles * t / tasks * tile;
+    const std::int64_t r_end = std::min(w.rows, tiles * (t + 1) / tasks * tile);
+#ifdef MIXKV_MATMUL_AMX
+    if (int8_tiles) return detail::amx::int8_rows(c, r_begin, r_end);
+#endif
     HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
   };
   if (tasks > 1) {

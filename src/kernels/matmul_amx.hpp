@@ -219,5 +219,302 @@ MIXKV_AMX_TARGET inline void run_rows(const MatmulCall& c, const XTiles& xt, std
   _tile_release();
 }
 
+// ---- The block formats in the kBlockSum order on AMX-INT8 (TDPBSUD) ----
+//
+// The integer block sums I_b of up to 16 x rows against a panel of 16 W rows are one tile
+// product per block: A = the x rows' 32 codes of block b (signed, straight from QuantizedX: the
+// row stride is the x row), B = the panel's block in pack_weight's layout (8 rows of 64 bytes,
+// row k holding each W row's codes 4k..4k+3, unsigned: q8_0 plus 128, q4 as stored, whose
+// nibbles are first spread to bytes), C[i][j] = I for x row i and W row j, exact in int32 (plus
+// the same -128 / -8 times x's code sum as the VNNI path). Row i of C is then the 16 lanes the
+// VNNI path holds for x row i, and the float steps are the same ones lane for lane, so both
+// paths give the same bits (whichever the row count picks). Two tile sets alternate, so one
+// block's tile product runs while the previous block's float steps do.
+#define MIXKV_AMX_INT8_TARGET \
+  __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+
+// CPUID leaf 7: AMX-TILE (EDX 24), AMX-INT8 (EDX 25), AVX-512 F/DQ/BW/VL; then the tile state.
+inline bool probe_int8() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(0), "c"(0));
+  if (a < 7) return false;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  const bool tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
+  const bool avx512 = ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);
+  if (!tile || !int8 || !avx512) return false;
+  constexpr long kReqXcompPerm = 0x1023;  // ARCH_REQ_XCOMP_PERM
+  constexpr long kXtileData = 18;         // XFEATURE_XTILEDATA
+  return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+}
+
+inline bool int8_available() {
+  static const bool ok = probe_int8();
+  return ok && switched_on().load(std::memory_order_relaxed);
+}
+
+// Tiles 0, 1: C (m x 16 int32); 2, 3: A (m x 32 codes); 4, 5: B (8 x 64 bytes).
+MIXKV_AMX_INT8_TARGET inline void configure_int8(std::int64_t m) {
+  TileConfig cfg;
+  const auto rows = static_cast<std::uint8_t>(m);
+  for (int t : {0, 1}) cfg.rows[t] = rows, cfg.colsb[t] = 64;
+  for (int t : {2, 3}) cfg.rows[t] = rows, cfg.colsb[t] = 32;
+  for (int t : {4, 5}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+struct Int8Scratch {
+  alignas(64) std::int32_t c[3][kTileRows][16];
+  alignas(64) std::uint8_t b[3][8][64];
+};
+
+// kM x rows from i0 against panel p, every block, into y (the partial last panel's padding rows
+// are not stored).
+template <WeightType kT, int kM>
+MIXKV_AMX_INT8_TARGET inline void int8_panel(const MatmulCall& c, std::int64_t p, std::int64_t i0,
+                                             Int8Scratch& s) {
+  const QuantizedX& qx = *c.qx;
+  const std::int64_t blocks = qx.blocks;
+  constexpr std::int64_t kBB = kT == WeightType::kQ8_0 ? 34 : kT == WeightType::kQ4_0 ? 18 : 20;
+  constexpr std::int64_t kPB = kPanelRows * kBB;
+  constexpr std::int64_t kHeader = kT == WeightType::kQ4_1 ? 64 : 32;
+  constexpr int kFactor = kT == WeightType::kQ8_0 ? -128 : kT == WeightType::kQ4_0 ? -8 : 0;
+  constexpr std::int64_t kAhead = 2048;  // bytes ahead of the loads that the panel is asked for
+  const std::byte* pw = c.packed + p * blocks * kPB;
+  const std::int8_t* xa = qx.q.data() + i0 * blocks * 32;
+  const auto xstride = static_cast<long>(blocks * 32);
+  __m512 y[kM];
+  for (int i = 0; i < kM; ++i) y[i] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(15);
+  // B of block b: q8_0 straight from the panel; q4 with its nibbles spread to bytes.
+  const auto b_tile = [&](std::int64_t b, int set) MIXKV_AMX_INT8_TARGET -> const void* {
+    const std::byte* blk = pw + b * kPB;
+    for (std::int64_t o = 0; o < kPB; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + o), _MM_HINT_T0);
+    }
+    if constexpr (kT == WeightType::kQ8_0) {
+      return blk + kHeader;
+    } else {
+      for (int v = 0; v < 4; ++v) {
+        const __m512i w = _mm512_loadu_si512(blk + kHeader + 64 * v);
+        _mm512_store_si512(s.b[set][v], _mm512_and_si512(w, low4));
+        _mm512_store_si512(s.b[set][4 + v], _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
+      }
+      __asm__ volatile("" ::: "memory");  // the stores above before the tile load reads them
+      return s.b[set];
+    }
+  };
+  const auto finish = [&](std::int64_t b, int set) MIXKV_AMX_INT8_TARGET {
+    const std::byte* blk = pw + b * kPB;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    [[maybe_unused]] __m512 mw;
+    if constexpr (kT == WeightType::kQ4_1) {
+      mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+    }
+    for (int i = 0; i < kM; ++i) {
+      const std::int64_t at = (i0 + i) * blocks + b;
+      __m512i sum = _mm512_load_si512(s.c[set][i]);
+      if constexpr (kFactor != 0) {
+        sum = _mm512_add_epi32(sum,
+                               _mm512_set1_epi32(kFactor * qx.sum[static_cast<std::size_t>(at)]));
+      }
+      const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[static_cast<std::size_t>(at)]));
+      y[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), y[i]);
+      if constexpr (kT == WeightType::kQ4_1) {
+        y[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(qx.s[static_cast<std::size_t>(at)]), y[i]);
+      }
+    }
+  };
+  std::int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    _tile_loadd(2, xa + b * 32, xstride);
+    _tile_loadd(4, b_tile(b, 0), 64);
+    _tile_zero(0);
+    _tile_dpbsud(0, 2, 4);
+    _tile_stored(0, s.c[0], 64);
+    _tile_loadd(3, xa + (b + 1) * 32, xstride);
+    _tile_loadd(5, b_tile(b + 1, 1), 64);
+    _tile_zero(1);
+    _tile_dpbsud(1, 3, 5);
+    _tile_stored(1, s.c[1], 64);
+    finish(b, 0);
+    finish(b + 1, 1);
+  }
+  if (b < blocks) {
+    _tile_loadd(2, xa + b * 32, xstride);
+    _tile_loadd(4, b_tile(b, 0), 64);
+    _tile_zero(0);
+    _tile_dpbsud(0, 2, 4);
+    _tile_stored(0, s.c[0], 64);
+    finish(b, 0);
+  }
+  const std::int64_t r0 = p * kPanelRows, left = c.rows - r0;
+  for (int i = 0; i < kM; ++i) {
+    float* out = c.y + (i0 + i) * c.rows + r0;
+    if (left >= kPanelRows) {
+      _mm512_storeu_ps(out, y[i]);
+    } else {
+      _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << left) - 1), y[i]);
+    }
+  }
+}
+
+// Three panels (from p) at once against kM <= 8 x rows: one A tile of x codes per block meets
+// three B tiles into three C tiles (tiles 0-2 C, 3 A, 4-6 B; configured by configure_int8x3),
+// so three tile products are in flight while the float steps of the last block run.
+template <WeightType kT, int kM>
+MIXKV_AMX_INT8_TARGET inline void int8_panels3(const MatmulCall& c, std::int64_t p, std::int64_t i0,
+                                               Int8Scratch& s) {
+  const QuantizedX& qx = *c.qx;
+  const std::int64_t blocks = qx.blocks;
+  constexpr std::int64_t kBB = kT == WeightType::kQ8_0 ? 34 : kT == WeightType::kQ4_0 ? 18 : 20;
+  constexpr std::int64_t kPB = kPanelRows * kBB;
+  constexpr std::int64_t kHeader = kT == WeightType::kQ4_1 ? 64 : 32;
+  constexpr int kFactor = kT == WeightType::kQ8_0 ? -128 : kT == WeightType::kQ4_0 ? -8 : 0;
+  constexpr std::int64_t kAhead = 2048;
+  const std::byte* pw[3];
+  for (int g = 0; g < 3; ++g) pw[g] = c.packed + (p + g) * blocks * kPB;
+  const std::int8_t* xa = qx.q.data() + i0 * blocks * 32;
+  const auto xstride = static_cast<long>(blocks * 32);
+  __m512 y[kM][3];
+  for (int i = 0; i < kM; ++i)
+    for (int g = 0; g < 3; ++g) y[i][g] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const auto b_tile = [&](std::int64_t b, int g) MIXKV_AMX_INT8_TARGET -> const void* {
+    const std::byte* blk = pw[g] + b * kPB;
+    for (std::int64_t o = 0; o < kPB; o += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + o), _MM_HINT_T0);
+    }
+    if constexpr (kT == WeightType::kQ8_0) {
+      return blk + kHeader;
+    } else {
+      for (int v = 0; v < 4; ++v) {
+        const __m512i w = _mm512_loadu_si512(blk + kHeader + 64 * v);
+        _mm512_store_si512(s.b[g][v], _mm512_and_si512(w, low4));
+        _mm512_store_si512(s.b[g][4 + v], _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
+      }
+      __asm__ volatile("" ::: "memory");
+      return s.b[g];
+    }
+  };
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    _tile_loadd(3, xa + b * 32, xstride);
+    _tile_loadd(4, b_tile(b, 0), 64);
+    _tile_loadd(5, b_tile(b, 1), 64);
+    _tile_loadd(6, b_tile(b, 2), 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_dpbsud(0, 3, 4);
+    _tile_dpbsud(1, 3, 5);
+    _tile_dpbsud(2, 3, 6);
+    _tile_stored(0, s.c[0], 64);
+    _tile_stored(1, s.c[1], 64);
+    _tile_stored(2, s.c[2], 64);
+    for (int g = 0; g < 3; ++g) {
+      const std::byte* blk = pw[g] + b * kPB;
+      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+      [[maybe_unused]] __m512 mw;
+      if constexpr (kT == WeightType::kQ4_1) {
+        mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
+      }
+      for (int i = 0; i < kM; ++i) {
+        const std::int64_t at = (i0 + i) * blocks + b;
+        __m512i sum = _mm512_load_si512(s.c[g][i]);
+        if constexpr (kFactor != 0) {
+          sum = _mm512_add_epi32(sum,
+                                 _mm512_set1_epi32(kFactor * qx.sum[static_cast<std::size_t>(at)]));
+        }
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[static_cast<std::size_t>(at)]));
+        y[i][g] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), y[i][g]);
+        if constexpr (kT == WeightType::kQ4_1) {
+          y[i][g] =
+              _mm512_fmadd_ps(mw, _mm512_set1_ps(qx.s[static_cast<std::size_t>(at)]), y[i][g]);
+        }
+      }
+    }
+  }
+  for (int g = 0; g < 3; ++g) {
+    const std::int64_t r0 = (p + g) * kPanelRows, left = c.rows - r0;
+    for (int i = 0; i < kM; ++i) {
+      float* out = c.y + (i0 + i) * c.rows + r0;
+      if (left >= kPanelRows) {
+        _mm512_storeu_ps(out, y[i][g]);
+      } else {
+        _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << left) - 1), y[i][g]);
+      }
+    }
+  }
+}
+
+// Tiles 0-2: C (m x 16 int32); 3: A (m x 32 codes); 4-6: B (8 x 64 bytes).
+MIXKV_AMX_INT8_TARGET inline void configure_int8x3(std::int64_t m) {
+  TileConfig cfg;
+  const auto rows = static_cast<std::uint8_t>(m);
+  for (int t : {0, 1, 2}) cfg.rows[t] = rows, cfg.colsb[t] = 64;
+  cfg.rows[3] = rows, cfg.colsb[3] = 32;
+  for (int t : {4, 5, 6}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
+  _tile_loadconfig(&cfg);
+}
+
+template <WeightType kT, int kM = 1>
+MIXKV_AMX_INT8_TARGET inline void int8_group3(const MatmulCall& c, std::int64_t p, std::int64_t i0,
+                                              std::int64_t m, Int8Scratch& s) {
+  if constexpr (kM < 8) {
+    if (m > kM) return int8_group3<kT, kM + 1>(c, p, i0, m, s);
+  }
+  int8_panels3<kT, kM>(c, p, i0, s);
+}
+
+template <WeightType kT, int kM = 1>
+MIXKV_AMX_INT8_TARGET inline void int8_group(const MatmulCall& c, std::int64_t p, std::int64_t i0,
+                                             std::int64_t m, Int8Scratch& s) {
+  if constexpr (kM < kTileRows) {
+    if (m > kM) return int8_group<kT, kM + 1>(c, p, i0, m, s);
+  }
+  int8_panel<kT, kM>(c, p, i0, s);
+}
+
+// W rows [r0, r1) (whole panels but the last) against every x row, panel by panel: each panel
+// meets every group of 16 x rows while it is in cache.
+template <WeightType kT>
+MIXKV_AMX_INT8_TARGET inline void int8_rows_of(const MatmulCall& c, std::int64_t r0,
+                                               std::int64_t r1) {
+  Int8Scratch s;
+  std::int64_t shape = -1;
+  std::int64_t p = r0 / kPanelRows;
+  const std::int64_t p_end = (r1 + kPanelRows - 1) / kPanelRows;
+  // Three panels at a time, against groups of up to 8 x rows (their 3 x 8 accumulators fill
+  // the registers); a last one or two panels against groups of up to 16.
+  for (; p + 3 <= p_end; p += 3) {
+    for (std::int64_t i0 = 0; i0 < c.n; i0 += 8) {
+      const std::int64_t m = std::min<std::int64_t>(8, c.n - i0);
+      if (m != shape) configure_int8x3(m);
+      shape = m;
+      int8_group3<kT>(c, p, i0, m, s);
+    }
+  }
+  shape = -1;  // the other tile shapes
+  for (; p < p_end; ++p) {
+    for (std::int64_t i0 = 0; i0 < c.n; i0 += kTileRows) {
+      const std::int64_t m = std::min<std::int64_t>(kTileRows, c.n - i0);
+      if (m != shape) configure_int8(m);
+      shape = m;
+      int8_group<kT>(c, p, i0, m, s);
+    }
+  }
+  _tile_release();
+}
+
+inline void int8_rows(const MatmulCall& c, std::int64_t r0, std::int64_t r1) {
+  switch (c.type) {
+    case WeightType::kQ8_0:
+      return int8_rows_of<WeightType::kQ8_0>(c, r0, r1);
+    case WeightType::kQ4_0:
+      return int8_rows_of<WeightType::kQ4_0>(c, r0, r1);
+    default:
+      return int8_rows_of<WeightType::kQ4_1>(c, r0, r1);
+  }
+}
+
 }  // namespace mixkv::kernels::detail::amx
 #endif

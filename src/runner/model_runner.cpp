@@ -285,6 +285,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weig
   net_->file = file;
   WeightSource target_weights(family.names, {weights, file.get()}, config.origin,
                               file ? WeightNaming::kGguf : WeightNaming::kHuggingFace);
+  target_weights.set_weight_order(options.weight_order);
   Assembler target{config_, desc_, target_weights, &groups_, &geometry_};
   family.build(target, *net_);
   if (draft_config) {

@@ -2,6 +2,11 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <span>
 
 #include "mixkv/core/error.hpp"
 #include "mixkv/weights/dequantize.hpp"
@@ -145,6 +150,22 @@ std::string_view spelling(const TensorName& n, WeightNaming naming, std::string_
 
 }  // namespace
 
+namespace {
+
+// The mapped file's pages of a tensor that now lives packed: the products read the copy, so the
+// original need not stay resident (a tied embedding's lookups fault back only the rows they
+// read from the file). Only for a file mapping: on a caller's own memory MADV_DONTNEED would
+// drop the bytes themselves. (MADV_PAGEOUT, which would be safe everywhere, left the pages
+// resident on the development VM.)
+void release_pages(std::span<const std::byte> bytes) {
+  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<std::uintptr_t>(bytes.data()) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<std::uintptr_t>(bytes.data()) + bytes.size()) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
 std::string WeightSource::layer_prefix(int index) const {
   return fmt::format(fmt::runtime(naming_ == WeightNaming::kGguf ? names_.gguf_layer_prefix
                                                                  : names_.hf_layer_prefix),
@@ -227,6 +248,15 @@ Matrix WeightSource::matrix(const std::string& name, std::int64_t rows, std::int
   if (kernel_type) {
     m.view.dtype = *kernel_type;  // in place, in the mapping
     m.view.data = g->bytes.data();
+    if (order_ == kernels::ReductionOrder::kBlockSum &&
+        kernels::weight_block_elements(*kernel_type) > 1) {
+      m.view.order = order_;
+      if (kernels::matmul_reads_packed(*kernel_type)) {
+        m.packed = std::make_shared<const kernels::PackedWeight>(kernels::pack_weight(m.view));
+        m.view.packed = m.packed->data();
+        if (store_.gguf->mapped()) release_pages(g->bytes);
+      }
+    }
     return m;
   }
   // Float tensors, and GGUF types the kernels do not read (Q5_0, Q8_1, ...), as float32 copies.

@@ -117,6 +117,9 @@ class WeightSource {
   Matrix head_matrix(std::string_view prefix, Role role, std::int64_t rows, std::int64_t cols);
   std::string layer_prefix(int index) const;
 
+  // Block-format matrices handed out from now on reduce in `order` (packed where that pays).
+  void set_weight_order(kernels::ReductionOrder order) { order_ = order; }
+
   const ShapeList& requested() const { return requested_; }
   const NameTable& names() const { return names_; }
   WeightNaming naming() const { return naming_; }
@@ -134,6 +137,7 @@ class WeightSource {
   std::string origin_;
   WeightNaming naming_;
   ShapeList requested_;
+  kernels::ReductionOrder order_ = kernels::ReductionOrder::kGgml;
 };
 
 }  // namespace mixkv::runner

@@ -22,6 +22,8 @@ namespace mixkv::runner {
 struct Matrix {
   kernels::WeightView view;
   std::shared_ptr<const std::vector<float>> owned;  // null for a view into a file
+  // The kBlockSum order's packed copy that view.packed points into (RunnerOptions::weight_order).
+  std::shared_ptr<const kernels::PackedWeight> packed;
   std::int64_t rows() const { return view.rows; }
   std::int64_t cols() const { return view.cols; }
 };

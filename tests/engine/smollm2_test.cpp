@@ -52,12 +52,15 @@ std::vector<std::vector<TokenId>> chat_prompts(const std::string& path, std::siz
 
 // Greedy decoding amplifies every near-tie: the first token that differs changes the rest. Issue
 // 13 asks for the first 32 tokens identical on 7 of 8 chats; measured: 2 of 8 (the products
-// match llama.cpp's, its attention arithmetic does not: docs/engine.md). What this test checks: each reply agrees with
-// llama.cpp's up to a position where llama.cpp itself nearly tied (top-1 minus top-2 logit, one
-// token per call, under 0.5), and at least 2 chats agree on all 32.
-TEST(SmolLm2LongGreedy, RepliesFollowLlamaCppUpToANearTie) {
-  MIXKV_SMOLLM2_OR_SKIP(path);
-  ModelRunner runner = smollm2_runner(path);
+// match llama.cpp's, its attention arithmetic does not: docs/engine.md). What this test checks:
+// each reply agrees with llama.cpp's up to a position where llama.cpp itself nearly tied (top-1
+// minus top-2 logit, one token per call, under 0.5), and at least 2 chats agree on all 32. Returns
+// how many of the 8 chats agree on all 32 tokens; `bound` is the margin under which llama.cpp's own
+// choice counts as a near-tie.
+int greedy_agreement(const std::string& path, kernels::ReductionOrder order, double bound) {
+  RunnerOptions ro;
+  ro.weight_order = order;
+  ModelRunner runner = smollm2_runner(path, ro);
   const auto tok = tokenizer::tokenizer_from_gguf(weights::GgufFile::open(path));
   const nlohmann::json ref = llamacpp_reference();
   std::vector<std::vector<TokenId>> prompts, want;
@@ -85,13 +88,26 @@ TEST(SmolLm2LongGreedy, RepliesFollowLlamaCppUpToANearTie) {
       const std::size_t at = prompts[i].size() - 1 + same;  // the position that predicts it
       const double margin = ref["chats"][i]["teacher_forced_step_margin"][at].get<double>();
       report += fmt::format(" (llama.cpp's margin there {:.3f})", margin);
-      EXPECT_LT(margin, 0.5) << "chat " << i << " differs from llama.cpp at token " << same;
+      EXPECT_LT(margin, bound) << "chat " << i << " differs from llama.cpp at token " << same;
     }
     report += ";";
   }
-  std::cout << fmt::format("first 32 greedy tokens identical to llama.cpp's on {} of 8 chats:{}\n",
-                           identical, report);
-  EXPECT_GE(identical, 2);
+  std::cout << fmt::format(
+      "{} order: first 32 greedy tokens identical to llama.cpp's on {} of 8 chats:{}\n",
+      kernels::to_string(order), identical, report);
+  return identical;
+}
+
+TEST(SmolLm2LongGreedy, RepliesFollowLlamaCppUpToANearTie) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  EXPECT_GE(greedy_agreement(path, kernels::ReductionOrder::kGgml, 0.5), 2);
+}
+
+// The blocksum order (docs/kernels.md) rounds the products otherwise than llama.cpp: the figure
+// is printed for the choice of the engine's default.
+TEST(SmolLm2LongGreedy, BlockSumOrderRepliesFollowLlamaCppUpToANearTie) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  EXPECT_GE(greedy_agreement(path, kernels::ReductionOrder::kBlockSum, 0.5), 1);
 }
 
 // Plain tokens, then the same requests with each drafter: identical, at batch 16 and batch 1.

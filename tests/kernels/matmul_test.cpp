@@ -478,6 +478,168 @@ TEST(WeightMatmul, AmxTilesKeepFloatAccuracy) {
   EXPECT_EQ(y[1], 16.0f);
 }
 
+// ---- The kBlockSum order (mixkv's): one exact integer sum per block, one float chain ----
+
+constexpr WeightType kBlockTypes[] = {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1};
+
+// Output (r, xr) in the kBlockSum order, emulated in float from the definition (the test's own
+// quantiser, codes and steps): y = fma(d_w * d_x, I_b, y) over blocks, q4_1 then
+// y = fma(m_w, s_x, y). What every path must give bit for bit.
+float blocksum_emulated(WeightType type, const std::vector<std::byte>& w, std::int64_t cols,
+                        std::int64_t r, const float* xr) {
+  const std::byte* row = w.data() + r * weight_bytes(type, 1, cols);
+  const std::int64_t block_bytes = weight_bytes(type, 1, 32);
+  float y = 0.0f;
+  for (std::int64_t b = 0; b < cols / 32; ++b) {
+    const XBlock xb = reference_quantize(xr + 32 * b);
+    const std::byte* block = row + b * block_bytes;
+    std::int32_t sum = 0;
+    for (int e = 0; e < 32; ++e) {
+      int q = 0;
+      if (type == WeightType::kQ8_0) {
+        q = static_cast<std::int8_t>(block[2 + e]);
+      } else {
+        const bool q41 = type == WeightType::kQ4_1;
+        const auto byte = static_cast<std::uint8_t>(block[(q41 ? 4 : 2) + e % 16]);
+        q = (e < 16 ? byte & 15 : byte >> 4) - (q41 ? 0 : 8);
+      }
+      sum += q * xb.q[e];
+    }
+    const float d = fp16_to_float(u16(block)) * static_cast<float>(xb.d);
+    y = std::fma(d, static_cast<float>(sum), y);
+    if (type == WeightType::kQ4_1) {
+      y = std::fma(fp16_to_float(u16(block + 2)), static_cast<float>(xb.s), y);
+    }
+  }
+  return y;
+}
+
+// Shapes: one panel of 16 W rows exactly, partial last panels (37, 17, 1 rows), several panels
+// per task; one block, odd block counts, a long row.
+constexpr std::pair<std::int64_t, std::int64_t> kBlockSumShapes[] = {
+    {37, 1056}, {16, 96}, {17, 32}, {1, 160}, {48, 288}};
+
+// Every way of computing the blocksum order this machine has: packed (read by the VNNI path
+// where it runs) or not, VNNI on or off, each instruction set; `check` sees each result.
+template <typename F>
+void for_each_blocksum_path(F&& check) {
+  for (const bool packed : {true, false}) {
+    for (const bool vnni : {true, false}) {
+      set_matmul_vnni(vnni);
+      for_each_simd_target([&](const std::string& simd) {
+        check(simd + (vnni ? "" : " without VNNI") + (packed ? ", packed" : ", unpacked"), packed);
+      });
+    }
+  }
+  set_matmul_vnni(true);
+}
+
+// Bit for bit the emulation above, for 1 .. 64 rows of x, on every path, with 1, 2 and 3
+// threads: so n rows equal 1 row, threads change nothing, and every instruction set agrees.
+TEST(BlockSumOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
+  std::mt19937_64 rng(7);
+  ThreadPool two(2), three(3);
+  for (WeightType t : kBlockTypes) {
+    for (const auto& [rows, cols] : kBlockSumShapes) {
+      const auto w = random_weight(t, rows, cols, rng);
+      const PackedWeight packed = pack_weight({t, rows, cols, w.data()});
+      EXPECT_EQ(packed.bytes(), (rows + 15) / 16 * 16 * weight_bytes(t, 1, cols));
+      const std::int64_t n_max = 64;
+      const auto x = random_x(n_max, cols, rng);
+      std::vector<float> expect(static_cast<std::size_t>(n_max * rows));
+      for (std::int64_t i = 0; i < n_max; ++i)
+        for (std::int64_t r = 0; r < rows; ++r)
+          expect[static_cast<std::size_t>(i * rows + r)] =
+              blocksum_emulated(t, w, cols, r, x.data() + i * cols);
+      for_each_blocksum_path([&](const std::string& path, bool use_packed) {
+        WeightView view{t, rows, cols, w.data(), ReductionOrder::kBlockSum};
+        if (use_packed) view.packed = packed.data();
+        for (std::int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64}) {
+          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+            if (n > 9 && pool == &three) continue;  // keeps the sanitizer build fast
+            std::vector<float> y(static_cast<std::size_t>(n * rows));
+            matmul(view, std::span(x).first(static_cast<std::size_t>(n * cols)), y, pool);
+            expect_same_bits(y, std::vector<float>(expect.begin(), expect.begin() + n * rows),
+                             std::string(to_string(t)) + " " + std::to_string(rows) + "x" +
+                                 std::to_string(cols) + " " + std::to_string(n) + " rows, " +
+                                 std::to_string(pool ? pool->size() : 1) + " threads, " + path);
+          }
+        }
+      });
+    }
+  }
+}
+
+// Within float rounding of the double product over the codes (one rounding per block for the
+// product and one for the sum, q4_1 two more), and the same quantised x as the ggml order: the
+// two orders differ only in float rounding.
+TEST(BlockSumOrder, MatchesTheDoubleReferenceAndTheGgmlOrderWithinRounding) {
+  std::mt19937_64 rng(8);
+  for (WeightType t : kBlockTypes) {
+    const std::int64_t rows = 37, cols = 1056, n = 5;
+    const auto w = random_weight(t, rows, cols, rng);
+    const PackedWeight packed = pack_weight({t, rows, cols, w.data()});
+    const auto x = random_x(n, cols, rng);
+    std::vector<float> y(static_cast<std::size_t>(n * rows)), g(y.size());
+    matmul({t, rows, cols, w.data(), ReductionOrder::kBlockSum, packed.data()}, x, y);
+    matmul({t, rows, cols, w.data()}, x, g);
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        double mag = 0;
+        const double ref = reference_product(t, w, cols, r, x.data() + i * cols, mag);
+        const double tol = (4.0 * static_cast<double>(cols / 32) + 9) * 0x1p-24 * mag;
+        const auto at = static_cast<std::size_t>(i * rows + r);
+        ASSERT_NEAR(y[at], ref, tol) << to_string(t) << " row " << i << " output " << r;
+        ASSERT_NEAR(y[at], g[at], 2 * tol) << to_string(t) << " vs the ggml order";
+      }
+    }
+  }
+}
+
+// A non-finite x reaches its outputs in this order too (its block's d is NaN).
+TEST(BlockSumOrder, NonFiniteActivationsGiveNonFiniteOutputs) {
+  std::mt19937_64 rng(9);
+  for (WeightType t : kBlockTypes) {
+    const auto w = random_weight(t, 20, 64, rng);
+    const PackedWeight packed = pack_weight({t, 20, 64, w.data()});
+    auto x = random_x(2, 64, rng);
+    x[64 + 40] = std::numeric_limits<float>::infinity();
+    std::vector<float> y(40);
+    matmul({t, 20, 64, w.data(), ReductionOrder::kBlockSum, packed.data()}, x, y);
+    for (int r = 0; r < 20; ++r) {
+      EXPECT_TRUE(std::isfinite(y[static_cast<std::size_t>(r)])) << to_string(t);
+      EXPECT_FALSE(std::isfinite(y[static_cast<std::size_t>(20 + r)])) << to_string(t);
+    }
+  }
+}
+
+TEST(BlockSumOrder, RefusesWhatCannotBePacked) {
+  using mixkv::testing::expect_error;
+  std::vector<std::byte> w(static_cast<std::size_t>(weight_bytes(WeightType::kBfloat16, 4, 64)));
+  expect_error(
+      [&] {
+        (void)pack_weight({WeightType::kBfloat16, 4, 64, w.data()});
+      },
+      ErrorCode::kInvalidInput, {"pack_weight", "bfloat16", "q8_0, q4_0 and q4_1"});
+  expect_error(
+      [&] {
+        (void)pack_weight({WeightType::kQ8_0, 4, 64, nullptr});
+      },
+      ErrorCode::kInvalidInput, {"no data"});
+  std::vector<std::byte> q(static_cast<std::size_t>(weight_bytes(WeightType::kQ8_0, 4, 64)));
+  const PackedWeight packed = pack_weight({WeightType::kQ8_0, 4, 64, q.data()});
+  std::vector<float> x(64), y(4);
+  expect_error(
+      [&] {
+        WeightView v{WeightType::kQ8_0, 4, 64, q.data()};
+        v.packed = packed.data();  // packed, but the ggml order
+        matmul(v, x, y, nullptr, "layer 2 down");
+      },
+      ErrorCode::kInvalidInput, {"layer 2 down", "packed", "blocksum"});
+  EXPECT_EQ(to_string(ReductionOrder::kGgml), "ggml");
+  EXPECT_EQ(to_string(ReductionOrder::kBlockSum), "blocksum");
+}
+
 TEST(WeightMatmul, ReadsGgufTypeIds) {
   EXPECT_EQ(weight_type_from_ggml(0), WeightType::kFloat32);
   EXPECT_EQ(weight_type_from_ggml(1), WeightType::kFloat16);

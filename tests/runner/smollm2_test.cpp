@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <fstream>
 #include <iostream>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -18,6 +21,19 @@ namespace {
 using testing::first_blocks;
 using testing::llamacpp_reference;
 using testing::smollm2_runner;
+
+// This process's resident memory as Linux reports it (anonymous: the packed copies; file: the
+// mapped GGUF's resident pages).
+std::string resident_memory() {
+  std::ifstream in("/proc/self/status");
+  std::string line, out;
+  while (std::getline(in, line)) {
+    if (line.starts_with("VmRSS") || line.starts_with("RssAnon") || line.starts_with("RssFile")) {
+      out += " " + line;
+    }
+  }
+  return out;
+}
 
 // Logits of `tokens` at positions [0, n), computed `chunk` tokens per forward.
 std::vector<float> logits_in_chunks(ModelRunner& runner, std::span<const TokenId> tokens,
@@ -36,16 +52,45 @@ std::vector<float> logits_in_chunks(ModelRunner& runner, std::span<const TokenId
   return out;
 }
 
+// In both reduction orders of the Q4_1 / Q8_0 products (RunnerOptions::weight_order); the
+// blocksum order packs the weights at load, and its logits differ from the ggml order's only in
+// float rounding.
 TEST(SmolLm2Runner, OneStepOverManyTokensGivesTheLogitsOfOneTokenSteps) {
   MIXKV_SMOLLM2_OR_SKIP(path);
-  ModelRunner runner = smollm2_runner(path);
-  EXPECT_EQ(runner.vocab_size(), 49152);
   const std::vector<TokenId> tokens = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198};
-  const std::vector<float> batched = logits_in_chunks(runner, tokens, tokens.size());
-  const std::vector<float> stepped = logits_in_chunks(runner, tokens, 1);
-  ASSERT_EQ(batched.size(), tokens.size() * 49152u);
-  ASSERT_EQ(batched.size(), stepped.size());
-  EXPECT_EQ(std::memcmp(batched.data(), stepped.data(), batched.size() * sizeof(float)), 0);
+  std::vector<float> ggml;
+  for (const auto order : {kernels::ReductionOrder::kGgml, kernels::ReductionOrder::kBlockSum}) {
+    RunnerOptions o;
+    o.weight_order = order;
+    ModelRunner runner = smollm2_runner(path, o);
+    EXPECT_EQ(runner.vocab_size(), 49152);
+    std::cout << fmt::format("{} order, after loading:{}\n", kernels::to_string(order),
+                             resident_memory());
+    const std::vector<float> batched = logits_in_chunks(runner, tokens, tokens.size());
+    const std::vector<float> stepped = logits_in_chunks(runner, tokens, 1);
+    std::cout << fmt::format("{} order, after 20 forwards:{}\n", kernels::to_string(order),
+                             resident_memory());
+    ASSERT_EQ(batched.size(), tokens.size() * 49152u);
+    ASSERT_EQ(batched.size(), stepped.size());
+    EXPECT_EQ(std::memcmp(batched.data(), stepped.data(), batched.size() * sizeof(float)), 0)
+        << kernels::to_string(order);
+    if (order == kernels::ReductionOrder::kGgml) {
+      ggml = batched;
+      continue;
+    }
+    // The 8-bit codes of the next layer's input move with the last bits of this one's output,
+    // so the logits drift by more than one product's rounding: bounded on average.
+    double diff = 0, mag = 0;
+    for (std::size_t i = 0; i < ggml.size(); ++i) {
+      diff += std::abs(static_cast<double>(batched[i]) - ggml[i]);
+      mag += std::abs(static_cast<double>(ggml[i]));
+    }
+    std::cout << fmt::format(
+        "blocksum vs ggml order: mean |logit difference| {:.4f}, mean |logit| {:.3f}\n",
+        diff / static_cast<double>(ggml.size()), mag / static_cast<double>(ggml.size()));
+    EXPECT_GT(diff, 0.0) << "the orders round differently";
+    EXPECT_LT(diff, 0.05 * mag) << "but compute the same product";
+  }
 }
 
 // llama.cpp's teacher-forced top-1 with one token per llama_decode call (teacher_forced_step_top1:
@@ -56,9 +101,15 @@ TEST(SmolLm2Runner, OneStepOverManyTokensGivesTheLogitsOfOneTokenSteps) {
 // Measured: 97.60% (1,218 of 1,248), short of issue 13's 98%; every disagreement is a near-tie
 // for llama.cpp too (its top-1 minus top-2 logit under 0.5), which this test checks with the
 // rate as a guard.
-TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies) {
-  MIXKV_SMOLLM2_OR_SKIP(path);
-  ModelRunner runner = smollm2_runner(path);
+struct Agreement {
+  double rate = 0;        // mixkv's top-1 = llama.cpp's one-token top-1
+  double max_margin = 0;  // llama.cpp's top-1 minus top-2 logit where the top-1s differ
+};
+
+Agreement teacher_forced_agreement(const std::string& path, kernels::ReductionOrder order) {
+  RunnerOptions o;
+  o.weight_order = order;
+  ModelRunner runner = smollm2_runner(path, o);
   const nlohmann::json ref = llamacpp_reference();
   std::int64_t positions = 0, agree = 0, agree_batched = 0;
   double max_margin = 0;  // llama.cpp's top-1 minus top-2 logit where the top-1s differ
@@ -69,7 +120,8 @@ TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies
     tokens.insert(tokens.end(), greedy.begin(), greedy.end());
     const auto step_top1 = chat["teacher_forced_step_top1"].get<std::vector<TokenId>>();
     const auto batched_top1 = chat["teacher_forced_top1"].get<std::vector<TokenId>>();
-    ASSERT_EQ(step_top1.size(), tokens.size());
+    EXPECT_EQ(step_top1.size(), tokens.size());
+    if (step_top1.size() != tokens.size()) return {};
     const std::vector<float> logits = logits_in_chunks(runner, tokens, 32);
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       const TokenId top = argmax(std::span(logits).subspan(i * vocab, vocab));
@@ -83,13 +135,28 @@ TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies
   }
   const double rate = static_cast<double>(agree) / static_cast<double>(positions);
   std::cout << fmt::format(
-      "teacher-forced top-1: {} of {} positions ({:.2f}%) agree with llama.cpp's one-token "
-      "steps, {} ({:.2f}%) with its batched evaluation; llama.cpp's largest margin where they "
-      "differ: {:.3f}\n",
-      agree, positions, 100 * rate, agree_batched,
+      "{} order: teacher-forced top-1: {} of {} positions ({:.2f}%) agree with llama.cpp's "
+      "one-token steps, {} ({:.2f}%) with its batched evaluation; llama.cpp's largest margin "
+      "where they differ: {:.3f}\n",
+      kernels::to_string(order), agree, positions, 100 * rate, agree_batched,
       100.0 * static_cast<double>(agree_batched) / static_cast<double>(positions), max_margin);
-  EXPECT_GE(rate, 0.97);
-  EXPECT_LT(max_margin, 0.5);
+  return {rate, max_margin};
+}
+
+TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  const Agreement a = teacher_forced_agreement(path, kernels::ReductionOrder::kGgml);
+  EXPECT_GE(a.rate, 0.97);
+  EXPECT_LT(a.max_margin, 0.5);
+}
+
+// The blocksum order rounds each product differently from llama.cpp (docs/kernels.md), so more
+// near-ties go the other way; the figures are printed for the choice of the engine's default.
+TEST(SmolLm2LongAgreement, BlockSumOrderAgreesWithLlamaCppExceptOnNearTies) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  const Agreement a = teacher_forced_agreement(path, kernels::ReductionOrder::kBlockSum);
+  EXPECT_GE(a.rate, 0.96);  // measured 96.79% (1,208 of 1,248); the ggml order 97.60%
+  EXPECT_LT(a.max_margin, 0.5);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -36,6 +37,20 @@ std::int64_t weight_block_elements(WeightType type);
 // not a multiple of the block, or an overflow.
 std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols);
 
+// How the block formats (q8_0, q4_0, q4_1) reduce each output; both read x quantised the same
+// way (ggml's q8_0 / q8_1 codes and scales) and both are the same bits for 1 row and n rows,
+// on every instruction set (docs/kernels.md, "Reduction order"):
+// - kGgml: ggml's float steps (eight float chains per output, fed per block), llama.cpp's bits.
+// - kBlockSum: one exact integer sum I_b per (x row, W row, block) and one float chain over the
+//   blocks in order, y = fma(d_w * d_x, I_b, y) (q4_1 then y = fma(m_w, s_x, y)): about a fifth
+//   of the vector work per row, so n rows cost little more than one.
+// A property of the weight, fixed by the model (never chosen by the row count); float types
+// ignore it.
+enum class ReductionOrder { kGgml, kBlockSum };
+
+// "ggml", "blocksum".
+std::string_view to_string(ReductionOrder order);
+
 // A weight the caller owns (typically a view into a memory-mapped GGUF/safetensors file):
 // `rows` outputs of `cols` inputs, weight_bytes(dtype, rows, cols) bytes at `data` (any
 // alignment).
@@ -44,17 +59,52 @@ struct WeightView {
   std::int64_t rows = 0;
   std::int64_t cols = 0;
   const std::byte* data = nullptr;
+  ReductionOrder order = ReductionOrder::kGgml;
+  // Optional, kBlockSum only: pack_weight's copy of this weight, which the AVX-512 VNNI path then
+  // reads instead of `data` (16 W rows side by side per block). Paths that cannot use it read
+  // `data`; the bits are the same either way.
+  const std::byte* packed = nullptr;
 };
+
+// A block-format weight laid out for the kBlockSum VNNI path, made once (at load): per panel of
+// 16 W rows (the last one padded with zero rows) and per block of 32 columns, the 16 rows' fp16
+// d (q4_1: then their 16 m), then the codes as vectors of 16 lanes, lane j holding four bytes of
+// row j (q8_0: codes 4k..4k+3 plus 128, k = 0..7; q4_0/q4_1: bytes 4v..4v+3 of the row's block,
+// i.e. codes 4v.. in the low and 16 + 4v.. in the high nibbles, v = 0..3). About the bytes of the
+// original (plus the padding rows): once packed, a caller that only multiplies may let the
+// original's pages go.
+class PackedWeight {
+ public:
+  PackedWeight() = default;
+  const std::byte* data() const { return data_.get(); }
+  std::int64_t bytes() const { return bytes_; }
+
+ private:
+  friend PackedWeight pack_weight(const WeightView& w);
+  struct Free {
+    void operator()(std::byte* p) const;
+  };
+  std::unique_ptr<std::byte, Free> data_;
+  std::int64_t bytes_ = 0;
+};
+
+// Whether matmul reads a packed copy of a `type` weight in the kBlockSum order on this CPU
+// (block formats, AVX-512 VNNI present and not switched off): only then does packing pay.
+bool matmul_reads_packed(WeightType type);
+
+// The kBlockSum layout of `w` (a q8_0, q4_0 or q4_1 weight; Error otherwise). Reads all of W.
+PackedWeight pack_weight(const WeightView& w);
 
 // y[i][r] = sum over c of x[i][c] * W[r][c] for `x` of [n, w.cols] and `y` of [n, w.rows]
 // (row-major, n = x.size() / w.cols >= 1). Each y[i][r] is reduced in an order fixed by w.cols
 // and the instruction set alone: the same bits whatever n, whatever the other rows of x, and
 // whatever the pool (nullptr: the calling thread). Throws Error (bad input) when the sizes do not
 // match, naming `where` (e.g. the layer and tensor) in the message.
-// The block formats (q8_0, q4_0, q4_1) compute what ggml's CPU backend computes (llama.cpp's x86
-// builds): each row of x quantised per 32 elements as ggml's q8_0 (q8_0 and q4_0 weights) or
-// q8_1 (q4_1), integer dots per block, and ggml's float steps in its order, so the result is the
-// same bits on every instruction set and, for the same x, llama.cpp's (docs/kernels.md).
+// The block formats (q8_0, q4_0, q4_1) quantise each row of x per 32 elements as ggml does
+// (q8_0 for q8_0 and q4_0 weights, q8_1 for q4_1), take integer dots per block and reduce in
+// w.order: with kGgml ggml's float steps in its order, so the result is the same bits on every
+// instruction set and, for the same x, llama.cpp's; with kBlockSum mixkv's cheaper order, also
+// the same bits on every instruction set (docs/kernels.md).
 void matmul(const WeightView& w, std::span<const float> x, std::span<float> y,
             ThreadPool* pool = nullptr, std::string_view where = "matmul");
 

@@ -20,6 +20,7 @@
 #include "mixkv/cache/block_pool.hpp"
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/kernels/matmul.hpp"
 #include "mixkv/kernels/thread_pool.hpp"
 #include "mixkv/layout/geometry.hpp"
 #include "mixkv/model/architecture.hpp"
@@ -89,6 +90,11 @@ struct RunnerOptions {
   // Threads for the matrix products and attention (the caller's included); 0: one per core,
   // at most 8. Results are the same bits whatever the count.
   int threads = 0;
+  // How block-format (q8_0, q4_0, q4_1) weights reduce (kernels::ReductionOrder): kGgml gives
+  // llama.cpp's bits; kBlockSum mixkv's cheaper order, for which each such weight is packed once
+  // at load where the CPU's path reads the packed layout (AVX-512 VNNI), the file's pages of it
+  // then released (docs/kernels.md). Either way a token's logits are the same alone or batched.
+  kernels::ReductionOrder weight_order = kernels::ReductionOrder::kGgml;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),

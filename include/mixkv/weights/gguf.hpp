@@ -80,6 +80,9 @@ class GgufFile {
   static bool file_has_magic(const std::string& path);
 
   const std::string& origin() const { return origin_; }
+  // True for open()'s files: the tensors' bytes are a read-only shared mapping of the file, whose
+  // pages may be dropped (madvise MADV_DONTNEED) and come back from the file when read again.
+  bool mapped() const { return mapping_.has_value(); }
   std::uint32_t version() const { return version_; }
   std::uint64_t alignment() const { return alignment_; }
   std::uint64_t data_offset() const { return data_offset_; }  // start of the tensor data
