@@ -16,6 +16,7 @@
 #include "mixkv/kernels/thread_pool.hpp"
 
 namespace mixkv::kernels {
+namespace attention_amx_test {  // named: its Layer meets other files' in a unity batch
 namespace {
 
 struct Layer {
@@ -201,4 +202,5 @@ TEST(AttentionAmx, DiffersFromTheFloatPathOnlyInRounding) {
 }
 
 }  // namespace
+}  // namespace attention_amx_test
 }  // namespace mixkv::kernels
