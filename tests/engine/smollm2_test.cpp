@@ -51,10 +51,11 @@ std::vector<std::vector<TokenId>> chat_prompts(const std::string& path, std::siz
 }
 
 // Greedy decoding amplifies every near-tie: the first token that differs changes the rest. Issue
-// 13 asks for the first 32 tokens identical on 7 of 8 chats; measured: 2 of 8 (the products
-// match llama.cpp's, its attention arithmetic does not: docs/engine.md). What this test checks: each reply agrees with
-// llama.cpp's up to a position where llama.cpp itself nearly tied (top-1 minus top-2 logit, one
-// token per call, under 0.5), and at least 2 chats agree on all 32.
+// 13 asks for the first 32 tokens identical on 7 of 8 chats. mixkv follows llama.cpp's numerics
+// for GGUF files (its quantised products, attention, RoPE and SiLU: docs/engine.md), so its
+// logits are llama.cpp's bit for bit; measured: 8 of 8. The test asks for the issue's 7 of 8,
+// and where a reply differs, that llama.cpp itself nearly tied there (top-1 minus top-2 logit,
+// one token per call, under 0.5).
 TEST(SmolLm2LongGreedy, RepliesFollowLlamaCppUpToANearTie) {
   MIXKV_SMOLLM2_OR_SKIP(path);
   ModelRunner runner = smollm2_runner(path);
@@ -91,7 +92,7 @@ TEST(SmolLm2LongGreedy, RepliesFollowLlamaCppUpToANearTie) {
   }
   std::cout << fmt::format("first 32 greedy tokens identical to llama.cpp's on {} of 8 chats:{}\n",
                            identical, report);
-  EXPECT_GE(identical, 2);
+  EXPECT_GE(identical, 7);
 }
 
 // Plain tokens, then the same requests with each drafter: identical, at batch 16 and batch 1.

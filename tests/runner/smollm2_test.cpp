@@ -50,12 +50,11 @@ TEST(SmolLm2Runner, OneStepOverManyTokensGivesTheLogitsOfOneTokenSteps) {
 
 // llama.cpp's teacher-forced top-1 with one token per llama_decode call (teacher_forced_step_top1:
 // the path its greedy decoding takes) against mixkv's, over every position of the 8 chats (prompt
-// and llama.cpp's greedy continuation). mixkv's Q4_1 and Q8_0 products compute llama.cpp's (x
-// quantised to 8 bits as ggml does), but its attention, RoPE and SiLU arithmetic differ in the
-// last bits, which moves some 8-bit codes, so near-ties may go either way (docs/engine.md).
-// Measured: 97.60% (1,218 of 1,248), short of issue 13's 98%; every disagreement is a near-tie
-// for llama.cpp too (its top-1 minus top-2 logit under 0.5), which this test checks with the
-// rate as a guard.
+// and llama.cpp's greedy continuation). For a GGUF file mixkv computes llama.cpp's numerics: its
+// Q4_1 and Q8_0 products (x quantised to 8 bits as ggml does), its f16-cache attention, RoPE
+// angles and SiLU (kernels/attention_ggml.hpp, docs/engine.md). Measured: 100% (1,248 of 1,248;
+// 97.60% with mixkv's own attention, RoPE and SiLU). The test asks for issue 13's 98%, and that
+// any disagreement is a near-tie for llama.cpp too (its top-1 minus top-2 logit under 0.5).
 TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies) {
   MIXKV_SMOLLM2_OR_SKIP(path);
   ModelRunner runner = smollm2_runner(path);
@@ -88,7 +87,7 @@ TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies
       "differ: {:.3f}\n",
       agree, positions, 100 * rate, agree_batched,
       100.0 * static_cast<double>(agree_batched) / static_cast<double>(positions), max_margin);
-  EXPECT_GE(rate, 0.97);
+  EXPECT_GE(rate, 0.98);
   EXPECT_LT(max_margin, 0.5);
 }
 

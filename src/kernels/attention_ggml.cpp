@@ -1,0 +1,244 @@
+// llama.cpp's attention numerics (attention_ggml.hpp). Facts from ggml-cpu of the pinned build
+// (GGML_NATIVE off, AVX-512F/DQ on, no llamafile GEMM for one row):
+//   ggml_vec_dot_f16: 4 accumulators of 16 lanes over blocks of 64 elements, each lane a fused
+//     multiply-add chain; accumulators folded 0+2, 1+3, then 0+1; the 16 lanes by
+//     _mm512_reduce_add_ps (GCC: upper 8 + lower 8, upper 4 + lower 4, [0]+[2] and [1]+[3],
+//     then those two); the elements after the last block of 64 added one by one in double.
+//   ggml_soft_max_ext with a causal mask: x * scale (+0 or -inf), the max, exp(x - max) 16 at a
+//     time with ggml_v_expf, each 16's sum (the same lane fold) added in double, 1 / sum in
+//     double rounded to float, times each exp.
+//   The f32 inputs of both products (the query, the probabilities) are rounded to f16 (RNE) as
+//   ggml_mul_mat converts src1 to the f16 dot's type; the key count of the KQV product is the
+//   cache's n_kv: the used cells padded to 32 (at least 32), the extra cells' probabilities 0.
+// Products of two f16 values are exact in float, so a fused multiply-add equals a multiply then an
+// add here; the code writes them as that. Compiled with -ffp-contract=off (src/CMakeLists.txt).
+#include "mixkv/kernels/attention_ggml.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/convert.hpp"
+
+namespace mixkv::kernels {
+namespace {
+
+constexpr int kLanes = 16;  // one __m512 of floats
+constexpr int kBlock = 64;  // GGML_F16_STEP: 4 accumulators of 16 lanes
+
+// _mm512_reduce_add_ps as GCC 12 writes it.
+float reduce16(const float* v) {
+  float t8[8], t4[4];
+  for (int i = 0; i < 8; ++i) t8[i] = v[i + 8] + v[i];
+  for (int i = 0; i < 4; ++i) t4[i] = t8[i + 4] + t8[i];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+// GGML_F16_VEC_REDUCE: the four 16-lane accumulators of a block folded, then the lanes.
+float reduce64(const float* acc) {
+  float s[kLanes];
+  for (int l = 0; l < kLanes; ++l) {
+    s[l] = (acc[l] + acc[2 * kLanes + l]) + (acc[kLanes + l] + acc[3 * kLanes + l]);
+  }
+  return reduce16(s);
+}
+
+// ggml_vec_dot_f16 over n values already widened from f16.
+float dot_f16(const float* x, const float* y, std::int64_t n) {
+  const std::int64_t np = n & ~std::int64_t{kBlock - 1};
+  float acc[kBlock] = {};
+  for (std::int64_t i = 0; i < np; i += kBlock) {
+    for (int a = 0; a < kBlock; ++a) acc[a] += x[i + a] * y[i + a];
+  }
+  double sum = reduce64(acc);
+  for (std::int64_t i = np; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
+  return static_cast<float>(sum);
+}
+
+float round_f16(float x) { return fp16_to_float(float_to_fp16(x)); }
+
+bool is_served(const AttentionSpec& spec) {
+  const attn::AttentionParams& p = spec.params;
+  return p.kv_dtype == DType::kFloat16 && p.causal && p.window_left < 0 && !p.soft_cap &&
+         !p.sinks && !spec.mla && spec.head_size % kLanes == 0 && spec.head_size_v % kLanes == 0;
+}
+
+struct Scratch {
+  std::vector<float> k, v, q, p, acc;
+};
+
+}  // namespace
+
+float ggml_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  // _mm512_scalef_ps: j * 2^n rounded once (|n| <= 192 here, an integer).
+  return std::ldexp(j, static_cast<int>(n));
+}
+
+float ggml_silu(float x) { return x / (1.0f + ggml_expf(0.0f - x)); }
+
+bool ggml_attention_serves(const AttentionSpec& spec) { return is_served(spec); }
+
+void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
+                    const AttentionInputs& inputs, std::span<float> out) {
+  const std::string who = fmt::format("ggml_attention, layer {}", layer.layer);
+  validate(spec, who);
+  if (!is_served(spec)) {
+    throw_unsupported(fmt::format(
+        "{}: llama.cpp's attention numerics serve causal fp16 caches without window, soft cap "
+        "or sinks and head sizes a multiple of 16 (got {} cache, head sizes {}/{}); use the "
+        "paged kernel",
+        who, to_string(spec.params.kv_dtype), spec.head_size, spec.head_size_v));
+  }
+  const std::int64_t hq = spec.params.num_q_heads;
+  const std::int64_t hkv = spec.params.num_kv_heads;
+  const std::int64_t group = hq / hkv;
+  const std::int64_t d = spec.head_size;
+  const std::int64_t dv = spec.head_size_v;
+  const std::int64_t kt = layer.kernel_tokens;
+  if (layer.recurrent || kt <= 0 || layer.kernel_page_stride <= 0 || layer.offset < 0 ||
+      layer.v_offset < 0 || layer.k_token_bytes != hkv * d * 2 ||
+      layer.v_token_bytes != hkv * dv * 2) {
+    throw_invalid(fmt::format(
+        "{}: its geometry ({} K / {} V bytes per token, pages of {} tokens) is not that of {} "
+        "fp16 KV heads of {}/{}",
+        who, layer.k_token_bytes, layer.v_token_bytes, kt, hkv, d, dv));
+  }
+  const auto size = static_cast<std::int64_t>(inputs.cache.size());
+  const std::int64_t span =
+      std::max(kt * layer.k_token_bytes, layer.v_offset + kt * layer.v_token_bytes);
+  std::int64_t total = 0;
+  for (std::size_t r = 0; r < inputs.batch.size(); ++r) {
+    const PagedSequence& s = inputs.batch[r];
+    if (s.num_queries < 1 || s.num_queries > s.kv_len) {
+      throw_invalid(fmt::format("{}: request {} has {} queries over {} cached tokens", who, r,
+                                s.num_queries, s.kv_len));
+    }
+    const std::int64_t pages = (s.kv_len + kt - 1) / kt;
+    if (pages > static_cast<std::int64_t>(s.kernel_pages.size())) {
+      throw_invalid(fmt::format("{}: request {} has {} tokens but {} kernel pages of {}", who, r,
+                                s.kv_len, s.kernel_pages.size(), kt));
+    }
+    for (std::int64_t i = 0; i < pages; ++i) {
+      const std::int64_t page = s.kernel_pages[static_cast<std::size_t>(i)];
+      if (page < 0 || size < layer.offset + span ||
+          page > (size - layer.offset - span) / layer.kernel_page_stride) {
+        throw_invalid(fmt::format("{}: kernel page {} lies outside the {}-byte cache tensor", who,
+                                  page, size));
+      }
+    }
+    total += s.num_queries;
+  }
+  if (inputs.queries.size() != static_cast<std::size_t>(total * hq * d) ||
+      out.size() != static_cast<std::size_t>(total * hq * dv) || !inputs.sinks.empty()) {
+    throw_invalid(fmt::format(
+        "{}: {} queries of {} heads need {} query values and {} outputs "
+        "(and no sinks), got {} and {}",
+        who, total, hq, total * hq * d, total * hq * dv, inputs.queries.size(), out.size()));
+  }
+
+  // One task per (query row, KV head): its query heads share each K/V row read.
+  struct Task {
+    const PagedSequence* seq;
+    std::int64_t row;   // query row of the call
+    std::int64_t keys;  // keys this query sees: its position + 1
+  };
+  std::vector<Task> tasks;
+  tasks.reserve(static_cast<std::size_t>(total));
+  std::int64_t row = 0;
+  for (const PagedSequence& s : inputs.batch) {
+    for (std::int64_t i = 0; i < s.num_queries; ++i, ++row) {
+      tasks.push_back({&s, row, s.kv_len - s.num_queries + i + 1});
+    }
+  }
+  const auto scale = static_cast<float>(spec.params.scale);
+  const int workers = inputs.pool != nullptr ? inputs.pool->size() : 1;
+  std::vector<Scratch> scratch(static_cast<std::size_t>(workers));
+  const auto run = [&](std::int64_t index, int worker) {
+    const Task& t = tasks[static_cast<std::size_t>(index / hkv)];
+    const std::int64_t g = index % hkv;
+    Scratch& sc = scratch[static_cast<std::size_t>(worker)];
+    const std::int64_t n = t.keys;
+    // ggml's n_kv: the cells in use padded to 32, at least 32; the KQV dot's blocks of 64 and
+    // its one-by-one tail follow from it.
+    const std::int64_t n_kv = std::max<std::int64_t>(32, (n + 31) / 32 * 32);
+    const std::int64_t np = n_kv & ~std::int64_t{kBlock - 1};
+    sc.k.resize(static_cast<std::size_t>(n * d));
+    sc.v.resize(static_cast<std::size_t>(n * dv));
+    sc.q.resize(static_cast<std::size_t>(d));
+    sc.acc.resize(static_cast<std::size_t>(kBlock * dv));
+    sc.p.resize(static_cast<std::size_t>((n + kLanes - 1) / kLanes * kLanes));
+    for (std::int64_t j = 0; j < n; ++j) {
+      const std::int64_t page = t.seq->kernel_pages[static_cast<std::size_t>(j / kt)];
+      const std::int64_t base = layer.offset + page * layer.kernel_page_stride;
+      const std::byte* kp = inputs.cache.data() + base + (j % kt) * layer.k_token_bytes + g * d * 2;
+      const std::byte* vp =
+          inputs.cache.data() + base + layer.v_offset + (j % kt) * layer.v_token_bytes + g * dv * 2;
+      decode_row_unchecked(DType::kFloat16, kp, static_cast<std::size_t>(d), 1.0f,
+                           sc.k.data() + j * d);
+      decode_row_unchecked(DType::kFloat16, vp, static_cast<std::size_t>(dv), 1.0f,
+                           sc.v.data() + j * dv);
+    }
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const float* q = inputs.queries.data() + (t.row * hq + h) * d;
+      float* q16 = sc.q.data();
+      for (std::int64_t i = 0; i < d; ++i) q16[i] = round_f16(q[i]);
+      float* p = sc.p.data();
+      float max = -std::numeric_limits<float>::infinity();
+      for (std::int64_t j = 0; j < n; ++j) {
+        p[j] = dot_f16(sc.k.data() + j * d, q16, d) * scale;
+        max = std::max(max, p[j]);
+      }
+      std::fill(p + n, p + static_cast<std::ptrdiff_t>(sc.p.size()), 0.0f);
+      double sum = 0.0;
+      for (std::int64_t j = 0; j < n; j += kLanes) {
+        for (std::int64_t l = j; l < std::min(n, j + kLanes); ++l) p[l] = ggml_expf(p[l] - max);
+        sum += static_cast<double>(reduce16(p + j));
+      }
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (std::int64_t j = 0; j < n; ++j) p[j] = round_f16(p[j] * inv);
+
+      // KQV: acc[a * dv + e] is lane a (of the 64) of dimension e's dot, over keys below np;
+      // keys past n have probability 0 and add nothing.
+      float* acc = sc.acc.data();
+      std::fill(acc, acc + kBlock * dv, 0.0f);
+      const std::int64_t simd_end = std::min(n, np);
+      for (std::int64_t j = 0; j < simd_end; ++j) {
+        float* a = acc + (j % kBlock) * dv;
+        const float* vj = sc.v.data() + j * dv;
+        const float pj = p[j];
+        for (std::int64_t e = 0; e < dv; ++e) a[e] += vj[e] * pj;
+      }
+      float* o = out.data() + (t.row * hq + h) * dv;
+      float lanes[kBlock];
+      for (std::int64_t e = 0; e < dv; ++e) {
+        for (int a = 0; a < kBlock; ++a) lanes[a] = acc[a * dv + e];
+        double s = reduce64(lanes);
+        for (std::int64_t j = np; j < n; ++j) {
+          s += static_cast<double>(sc.v[static_cast<std::size_t>(j * dv + e)] * p[j]);
+        }
+        o[e] = static_cast<float>(s);
+      }
+    }
+  };
+  const auto count = static_cast<std::int64_t>(tasks.size()) * hkv;
+  if (inputs.pool != nullptr) {
+    inputs.pool->parallel_for(count, run);
+  } else {
+    for (std::int64_t i = 0; i < count; ++i) run(i, 0);
+  }
+}
+
+}  // namespace mixkv::kernels
