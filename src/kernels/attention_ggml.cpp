@@ -15,7 +15,10 @@
 #include "mixkv/kernels/attention_ggml.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -59,7 +62,23 @@ float dot_f16(const float* x, const float* y, std::int64_t n) {
   return static_cast<float>(sum);
 }
 
-float round_f16(float x) { return fp16_to_float(float_to_fp16(x)); }
+// fp16 bits to float by a table of all 65536 values (fp16_to_float's, exact).
+const float* fp16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t b = 0; b < 65536; ++b) t[b] = fp16_to_float(static_cast<std::uint16_t>(b));
+    return t;
+  }();
+  return table.data();
+}
+
+void decode_f16(const std::byte* bytes, std::int64_t n, const float* table, float* out) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, bytes + 2 * i, 2);
+    out[i] = table[bits];
+  }
+}
 
 bool is_served(const AttentionSpec& spec) {
   const attn::AttentionParams& p = spec.params;
@@ -83,11 +102,27 @@ float ggml_expf(float x) {
   const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
                                     std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
                            u, std::fma(0x1.ffffecp-1f, b, 1.0f));
-  // _mm512_scalef_ps: j * 2^n rounded once (|n| <= 192 here, an integer).
-  return std::ldexp(j, static_cast<int>(n));
+  // _mm512_scalef_ps: j * 2^n rounded once (|n| <= 192 here, an integer). j lies in [0.7, 1.5),
+  // so for n in [-125, 127] the product is normal and one multiply by 2^n is exact.
+  const int e = static_cast<int>(n);
+  if (e >= -125 && e <= 127)
+    return j * std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
+  return std::ldexp(j, e);
 }
 
 float ggml_silu(float x) { return x / (1.0f + ggml_expf(0.0f - x)); }
+
+// x rounded to the nearest fp16 value, ties to even (float_to_fp16 then back, faster): adding
+// m = 2^(e + 13), e the exponent of |x| (at least fp16's -14), leaves |x| rounded to a multiple of
+// 2^(e - 10), 11 significant bits, by the float add's own round-to-nearest-even; subtracting m
+// again is exact (Sterbenz). At or above 65520 fp16 rounds to infinity.
+float fp16_round(float x) {
+  const float a = std::fabs(x);
+  if (!(a < 65520.0f)) return std::isnan(x) ? x : std::copysign(HUGE_VALF, x);
+  const std::uint32_t e = std::max(std::bit_cast<std::uint32_t>(a) & 0x7F800000u, 0x38800000u);
+  const float m = std::bit_cast<float>(e) * 8192.0f;
+  return std::copysign((a + m) - m, x);
+}
 
 bool ggml_attention_serves(const AttentionSpec& spec) { return is_served(spec); }
 
@@ -164,6 +199,7 @@ void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& laye
     }
   }
   const auto scale = static_cast<float>(spec.params.scale);
+  const float* table = fp16_table();
   const int workers = inputs.pool != nullptr ? inputs.pool->size() : 1;
   std::vector<Scratch> scratch(static_cast<std::size_t>(workers));
   const auto run = [&](std::int64_t index, int worker) {
@@ -186,15 +222,13 @@ void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& laye
       const std::byte* kp = inputs.cache.data() + base + (j % kt) * layer.k_token_bytes + g * d * 2;
       const std::byte* vp =
           inputs.cache.data() + base + layer.v_offset + (j % kt) * layer.v_token_bytes + g * dv * 2;
-      decode_row_unchecked(DType::kFloat16, kp, static_cast<std::size_t>(d), 1.0f,
-                           sc.k.data() + j * d);
-      decode_row_unchecked(DType::kFloat16, vp, static_cast<std::size_t>(dv), 1.0f,
-                           sc.v.data() + j * dv);
+      decode_f16(kp, d, table, sc.k.data() + j * d);
+      decode_f16(vp, dv, table, sc.v.data() + j * dv);
     }
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
       const float* q = inputs.queries.data() + (t.row * hq + h) * d;
       float* q16 = sc.q.data();
-      for (std::int64_t i = 0; i < d; ++i) q16[i] = round_f16(q[i]);
+      for (std::int64_t i = 0; i < d; ++i) q16[i] = fp16_round(q[i]);
       float* p = sc.p.data();
       float max = -std::numeric_limits<float>::infinity();
       for (std::int64_t j = 0; j < n; ++j) {
@@ -208,7 +242,7 @@ void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& laye
         sum += static_cast<double>(reduce16(p + j));
       }
       const auto inv = static_cast<float>(1.0 / sum);
-      for (std::int64_t j = 0; j < n; ++j) p[j] = round_f16(p[j] * inv);
+      for (std::int64_t j = 0; j < n; ++j) p[j] = fp16_round(p[j] * inv);
 
       // KQV: acc[a * dv + e] is lane a (of the 64) of dimension e's dot, over keys below np;
       // keys past n have probability 0 and add nothing.

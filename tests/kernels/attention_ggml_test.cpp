@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -130,6 +131,22 @@ TEST(GgmlAttention, RefusesACacheOrLayerItDoesNotServe) {
   spec = smollm2_spec();
   spec.params.window_left = 100;
   EXPECT_FALSE(ggml_attention_serves(spec));
+}
+
+TEST(GgmlAttention, RoundsToFp16AsTheConversionsDo) {
+  std::vector<float> xs = {0.0f,     -0.0f,    1.0f,          65504.0f,      65519.99f,
+                           65520.0f, 1e-8f,    2.9802322e-8f, 5.9604645e-8f, 6.1035156e-5f,
+                           6.1e-5f,  -3.0e-5f, 1.0009766f,    1.0004883f,    1.0014648f};
+  for (std::uint32_t b = 0; b < 0x47800000u; b += 4999) xs.push_back(std::bit_cast<float>(b));
+  for (float x : xs) {
+    for (float s : {x, -x}) {
+      const float want = fp16_to_float(float_to_fp16(s));
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(fp16_round(s)), std::bit_cast<std::uint32_t>(want))
+          << s;
+    }
+  }
+  EXPECT_TRUE(std::isinf(fp16_round(1e6f)));
+  EXPECT_TRUE(std::isnan(fp16_round(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(GgmlExp, FollowsExpWithinTwoUlpsAndItsLimits) {

@@ -18,6 +18,10 @@ float ggml_expf(float x);
 // ggml_v_silu: x / (1 + ggml_expf(0 - x)).
 float ggml_silu(float x);
 
+// x rounded to the nearest fp16 value, ties to even, as a float: fp16_to_float(float_to_fp16(x))
+// by float adds (the rounding of q and the probabilities, hot in ggml_attention).
+float fp16_round(float x);
+
 // Attention as llama.cpp computes it for one query at a time (its decode path, n_ubatch 1):
 // per query head, KQ = ggml_vec_dot_f16 of the f16 key rows with the query rounded to f16;
 // ggml_soft_max_ext (scale, then exp(x - max) by ggml_expf, summed 16 at a time in double, times
