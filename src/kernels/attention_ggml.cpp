@@ -15,6 +15,7 @@
 #include "mixkv/kernels/attention_ggml.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +28,16 @@
 #include "mixkv/core/error.hpp"
 #include "mixkv/kernels/convert.hpp"
 
+// The hot loops are compiled twice, for the baseline and for AVX2 + FMA (wider vectors, fused
+// multiply-adds inline instead of libm's fmaf), and chosen once at run time; the arithmetic is
+// the same written operations either way, so the bits are too.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MIXKV_GGML_X86 1
+#define MIXKV_GGML_INLINE [[gnu::always_inline]] inline
+#else
+#define MIXKV_GGML_INLINE inline
+#endif
+
 namespace mixkv::kernels {
 namespace {
 
@@ -34,7 +45,7 @@ constexpr int kLanes = 16;  // one __m512 of floats
 constexpr int kBlock = 64;  // GGML_F16_STEP: 4 accumulators of 16 lanes
 
 // _mm512_reduce_add_ps as GCC 12 writes it.
-float reduce16(const float* v) {
+MIXKV_GGML_INLINE float reduce16(const float* v) {
   float t8[8], t4[4];
   for (int i = 0; i < 8; ++i) t8[i] = v[i + 8] + v[i];
   for (int i = 0; i < 4; ++i) t4[i] = t8[i + 4] + t8[i];
@@ -42,7 +53,7 @@ float reduce16(const float* v) {
 }
 
 // GGML_F16_VEC_REDUCE: the four 16-lane accumulators of a block folded, then the lanes.
-float reduce64(const float* acc) {
+MIXKV_GGML_INLINE float reduce64(const float* acc) {
   float s[kLanes];
   for (int l = 0; l < kLanes; ++l) {
     s[l] = (acc[l] + acc[2 * kLanes + l]) + (acc[kLanes + l] + acc[3 * kLanes + l]);
@@ -51,7 +62,7 @@ float reduce64(const float* acc) {
 }
 
 // ggml_vec_dot_f16 over n values already widened from f16.
-float dot_f16(const float* x, const float* y, std::int64_t n) {
+MIXKV_GGML_INLINE float dot_f16(const float* x, const float* y, std::int64_t n) {
   const std::int64_t np = n & ~std::int64_t{kBlock - 1};
   float acc[kBlock] = {};
   for (std::int64_t i = 0; i < np; i += kBlock) {
@@ -80,19 +91,7 @@ void decode_f16(const std::byte* bytes, std::int64_t n, const float* table, floa
   }
 }
 
-bool is_served(const AttentionSpec& spec) {
-  const attn::AttentionParams& p = spec.params;
-  return p.kv_dtype == DType::kFloat16 && p.causal && p.window_left < 0 && !p.soft_cap &&
-         !p.sinks && !spec.mla && spec.head_size % kLanes == 0 && spec.head_size_v % kLanes == 0;
-}
-
-struct Scratch {
-  std::vector<float> k, v, q, p, acc;
-};
-
-}  // namespace
-
-float ggml_expf(float x) {
+MIXKV_GGML_INLINE float expf_inline(float x) {
   const float r = 0x1.8p23f;
   const float z = std::fma(x, 0x1.715476p+0f, r);
   const float n = z - r;
@@ -110,18 +109,134 @@ float ggml_expf(float x) {
   return std::ldexp(j, e);
 }
 
-float ggml_silu(float x) { return x / (1.0f + ggml_expf(0.0f - x)); }
-
 // x rounded to the nearest fp16 value, ties to even (float_to_fp16 then back, faster): adding
 // m = 2^(e + 13), e the exponent of |x| (at least fp16's -14), leaves |x| rounded to a multiple of
 // 2^(e - 10), 11 significant bits, by the float add's own round-to-nearest-even; subtracting m
 // again is exact (Sterbenz). At or above 65520 fp16 rounds to infinity.
-float fp16_round(float x) {
+MIXKV_GGML_INLINE float fp16_round_inline(float x) {
   const float a = std::fabs(x);
   if (!(a < 65520.0f)) return std::isnan(x) ? x : std::copysign(HUGE_VALF, x);
   const std::uint32_t e = std::max(std::bit_cast<std::uint32_t>(a) & 0x7F800000u, 0x38800000u);
   const float m = std::bit_cast<float>(e) * 8192.0f;
   return std::copysign((a + m) - m, x);
+}
+
+// One query head's attention over n keys (K and V widened from f16): scores, softmax, KQV.
+struct HeadArgs {
+  const float* q;  // the head's query, float
+  const float* k;  // [n, d]
+  const float* v;  // [n, dv]
+  std::int64_t n = 0, np = 0, d = 0, dv = 0;
+  float scale = 0;
+  float* q16;  // [d] scratch
+  float* p;    // [n rounded up to 16] scratch
+  float* acc;  // [64 * dv] scratch
+  float* out;  // [dv]
+};
+
+MIXKV_GGML_INLINE void attend_head_body(const HeadArgs& h) {
+  const std::int64_t n = h.n, d = h.d, dv = h.dv;
+  for (std::int64_t i = 0; i < d; ++i) h.q16[i] = fp16_round_inline(h.q[i]);
+  float* p = h.p;
+  float max = -std::numeric_limits<float>::infinity();
+  for (std::int64_t j = 0; j < n; ++j) {
+    p[j] = dot_f16(h.k + j * d, h.q16, d) * h.scale;
+    max = p[j] > max ? p[j] : max;
+  }
+  const std::int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
+  for (std::int64_t j = n; j < padded; ++j) p[j] = 0.0f;
+  double sum = 0.0;
+  for (std::int64_t j = 0; j < n; j += kLanes) {
+    const std::int64_t end = j + kLanes < n ? j + kLanes : n;
+    for (std::int64_t l = j; l < end; ++l) p[l] = expf_inline(p[l] - max);
+    sum += static_cast<double>(reduce16(p + j));
+  }
+  const auto inv = static_cast<float>(1.0 / sum);
+  for (std::int64_t j = 0; j < n; ++j) p[j] = fp16_round_inline(p[j] * inv);
+
+  // KQV: acc[a * dv + e] is lane a (of the 64) of dimension e's dot, over keys below np; keys
+  // past n have probability 0 and add nothing.
+  float* acc = h.acc;
+  for (std::int64_t i = 0; i < kBlock * dv; ++i) acc[i] = 0.0f;
+  const std::int64_t simd_end = n < h.np ? n : h.np;
+  for (std::int64_t j = 0; j < simd_end; ++j) {
+    float* a = acc + (j % kBlock) * dv;
+    const float* vj = h.v + j * dv;
+    const float pj = p[j];
+    for (std::int64_t e = 0; e < dv; ++e) a[e] += vj[e] * pj;
+  }
+  float lanes[kBlock];
+  for (std::int64_t e = 0; e < dv; ++e) {
+    for (int a = 0; a < kBlock; ++a) lanes[a] = acc[a * dv + e];
+    double s = reduce64(lanes);
+    for (std::int64_t j = h.np; j < n; ++j) s += static_cast<double>(h.v[j * dv + e] * p[j]);
+    h.out[e] = static_cast<float>(s);
+  }
+}
+
+MIXKV_GGML_INLINE void swiglu_body(const float* gate, float* up, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) up[i] *= gate[i] / (1.0f + expf_inline(0.0f - gate[i]));
+}
+
+void attend_head_baseline(const HeadArgs& h) { attend_head_body(h); }
+void swiglu_baseline(const float* gate, float* up, std::int64_t n) { swiglu_body(gate, up, n); }
+#ifdef MIXKV_GGML_X86
+[[gnu::target("avx2,fma")]] void attend_head_avx2(const HeadArgs& h) { attend_head_body(h); }
+[[gnu::target("avx2,fma")]] void swiglu_avx2(const float* gate, float* up, std::int64_t n) {
+  swiglu_body(gate, up, n);
+}
+std::atomic<bool> avx2_allowed{true};
+bool has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes && avx2_allowed.load(std::memory_order_relaxed);
+}
+#endif
+
+void attend_head(const HeadArgs& h) {
+#ifdef MIXKV_GGML_X86
+  if (has_avx2_fma()) return attend_head_avx2(h);
+#endif
+  attend_head_baseline(h);
+}
+
+bool is_served(const AttentionSpec& spec) {
+  const attn::AttentionParams& p = spec.params;
+  return p.kv_dtype == DType::kFloat16 && p.causal && p.window_left < 0 && !p.soft_cap &&
+         !p.sinks && !spec.mla && spec.head_size % kLanes == 0 && spec.head_size_v % kLanes == 0;
+}
+
+struct Scratch {
+  std::vector<float> k, v, q, p, acc;
+};
+
+}  // namespace
+
+float ggml_expf(float x) { return expf_inline(x); }
+
+float ggml_silu(float x) { return x / (1.0f + expf_inline(0.0f - x)); }
+
+void ggml_swiglu(std::span<const float> gate, std::span<float> up) {
+  if (gate.size() != up.size()) {
+    throw_invalid(
+        fmt::format("ggml_swiglu: {} gate values for {} up values", gate.size(), up.size()));
+  }
+  const auto n = static_cast<std::int64_t>(up.size());
+#ifdef MIXKV_GGML_X86
+  if (has_avx2_fma()) return swiglu_avx2(gate.data(), up.data(), n);
+#endif
+  swiglu_baseline(gate.data(), up.data(), n);
+}
+
+float fp16_round(float x) { return fp16_round_inline(x); }
+
+bool set_ggml_avx2(bool enabled) {
+#ifdef MIXKV_GGML_X86
+  avx2_allowed.store(enabled);
+  return has_avx2_fma();
+#else
+  (void)enabled;
+  return false;
+#endif
 }
 
 bool ggml_attention_serves(const AttentionSpec& spec) { return is_served(spec); }
@@ -226,45 +341,9 @@ void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& laye
       decode_f16(vp, dv, table, sc.v.data() + j * dv);
     }
     for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-      const float* q = inputs.queries.data() + (t.row * hq + h) * d;
-      float* q16 = sc.q.data();
-      for (std::int64_t i = 0; i < d; ++i) q16[i] = fp16_round(q[i]);
-      float* p = sc.p.data();
-      float max = -std::numeric_limits<float>::infinity();
-      for (std::int64_t j = 0; j < n; ++j) {
-        p[j] = dot_f16(sc.k.data() + j * d, q16, d) * scale;
-        max = std::max(max, p[j]);
-      }
-      std::fill(p + n, p + static_cast<std::ptrdiff_t>(sc.p.size()), 0.0f);
-      double sum = 0.0;
-      for (std::int64_t j = 0; j < n; j += kLanes) {
-        for (std::int64_t l = j; l < std::min(n, j + kLanes); ++l) p[l] = ggml_expf(p[l] - max);
-        sum += static_cast<double>(reduce16(p + j));
-      }
-      const auto inv = static_cast<float>(1.0 / sum);
-      for (std::int64_t j = 0; j < n; ++j) p[j] = fp16_round(p[j] * inv);
-
-      // KQV: acc[a * dv + e] is lane a (of the 64) of dimension e's dot, over keys below np;
-      // keys past n have probability 0 and add nothing.
-      float* acc = sc.acc.data();
-      std::fill(acc, acc + kBlock * dv, 0.0f);
-      const std::int64_t simd_end = std::min(n, np);
-      for (std::int64_t j = 0; j < simd_end; ++j) {
-        float* a = acc + (j % kBlock) * dv;
-        const float* vj = sc.v.data() + j * dv;
-        const float pj = p[j];
-        for (std::int64_t e = 0; e < dv; ++e) a[e] += vj[e] * pj;
-      }
-      float* o = out.data() + (t.row * hq + h) * dv;
-      float lanes[kBlock];
-      for (std::int64_t e = 0; e < dv; ++e) {
-        for (int a = 0; a < kBlock; ++a) lanes[a] = acc[a * dv + e];
-        double s = reduce64(lanes);
-        for (std::int64_t j = np; j < n; ++j) {
-          s += static_cast<double>(sc.v[static_cast<std::size_t>(j * dv + e)] * p[j]);
-        }
-        o[e] = static_cast<float>(s);
-      }
+      attend_head({inputs.queries.data() + (t.row * hq + h) * d, sc.k.data(), sc.v.data(), n, np, d,
+                   dv, scale, sc.q.data(), sc.p.data(), sc.acc.data(),
+                   out.data() + (t.row * hq + h) * dv});
     }
   };
   const auto count = static_cast<std::int64_t>(tasks.size()) * hkv;

@@ -342,7 +342,7 @@ void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::Thread
     ops::matmul(gate, normed.data(), total, g.data(), pool);
     const bool gelu = activation == Activation::kGeluTanhGated;
     if (!gelu && numerics == Numerics::kGgml) {
-      for (std::size_t i = 0; i < g.size(); ++i) u[i] *= kernels::ggml_silu(g[i]);
+      kernels::ggml_swiglu(g, u);
     } else {
       for (std::size_t i = 0; i < g.size(); ++i)
         u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);

@@ -115,6 +115,27 @@ TEST(GgmlAttention, AQueryGivesTheSameBitsAloneInAVerifyBlockAnyBatchAndPool) {
   }
 }
 
+TEST(GgmlAttention, TheBaselineAndTheAvx2CopiesGiveTheSameBits) {
+  const AttentionSpec spec = smollm2_spec();
+  std::mt19937_64 rng(5);
+  Cache c = make_cache(spec, 16);
+  const testing::Request a = request(spec, c, 1, 150, 4, rng);
+  const std::vector<std::int64_t> pages = layout::kernel_block_table(c.layer, a.blocks);
+  const PagedSequence seq{pages, 150, 4};
+  std::vector<float> gate = testing::random_values(rng, 1536, 12.0f);
+  std::vector<float> up_fast = testing::random_values(rng, 1536, 3.0f);
+  std::vector<float> up_base = up_fast;
+  const bool fast = set_ggml_avx2(true);
+  const std::vector<float> with = attend(spec, c, std::span(&seq, 1), a.q);
+  ggml_swiglu(gate, up_fast);
+  set_ggml_avx2(false);
+  const std::vector<float> without = attend(spec, c, std::span(&seq, 1), a.q);
+  ggml_swiglu(gate, up_base);
+  set_ggml_avx2(true);
+  EXPECT_EQ(with, without) << (fast ? "AVX2" : "baseline only");
+  EXPECT_EQ(up_fast, up_base);
+}
+
 TEST(GgmlAttention, RefusesACacheOrLayerItDoesNotServe) {
   AttentionSpec spec = smollm2_spec();
   EXPECT_TRUE(ggml_attention_serves(spec));
@@ -160,6 +181,18 @@ TEST(GgmlExp, FollowsExpWithinTwoUlpsAndItsLimits) {
   EXPECT_EQ(ggml_expf(300.0f), std::numeric_limits<float>::infinity());
   EXPECT_GT(ggml_expf(-100.0f), 0.0f);  // a subnormal, as _mm512_scalef_ps gives
   EXPECT_EQ(ggml_silu(0.0f), 0.0f);
+  std::vector<float> gate, up;
+  for (float x = -30.0f; x < 30.0f; x += 0.37f) {
+    gate.push_back(x);
+    up.push_back(0.5f - x / 7.0f);
+  }
+  std::vector<float> got = up;
+  ggml_swiglu(gate, got);  // the row form, whichever instruction set it runs on
+  for (std::size_t i = 0; i < up.size(); ++i) {
+    const float want = up[i] * ggml_silu(gate[i]);
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want)) << gate[i];
+  }
+  EXPECT_THROW(ggml_swiglu(gate, std::span(got).subspan(1)), Error);
   EXPECT_NEAR(ggml_silu(2.0f), 2.0 / (1.0 + std::exp(-2.0)), 1e-6);
 }
 

@@ -18,6 +18,10 @@ float ggml_expf(float x);
 // ggml_v_silu: x / (1 + ggml_expf(0 - x)).
 float ggml_silu(float x);
 
+// ggml_vec_swiglu_f32: up[i] *= ggml_silu(gate[i]) (the same bits), over rows at once. Throws
+// Error when the sizes differ.
+void ggml_swiglu(std::span<const float> gate, std::span<float> up);
+
 // x rounded to the nearest fp16 value, ties to even, as a float: fp16_to_float(float_to_fp16(x))
 // by float adds (the rounding of q and the probabilities, hot in ggml_attention).
 float fp16_round(float x);
@@ -33,6 +37,10 @@ float fp16_round(float x);
 // soft cap or sinks (else Error, kUnsupported), and head sizes a multiple of 16.
 void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
                     const AttentionInputs& inputs, std::span<float> out);
+
+// Lets the functions above use their AVX2 + FMA copy (the default where the CPU has both) or
+// not (the baseline copy); returns whether they now do. For tests: both give the same bits.
+bool set_ggml_avx2(bool enabled);
 
 // Whether ggml_attention serves `spec` (the checks it would throw for, without throwing).
 bool ggml_attention_serves(const AttentionSpec& spec);
