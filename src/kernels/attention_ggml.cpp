@@ -33,6 +33,7 @@
 // the same written operations either way, so the bits are too.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MIXKV_GGML_X86 1
+#include <immintrin.h>
 #define MIXKV_GGML_INLINE [[gnu::always_inline]] inline
 #else
 #define MIXKV_GGML_INLINE inline
@@ -83,7 +84,7 @@ const float* fp16_table() {
   return table.data();
 }
 
-void decode_f16(const std::byte* bytes, std::int64_t n, const float* table, float* out) {
+void decode_f16_table(const std::byte* bytes, std::int64_t n, const float* table, float* out) {
   for (std::int64_t i = 0; i < n; ++i) {
     std::uint16_t bits;
     std::memcpy(&bits, bytes + 2 * i, 2);
@@ -134,13 +135,14 @@ struct HeadArgs {
   float* out;  // [dv]
 };
 
-MIXKV_GGML_INLINE void attend_head_body(const HeadArgs& h) {
+template <class Dot>
+MIXKV_GGML_INLINE void attend_head_body(const HeadArgs& h, Dot dot) {
   const std::int64_t n = h.n, d = h.d, dv = h.dv;
   for (std::int64_t i = 0; i < d; ++i) h.q16[i] = fp16_round_inline(h.q[i]);
   float* p = h.p;
   float max = -std::numeric_limits<float>::infinity();
   for (std::int64_t j = 0; j < n; ++j) {
-    p[j] = dot_f16(h.k + j * d, h.q16, d) * h.scale;
+    p[j] = dot(h.k + j * d, h.q16, d) * h.scale;
     max = p[j] > max ? p[j] : max;
   }
   const std::int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
@@ -178,19 +180,56 @@ MIXKV_GGML_INLINE void swiglu_body(const float* gate, float* up, std::int64_t n)
   for (std::int64_t i = 0; i < n; ++i) up[i] *= gate[i] / (1.0f + expf_inline(0.0f - gate[i]));
 }
 
-void attend_head_baseline(const HeadArgs& h) { attend_head_body(h); }
+void attend_head_baseline(const HeadArgs& h) { attend_head_body(h, dot_f16); }
 void swiglu_baseline(const float* gate, float* up, std::int64_t n) { swiglu_body(gate, up, n); }
 #ifdef MIXKV_GGML_X86
-[[gnu::target("avx2,fma")]] void attend_head_avx2(const HeadArgs& h) { attend_head_body(h); }
-[[gnu::target("avx2,fma")]] void swiglu_avx2(const float* gate, float* up, std::int64_t n) {
+#define MIXKV_GGML_AVX2 [[gnu::target("avx2,fma,f16c")]]
+// dot_f16 in vectors: lanes 0-7 and 8-15 of each of the four accumulators, then the same folds.
+MIXKV_GGML_AVX2 MIXKV_GGML_INLINE float dot_f16_avx2(const float* x, const float* y,
+                                                     std::int64_t n) {
+  const std::int64_t np = n & ~std::int64_t{kBlock - 1};
+  __m256 acc[8];
+  for (__m256& a : acc) a = _mm256_setzero_ps();
+  for (std::int64_t i = 0; i < np; i += kBlock) {
+    for (int a = 0; a < 8; ++a) {
+      acc[a] = _mm256_add_ps(
+          acc[a], _mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * a), _mm256_loadu_ps(y + i + 8 * a)));
+    }
+  }
+  // acc[2j] holds lanes 0-7 of accumulator j, acc[2j + 1] lanes 8-15.
+  const __m256 lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+  const __m256 hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+  const __m256 t8 = _mm256_add_ps(hi, lo);
+  const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+  const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+  double sum = _mm_cvtss_f32(_mm_add_ss(t2, _mm_shuffle_ps(t2, t2, 1)));
+  for (std::int64_t i = np; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
+  return static_cast<float>(sum);
+}
+MIXKV_GGML_AVX2 void attend_head_avx2(const HeadArgs& h) { attend_head_body(h, dot_f16_avx2); }
+MIXKV_GGML_AVX2 void decode_f16_avx2(const std::byte* bytes, std::int64_t n, float* out) {
+  for (std::int64_t i = 0; i < n; i += 8) {  // n: a multiple of 16 (is_served)
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes + 2 * i));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+  }
+}
+MIXKV_GGML_AVX2 void swiglu_avx2(const float* gate, float* up, std::int64_t n) {
   swiglu_body(gate, up, n);
 }
 std::atomic<bool> avx2_allowed{true};
 bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
   return yes && avx2_allowed.load(std::memory_order_relaxed);
 }
 #endif
+
+void decode_f16(const std::byte* bytes, std::int64_t n, const float* table, float* out) {
+#ifdef MIXKV_GGML_X86
+  if (has_avx2_fma()) return decode_f16_avx2(bytes, n, out);
+#endif
+  decode_f16_table(bytes, n, table, out);
+}
 
 void attend_head(const HeadArgs& h) {
 #ifdef MIXKV_GGML_X86
