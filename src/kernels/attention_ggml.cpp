@@ -167,10 +167,24 @@ MIXKV_GGML_INLINE void attend_head_body(const HeadArgs& h, Dot dot) {
     const float pj = p[j];
     for (std::int64_t e = 0; e < dv; ++e) a[e] += vj[e] * pj;
   }
-  float lanes[kBlock];
+  // reduce64 of every dimension at once (rows of acc are lanes, columns dimensions), in place:
+  // the accumulators folded into rows 0-15, then the lane tree into rows 0-7, 0-3, 0.
+  for (int l = 0; l < kLanes; ++l) {
+    float* r = acc + l * dv;
+    const float* r16 = acc + (kLanes + l) * dv;
+    const float* r32 = acc + (2 * kLanes + l) * dv;
+    const float* r48 = acc + (3 * kLanes + l) * dv;
+    for (std::int64_t e = 0; e < dv; ++e) r[e] = (r[e] + r32[e]) + (r16[e] + r48[e]);
+  }
+  for (int half = 8; half >= 4; half /= 2) {
+    for (int i = 0; i < half; ++i) {
+      float* r = acc + i * dv;
+      const float* up = acc + (half + i) * dv;
+      for (std::int64_t e = 0; e < dv; ++e) r[e] = up[e] + r[e];
+    }
+  }
   for (std::int64_t e = 0; e < dv; ++e) {
-    for (int a = 0; a < kBlock; ++a) lanes[a] = acc[a * dv + e];
-    double s = reduce64(lanes);
+    double s = (acc[e] + acc[2 * dv + e]) + (acc[dv + e] + acc[3 * dv + e]);
     for (std::int64_t j = h.np; j < n; ++j) s += static_cast<double>(h.v[j * dv + e] * p[j]);
     h.out[e] = static_cast<float>(s);
   }
