@@ -2,7 +2,8 @@
 // attention over an f16 cache, and the exp its softmax and SiLU use. Each function computes what
 // ggml's AVX-512 kernels of the pinned llama-cpp-python build compute (scripts/llamacpp-venv.sh;
 // facts from ggml-cpu's vec.cpp, vec.h and ops.cpp), bit for bit, in portable code: the same
-// roundings in the same order, not the same instructions. docs/kernels.md, "ggml numerics".
+// roundings in the same order, not the same instructions. docs/kernels.md, "llama.cpp's attention
+// numerics".
 #pragma once
 
 #include <span>
