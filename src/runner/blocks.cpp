@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/kernels/attention_ggml.hpp"
 #include "runner/ops.hpp"
 
 namespace mixkv::runner {
@@ -23,18 +24,23 @@ std::vector<float> rows(std::int64_t n, std::int64_t width) {
 }  // namespace
 
 Attention::Attention(std::string name, kernels::AttentionSpec spec, layout::LayerGeometry geometry,
-                     Weights w, Rope rope, double rope_theta, double eps)
+                     Weights w, Rope rope, double rope_theta, double eps, Numerics numerics)
     : name_(std::move(name)),
       spec_(spec),
       geometry_(std::move(geometry)),
       w_(std::move(w)),
       rope_(rope),
       rope_theta_(rope_theta),
-      eps_(eps) {}
+      eps_(eps),
+      numerics_(numerics) {}
 
 void Attention::rotate(float* x, std::int64_t heads, std::int64_t position) const {
   if (rope_ == Rope::kHalves) ops::rope(x, heads, spec_.head_size, position, rope_theta_);
-  if (rope_ == Rope::kPairs) ops::rope_pairs(x, heads, spec_.head_size, position, rope_theta_);
+  if (rope_ == Rope::kPairs && numerics_ == Numerics::kGgml) {
+    ops::rope_pairs_ggml(x, heads, spec_.head_size, position, rope_theta_);
+  } else if (rope_ == Rope::kPairs) {
+    ops::rope_pairs(x, heads, spec_.head_size, position, rope_theta_);
+  }
 }
 
 void Attention::project_kv(std::span<const float> normed, std::span<const std::int64_t> positions,
@@ -115,7 +121,12 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   }
   const std::int64_t ow = hq * spec_.head_size_v;
   std::vector<float> attn = rows(total, ow);
-  kernels::paged_attention(spec_, geometry_, {tensor, seqs, q, w_.sinks, {}, step.pool}, attn);
+  const kernels::AttentionInputs inputs{tensor, seqs, q, w_.sinks, {}, step.pool};
+  if (numerics_ == Numerics::kGgml) {
+    kernels::ggml_attention(spec_, geometry_, inputs, attn);
+  } else {
+    kernels::paged_attention(spec_, geometry_, inputs, attn);
+  }
   ops::matmul(w_.o, attn.data(), total, out.data(), step.pool);
 }
 
@@ -330,8 +341,12 @@ void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::Thread
     std::vector<float> g(u.size());
     ops::matmul(gate, normed.data(), total, g.data(), pool);
     const bool gelu = activation == Activation::kGeluTanhGated;
-    for (std::size_t i = 0; i < g.size(); ++i)
-      u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
+    if (!gelu && numerics == Numerics::kGgml) {
+      kernels::ggml_swiglu(g, u);
+    } else {
+      for (std::size_t i = 0; i < g.size(); ++i)
+        u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
+    }
   }
   ops::matmul(down, u.data(), total, out.data(), pool);
 }

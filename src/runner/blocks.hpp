@@ -41,6 +41,11 @@ class Mixer {
   virtual const kernels::AttentionSpec* attention_spec() const { return nullptr; }
 };
 
+// Whose arithmetic a block follows where the exact bits are a choice: mixkv's own kernels, or
+// llama.cpp's (kernels/attention_ggml.hpp: its attention over an f16 cache, RoPE angles, SiLU),
+// the reference for models read from GGUF files (docs/engine.md, "llama.cpp's numerics").
+enum class Numerics { kMixkv, kGgml };
+
 // Attention through the paged cache: q/k/v projections, optional per-head q/k RMSNorm (Qwen3),
 // optional RoPE, write_kv through the slot mapping, paged attention with the layer's group
 // parameters, output projection.
@@ -54,7 +59,8 @@ class Attention final : public Mixer {
   // Which dimensions RoPE rotates together (ops::rope, ops::rope_pairs), or none.
   enum class Rope { kNone, kHalves, kPairs };
   Attention(std::string name, kernels::AttentionSpec spec, layout::LayerGeometry geometry,
-            Weights w, Rope rope, double rope_theta, double eps);
+            Weights w, Rope rope, double rope_theta, double eps,
+            Numerics numerics = Numerics::kMixkv);
   void run(const Step& step, std::span<const float> normed, std::span<float> out) const override;
   const kernels::AttentionSpec* attention_spec() const override { return &spec_; }
   // A layer's K and V rows for `normed` inputs at `positions`: projections, k_norm, RoPE; then
@@ -72,6 +78,7 @@ class Attention final : public Mixer {
   Rope rope_;
   double rope_theta_;
   double eps_;
+  Numerics numerics_;
 };
 
 // Qwen3-Next's Gated DeltaNet mixer (HF Qwen3NextGatedDeltaNet), one kernel call per token.
@@ -121,7 +128,8 @@ struct Mlp {
   enum class Activation { kSwiGlu, kGeluTanhGated, kRelu2 };
   Activation activation = Activation::kSwiGlu;
   std::int64_t intermediate = 0;
-  Matrix gate, up, down;  // no gate for kRelu2
+  Matrix gate, up, down;                 // no gate for kRelu2
+  Numerics numerics = Numerics::kMixkv;  // kGgml: SwiGLU with ggml's SiLU
   void run(std::span<const float> normed, std::int64_t rows, kernels::ThreadPool* pool,
            std::span<float> out) const;
 };

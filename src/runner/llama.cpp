@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/kernels/attention_ggml.hpp"
 #include "runner/family.hpp"
 
 namespace mixkv::runner {
@@ -47,7 +48,16 @@ std::unique_ptr<Attention> attention_mixer(Assembler& a, const model::LayerDesc&
   const bool pairs = w.naming() == WeightNaming::kGguf && w.names().gguf_rope_pairs;
   const Rope rope = !options.rope ? Rope::kNone : pairs ? Rope::kPairs : Rope::kHalves;
   return std::make_unique<Attention>(l.name, a.attention_spec(l), a.layer_geometry(l.name),
-                                     std::move(aw), rope, a.arch.rope_theta, a.arch.rms_norm_eps);
+                                     std::move(aw), rope, a.arch.rope_theta, a.arch.rms_norm_eps,
+                                     numerics_of(a, l));
+}
+
+// llama.cpp is the reference for a GGUF file: its numerics wherever its attention kernel can
+// serve the layer's cache (an f16 cache, llama.cpp's own default); mixkv's otherwise.
+Numerics numerics_of(const Assembler& a, const model::LayerDesc& l) {
+  const bool gguf = a.weights.naming() == WeightNaming::kGguf;
+  return gguf && kernels::ggml_attention_serves(a.attention_spec(l)) ? Numerics::kGgml
+                                                                     : Numerics::kMixkv;
 }
 
 std::unique_ptr<Mlp> gated_mlp(Assembler& a, const std::string& p, Mlp::Activation act) {
@@ -72,6 +82,7 @@ Block llama_layer(Assembler& a, const model::LayerDesc& l, const std::string& p,
   b.mixer = attention_mixer(a, l, p, options);
   b.mlp_norm = a.weights.layer(p, Role::kFfnNorm, {h});
   b.mlp = gated_mlp(a, p, Mlp::Activation::kSwiGlu);
+  b.mlp->numerics = numerics_of(a, l);
   return b;
 }
 

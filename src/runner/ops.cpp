@@ -61,6 +61,26 @@ void rope_pairs(float* x, std::int64_t heads, std::int64_t d, std::int64_t posit
   }
 }
 
+void rope_pairs_ggml(float* x, std::int64_t heads, std::int64_t d, std::int64_t position,
+                     double theta) {
+  // ggml's rope cache: the running angle multiplied by theta_scale after each pair. GCC contracts
+  // ggml's x0 cos - x1 sin and x0 sin + x1 cos into one fused multiply-add each, the first
+  // product of each fused (found against llama.cpp's tensors: every output of every position).
+  const float theta_scale = std::pow(static_cast<float>(theta), -2.0f / static_cast<float>(d));
+  auto angle = static_cast<float>(position);
+  for (std::int64_t i = 0; i < d / 2; ++i) {
+    const float c = std::cos(angle);
+    const float s = std::sin(angle);
+    for (std::int64_t h = 0; h < heads; ++h) {
+      float* v = x + h * d + 2 * i;
+      const float a = v[0], b = v[1];
+      v[0] = std::fma(a, c, -(b * s));
+      v[1] = std::fma(a, s, b * c);
+    }
+    angle *= theta_scale;
+  }
+}
+
 void l2_normalise(float* v, std::int64_t heads, std::int64_t d) {
   for (std::int64_t hh = 0; hh < heads; ++hh) {
     float* x = v + hh * d;

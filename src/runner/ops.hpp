@@ -45,6 +45,12 @@ void rope(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, d
 // need, whose attn_q / attn_k rows llama.cpp's converter permuted so that pair (2i, 2i + 1) of a
 // head holds HF's dimensions (i, i + d/2). Attention scores are then those of HF's model.
 void rope_pairs(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta);
+// rope_pairs as ggml computes it (ggml_compute_forward_rope_f32, normal mode, no scaling): the
+// angle of pair i is position * theta_scale^i by a running product in float (theta_scale =
+// powf(theta, -2/d)), cos and sin in float, and each output two products and one add or
+// subtract, each rounded.
+void rope_pairs_ggml(float* x, std::int64_t heads, std::int64_t d, std::int64_t position,
+                     double theta);
 // Scales each `d`-wide head to unit L2 norm (flash-linear-attention's l2norm, eps 1e-6).
 void l2_normalise(float* v, std::int64_t heads, std::int64_t d);
 float silu(float v);

@@ -51,12 +51,11 @@ std::vector<std::vector<TokenId>> chat_prompts(const std::string& path, std::siz
 }
 
 // Greedy decoding amplifies every near-tie: the first token that differs changes the rest. Issue
-// 13 asks for the first 32 tokens identical on 7 of 8 chats; measured: 2 of 8 (the products
-// match llama.cpp's, its attention arithmetic does not: docs/engine.md). What this test checks:
-// each reply agrees with llama.cpp's up to a position where llama.cpp itself nearly tied (top-1
-// minus top-2 logit, one token per call, under 0.5), and at least 2 chats agree on all 32. Returns
-// how many of the 8 chats agree on all 32 tokens; `bound` is the margin under which llama.cpp's own
-// choice counts as a near-tie.
+// 13 asks for the first 32 tokens identical on 7 of 8 chats. mixkv follows llama.cpp's numerics
+// for GGUF files (its quantised products, attention, RoPE and SiLU: docs/engine.md), so in ggml's
+// order its logits are llama.cpp's bit for bit; measured: 8 of 8. What this test checks: where a
+// reply differs, llama.cpp itself nearly tied there (top-1 minus top-2 logit, one token per call,
+// under `bound`). Returns how many of the 8 chats agree on all 32 tokens.
 int greedy_agreement(const std::string& path, kernels::ReductionOrder order, double bound) {
   RunnerOptions ro;
   ro.weight_order = order;
@@ -100,7 +99,7 @@ int greedy_agreement(const std::string& path, kernels::ReductionOrder order, dou
 
 TEST(SmolLm2LongGreedy, RepliesFollowLlamaCppUpToANearTie) {
   MIXKV_SMOLLM2_OR_SKIP(path);
-  EXPECT_GE(greedy_agreement(path, kernels::ReductionOrder::kGgml, 0.5), 2);
+  EXPECT_GE(greedy_agreement(path, kernels::ReductionOrder::kGgml, 0.5), 7);
 }
 
 // The blocksum order (docs/kernels.md) rounds the products otherwise than llama.cpp: the figure

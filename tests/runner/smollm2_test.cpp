@@ -95,12 +95,12 @@ TEST(SmolLm2Runner, OneStepOverManyTokensGivesTheLogitsOfOneTokenSteps) {
 
 // llama.cpp's teacher-forced top-1 with one token per llama_decode call (teacher_forced_step_top1:
 // the path its greedy decoding takes) against mixkv's, over every position of the 8 chats (prompt
-// and llama.cpp's greedy continuation). mixkv's Q4_1 and Q8_0 products compute llama.cpp's (x
-// quantised to 8 bits as ggml does), but its attention, RoPE and SiLU arithmetic differ in the
-// last bits, which moves some 8-bit codes, so near-ties may go either way (docs/engine.md).
-// Measured: 97.60% (1,218 of 1,248), short of issue 13's 98%; every disagreement is a near-tie
-// for llama.cpp too (its top-1 minus top-2 logit under 0.5), which this test checks with the
-// rate as a guard.
+// and llama.cpp's greedy continuation). For a GGUF file mixkv computes llama.cpp's numerics: its
+// Q4_1 and Q8_0 products (x quantised to 8 bits as ggml does), its f16-cache attention, RoPE
+// angles and SiLU (kernels/attention_ggml.hpp, docs/engine.md). Measured in ggml's order: 100%
+// (1,248 of 1,248; 97.60% with mixkv's own attention, RoPE and SiLU). The test asks for issue 13's
+// 98%, and that any disagreement is a near-tie for llama.cpp too (its top-1 minus top-2 logit
+// under 0.5).
 struct Agreement {
   double rate = 0;        // mixkv's top-1 = llama.cpp's one-token top-1
   double max_margin = 0;  // llama.cpp's top-1 minus top-2 logit where the top-1s differ
@@ -146,7 +146,7 @@ Agreement teacher_forced_agreement(const std::string& path, kernels::ReductionOr
 TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies) {
   MIXKV_SMOLLM2_OR_SKIP(path);
   const Agreement a = teacher_forced_agreement(path, kernels::ReductionOrder::kGgml);
-  EXPECT_GE(a.rate, 0.97);
+  EXPECT_GE(a.rate, 0.98);
   EXPECT_LT(a.max_margin, 0.5);
 }
 
