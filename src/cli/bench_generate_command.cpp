@@ -308,6 +308,9 @@ Action add_bench_generate_command(CLI::App& app) {
                 << std::flush;
     };
 
+    // One cost model over every run: the plain runs measure one-row steps, the speculative ones
+    // the verify steps, and each run's draft lengths start from what the runs before measured.
+    const auto step_cost = std::make_shared<sched::MeasuredStepCost>();
     // Per prompt: plain, then each drafter; every run of a drafter right after a plain run.
     std::vector<Measured> plain(set.size());
     std::vector<std::vector<Measured>> spec(set.size(), std::vector<Measured>(args->drafts.size()));
@@ -320,6 +323,7 @@ Action add_bench_generate_command(CLI::App& app) {
       go.max_batch = args->batch;
       go.stop_tokens = stops;
       go.adaptive_draft = !args->fixed_draft;
+      go.step_cost = step_cost;
       for (int run = 0; run < args->runs; ++run) {
         go.num_spec_tokens = 0;
         const engine::GenerateReport p = engine::generate(runner, prompts, nullptr, go);
@@ -396,6 +400,12 @@ Action add_bench_generate_command(CLI::App& app) {
                           {"max_tokens", args->max_tokens},
                           {"identical_to_plain", all_identical}};
       if (load) j["load_average"] = *load;
+      // What the draft policy read at the end: a step of batch + j rows over one of batch rows.
+      nlohmann::json ratios = nlohmann::json::array();
+      for (int extra = 0; extra <= args->batch * args->num_spec_tokens; ++extra) {
+        ratios.push_back(step_cost->step(args->batch + extra) / step_cost->step(args->batch));
+      }
+      j["step_cost_ratio"] = ratios;
       if (self) j["draft_layers"] = runner.self_draft_layers();
       j["prompts"] = nlohmann::json::array();
       for (std::size_t i = 0; i < set.size(); ++i) {
@@ -451,6 +461,13 @@ Action add_bench_generate_command(CLI::App& app) {
           args->runs, args->runs == 1 ? "" : "s",
           args->threads > 0 ? fmt::format("{}", args->threads) : "default",
           load ? fmt::format(", load {:.1f}", *load) : "");
+      out << "measured step cost, batch + 0.." << args->batch * args->num_spec_tokens
+          << " rows over batch rows:";
+      for (int extra = 0; extra <= args->batch * args->num_spec_tokens; ++extra) {
+        out << fmt::format(" {:.2f}",
+                           step_cost->step(args->batch + extra) / step_cost->step(args->batch));
+      }
+      out << '\n';
       if (self) {
         out << fmt::format("self drafter: the target's first {} layers\n",
                            runner.self_draft_layers());
