@@ -61,6 +61,14 @@ const std::vector<BenchPrompt>& builtin_prompts() {
        "Add a docstring to this function and show the whole code:\n\n```python\ndef "
        "area(width, height):\n    if width < 0 or height < 0:\n        raise "
        "ValueError(\"negative size\")\n    return width * height\n```"},
+      {"const", "copy",
+       "Change var to const in this JavaScript function and show the whole "
+       "function:\n\n```javascript\nfunction total(prices) {\n  var sum = 0;\n  for (var i = 0; i "
+       "< prices.length; i++) {\n    sum = sum + prices[i];\n  }\n  return sum;\n}\n```"},
+      {"emails", "copy",
+       "Extract every email address from this text, one per line:\n\nContact Anna at "
+       "anna.smith@example.com for sales. For support write to help@shop.example.org or call us. "
+       "Bob (bob.jones@mail.example.net) leads the team."},
       {"poem", "novel", "Write a short poem about the sea."},
       {"exercise", "novel", "What are three benefits of regular exercise?"},
       {"rainbow", "novel", "Explain how a rainbow forms."},
@@ -188,7 +196,8 @@ Action add_bench_generate_command(CLI::App& app) {
   cmd->footer(
       "MODEL: smollm2-135m, a llama GGUF file, or a tiny model (tiny-swa, ...; byte prompts, "
       "random weights). Each prompt of the built-in set (copy prompts: rewrite, extract, rename, "
-      "docstring, whose answers copy spans of the prompt; novel prompts: poem, exercise, "
+      "docstring, const, emails, whose answers copy spans of the prompt; novel prompts: poem, "
+      "exercise, "
       "rainbow, coffee) runs as --batch requests, plain and with each drafter, --runs times; "
       "tokens/s are medians, prefill included. Greedy tokens must match plain's (exit status 3 "
       "if not). Progress goes to stderr when it is a terminal. docs/engine.md.");

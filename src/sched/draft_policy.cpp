@@ -14,6 +14,7 @@ constexpr double kStepWeight = 0.1;  // EWMA weight of a new step time per row c
 constexpr std::int32_t kMaxCount = 16;
 // Local fit: a measured row count m weighs count * exp(-|ln(m / rows)| / kBandwidth).
 constexpr double kBandwidth = 0.35;
+constexpr double kMaxJump = 3.0;
 
 }  // namespace
 
@@ -44,6 +45,9 @@ MeasuredStepCost::MeasuredStepCost(double prior_per_row)
 void MeasuredStepCost::observe_step(std::int64_t rows, double seconds) {
   if (rows < 1 || !(seconds > 0) || !std::isfinite(seconds)) return;
   const auto n = static_cast<std::size_t>(std::min<std::int64_t>(rows, kMaxRows));
+  // One step the OS preempted must not make a row count look dear for long: a sample counts
+  // for at most kMaxJump times what the counts measured so far predict.
+  if (!measured_.empty()) seconds = std::min(seconds, kMaxJump * step(rows));
   // The first samples of a count average plainly, later ones decay (the machine's load moves).
   const double w = std::max(kStepWeight, 1.0 / static_cast<double>(count_[n] + 1));
   mean_[n] += w * (seconds - mean_[n]);

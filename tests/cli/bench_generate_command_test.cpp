@@ -12,11 +12,15 @@ namespace {
 using testing::run_cli;
 
 TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCounts) {
+  // Fixed draft lengths: adaptive ones follow this machine's step times (docs/sched.md), which a
+  // test must not depend on.
   auto r = run_cli("bench-generate", {"tiny-swa", "--draft", "ngram,oracle", "--max-tokens", "8",
-                                      "--runs", "1", "--json"});
+                                      "--runs", "1", "--fixed-draft-length", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_TRUE(j.contains("categories")) << r.out;
+  EXPECT_EQ(j["step_cost_ratio"].size(), 5u);  // 1 to 1 + 4 rows over 1
+  EXPECT_EQ(j["step_cost_ratio"][0], 1.0);
   ASSERT_EQ(j["categories"].size(), 2u);  // copy and novel prompts
   for (const auto& c : j["categories"]) {
     EXPECT_GT(c["plain_tokens_per_second"].get<double>(), 0) << c;
