@@ -107,16 +107,23 @@ double MeasuredStepCost::draft(int positions) const {
 }
 
 AcceptanceEstimate::AcceptanceEstimate(int positions, double prior)
-    : conditional_(static_cast<std::size_t>(std::max(positions, 0)), prior) {}
+    : conditional_(static_cast<std::size_t>(std::max(positions, 0)), prior),
+      seen_(conditional_.size(), false) {}
 
 AcceptanceEstimate::AcceptanceEstimate(std::vector<double> conditional)
-    : conditional_(std::move(conditional)) {}
+    : conditional_(std::move(conditional)), seen_(conditional_.size(), true) {}
 
 void AcceptanceEstimate::update(int drafted, int accepted, double weight) {
   const int seen = std::min<int>(drafted, static_cast<int>(conditional_.size()));
   for (int p = 0; p < seen && p <= accepted; ++p) {
-    double& c = conditional_[static_cast<std::size_t>(p)];
-    c += weight * ((p < accepted ? 1.0 : 0.0) - c);
+    const auto i = static_cast<std::size_t>(p);
+    conditional_[i] += weight * ((p < accepted ? 1.0 : 0.0) - conditional_[i]);
+    seen_[i] = true;
+  }
+  // A position never drafted reads as the one before it: a chain the policy kept short because
+  // of the prior would otherwise never learn that its later drafts pass too.
+  for (std::size_t i = 1; i < conditional_.size(); ++i) {
+    if (!seen_[i]) conditional_[i] = conditional_[i - 1];
   }
 }
 

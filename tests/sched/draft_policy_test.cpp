@@ -84,7 +84,12 @@ TEST(DraftPolicy, AcceptanceEstimateFollowsTheVerifySteps) {
   AcceptanceEstimate e(4, 0.5);
   e.update(4, 2, 0.5);  // positions 0, 1 accepted, 2 rejected, 3 unseen
   EXPECT_EQ(std::vector<double>(e.conditional().begin(), e.conditional().end()),
-            (std::vector<double>{0.75, 0.75, 0.25, 0.5}));
+            (std::vector<double>{0.75, 0.75, 0.25, 0.25}));
+  // A chain kept at 2 that always passes: the undrafted positions follow the last drafted one.
+  AcceptanceEstimate short_chain(4, 0.5);
+  short_chain.update(2, 2, 0.5);
+  EXPECT_EQ(std::vector<double>(short_chain.conditional().begin(), short_chain.conditional().end()),
+            (std::vector<double>{0.75, 0.75, 0.75, 0.75}));
   e.update(1, 1, 0.5);  // one drafted, accepted
   EXPECT_DOUBLE_EQ(e.conditional()[0], 0.875);
   e.update(0, 0, 0.5);  // nothing drafted: nothing learnt

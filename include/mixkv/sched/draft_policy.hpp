@@ -80,11 +80,13 @@ class AcceptanceEstimate {
   explicit AcceptanceEstimate(std::vector<double> conditional);
   // A verify step drafted `drafted` tokens and accepted the first `accepted`: positions below
   // `accepted` were accepted, position `accepted` (if drafted) rejected, later ones not seen.
+  // Positions never seen take the estimate of the position before them.
   void update(int drafted, int accepted, double weight = kRequestWeight);
   std::span<const double> conditional() const { return conditional_; }
 
  private:
   std::vector<double> conditional_;
+  std::vector<bool> seen_;  // per position: updated by a verify step at least once
 };
 
 // One decoding request's part of the choice.
