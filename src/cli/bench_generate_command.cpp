@@ -187,6 +187,7 @@ Action add_bench_generate_command(CLI::App& app) {
     int runs = 3;
     int threads = 0;
     bool fixed_draft = false;
+    std::optional<double> step_cost_per_row;  // absent: measured
     std::string memory = "256MiB";
     bool json = false;
   };
@@ -227,6 +228,10 @@ Action add_bench_generate_command(CLI::App& app) {
                   "Threads for matrix products and attention (default: one per core, at most 8)");
   cmd->add_flag("--fixed-draft-length", args->fixed_draft,
                 "Draft --num-spec-tokens every step (no adaptive draft length)");
+  cmd->add_option("--step-cost-per-row", args->step_cost_per_row,
+                  "Draft lengths from a fixed cost, a verify row this fraction of a one-row step "
+                  "(default: measured online), so the drafting counts do not depend on the "
+                  "machine's load");
   cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 256MiB)")->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object: per prompt and per category");
 
@@ -319,7 +324,16 @@ Action add_bench_generate_command(CLI::App& app) {
 
     // One cost model over every run: the plain runs measure one-row steps, the speculative ones
     // the verify steps, and each run's draft lengths start from what the runs before measured.
-    const auto step_cost = std::make_shared<sched::MeasuredStepCost>();
+    if (args->step_cost_per_row &&
+        !(*args->step_cost_per_row >= 0 && *args->step_cost_per_row <= 4)) {
+      throw_invalid(fmt::format("--step-cost-per-row {} is out of range; use 0 to 4",
+                                *args->step_cost_per_row));
+    }
+    const std::shared_ptr<sched::StepCost> step_cost =
+        args->step_cost_per_row
+            ? std::shared_ptr<sched::StepCost>(
+                  std::make_shared<sched::LinearStepCost>(1.0, *args->step_cost_per_row))
+            : std::make_shared<sched::MeasuredStepCost>();
     // Per prompt: plain, then each drafter; every run of a drafter right after a plain run.
     std::vector<Measured> plain(set.size());
     std::vector<std::vector<Measured>> spec(set.size(), std::vector<Measured>(args->drafts.size()));
@@ -409,6 +423,7 @@ Action add_bench_generate_command(CLI::App& app) {
                           {"max_tokens", args->max_tokens},
                           {"identical_to_plain", all_identical}};
       if (load) j["load_average"] = *load;
+      if (args->step_cost_per_row) j["step_cost_per_row"] = *args->step_cost_per_row;
       // What the draft policy read at the end: a step of batch + j rows over one of batch rows.
       nlohmann::json ratios = nlohmann::json::array();
       for (int extra = 0; extra <= args->batch * args->num_spec_tokens; ++extra) {
@@ -470,7 +485,7 @@ Action add_bench_generate_command(CLI::App& app) {
           args->runs, args->runs == 1 ? "" : "s",
           args->threads > 0 ? fmt::format("{}", args->threads) : "default",
           load ? fmt::format(", load {:.1f}", *load) : "");
-      out << "measured step cost, batch + 0.." << args->batch * args->num_spec_tokens
+      out << "step cost, batch + 0.." << args->batch * args->num_spec_tokens
           << " rows over batch rows:";
       for (int extra = 0; extra <= args->batch * args->num_spec_tokens; ++extra) {
         out << fmt::format(" {:.2f}",

@@ -2,6 +2,8 @@
 // tokens checked against plain, and its options' errors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.hpp"
@@ -38,6 +40,32 @@ TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCount
     // The oracle proposes plain's own continuation: it is accepted.
     EXPECT_GT(c["oracle"]["acceptance_rate"].get<double>(), 0.9) << c;
   }
+}
+
+// A fixed step cost makes the adaptive draft lengths (so the drafting counts) independent of the
+// machine's timings: two runs draft alike.
+TEST(BenchGenerateCommand, AFixedStepCostGivesTheSameDraftsEveryRun) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("mixkv-bench-prompts-" +
+                     std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + ".txt");
+  std::ofstream(file) << "Once upon a time\nThe cache pages\n";
+  const std::vector<std::string> args = {
+      "tiny-swa", "--draft",   "oracle",      "--max-tokens",        "12",   "--runs",
+      "1",        "--prompts", file.string(), "--step-cost-per-row", "0.25", "--json"};
+  const auto a = run_cli("bench-generate", args), b = run_cli("bench-generate", args);
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["step_cost_ratio"], (nlohmann::json{1.0, 1.25, 1.5, 1.75, 2.0}));
+  for (std::size_t i = 0; i < ja["prompts"].size(); ++i) {
+    EXPECT_EQ(ja["prompts"][i]["oracle"]["drafted_per_position"],
+              jb["prompts"][i]["oracle"]["drafted_per_position"]);
+    EXPECT_GT(ja["prompts"][i]["oracle"]["mean_accepted_length"].get<double>(), 2.0);
+  }
+  std::filesystem::remove(file);
+  const auto bad = run_cli("bench-generate", {"tiny-swa", "--step-cost-per-row", "-1"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--step-cost-per-row"), std::string::npos) << bad.err;
 }
 
 TEST(BenchGenerateCommand, AnUnknownDrafterIsAUsageError) {
