@@ -61,6 +61,14 @@ const std::vector<BenchPrompt>& builtin_prompts() {
        "Add a docstring to this function and show the whole code:\n\n```python\ndef "
        "area(width, height):\n    if width < 0 or height < 0:\n        raise "
        "ValueError(\"negative size\")\n    return width * height\n```"},
+      {"const", "copy",
+       "Change var to const in this JavaScript function and show the whole "
+       "function:\n\n```javascript\nfunction total(prices) {\n  var sum = 0;\n  for (var i = 0; i "
+       "< prices.length; i++) {\n    sum = sum + prices[i];\n  }\n  return sum;\n}\n```"},
+      {"emails", "copy",
+       "Extract every email address from this text, one per line:\n\nContact Anna at "
+       "anna.smith@example.com for sales. For support write to help@shop.example.org or call us. "
+       "Bob (bob.jones@mail.example.net) leads the team."},
       {"poem", "novel", "Write a short poem about the sea."},
       {"exercise", "novel", "What are three benefits of regular exercise?"},
       {"rainbow", "novel", "Explain how a rainbow forms."},
@@ -179,6 +187,7 @@ Action add_bench_generate_command(CLI::App& app) {
     int runs = 3;
     int threads = 0;
     bool fixed_draft = false;
+    std::optional<double> step_cost_per_row;  // absent: measured
     std::string memory = "256MiB";
     bool json = false;
   };
@@ -188,7 +197,8 @@ Action add_bench_generate_command(CLI::App& app) {
   cmd->footer(
       "MODEL: smollm2-135m, a llama GGUF file, or a tiny model (tiny-swa, ...; byte prompts, "
       "random weights). Each prompt of the built-in set (copy prompts: rewrite, extract, rename, "
-      "docstring, whose answers copy spans of the prompt; novel prompts: poem, exercise, "
+      "docstring, const, emails, whose answers copy spans of the prompt; novel prompts: poem, "
+      "exercise, "
       "rainbow, coffee) runs as --batch requests, plain and with each drafter, --runs times; "
       "tokens/s are medians, prefill included. Greedy tokens must match plain's (exit status 3 "
       "if not). Progress goes to stderr when it is a terminal. docs/engine.md.");
@@ -218,6 +228,10 @@ Action add_bench_generate_command(CLI::App& app) {
                   "Threads for matrix products and attention (default: one per core, at most 8)");
   cmd->add_flag("--fixed-draft-length", args->fixed_draft,
                 "Draft --num-spec-tokens every step (no adaptive draft length)");
+  cmd->add_option("--step-cost-per-row", args->step_cost_per_row,
+                  "Draft lengths from a fixed cost, a verify row this fraction of a one-row step "
+                  "(default: measured online), so the drafting counts do not depend on the "
+                  "machine's load");
   cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 256MiB)")->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object: per prompt and per category");
 
@@ -308,6 +322,18 @@ Action add_bench_generate_command(CLI::App& app) {
                 << std::flush;
     };
 
+    // One cost model over every run: the plain runs measure one-row steps, the speculative ones
+    // the verify steps, and each run's draft lengths start from what the runs before measured.
+    if (args->step_cost_per_row &&
+        !(*args->step_cost_per_row >= 0 && *args->step_cost_per_row <= 4)) {
+      throw_invalid(fmt::format("--step-cost-per-row {} is out of range; use 0 to 4",
+                                *args->step_cost_per_row));
+    }
+    const std::shared_ptr<sched::StepCost> step_cost =
+        args->step_cost_per_row
+            ? std::shared_ptr<sched::StepCost>(
+                  std::make_shared<sched::LinearStepCost>(1.0, *args->step_cost_per_row))
+            : std::make_shared<sched::MeasuredStepCost>();
     // Per prompt: plain, then each drafter; every run of a drafter right after a plain run.
     std::vector<Measured> plain(set.size());
     std::vector<std::vector<Measured>> spec(set.size(), std::vector<Measured>(args->drafts.size()));
@@ -320,6 +346,7 @@ Action add_bench_generate_command(CLI::App& app) {
       go.max_batch = args->batch;
       go.stop_tokens = stops;
       go.adaptive_draft = !args->fixed_draft;
+      go.step_cost = step_cost;
       for (int run = 0; run < args->runs; ++run) {
         go.num_spec_tokens = 0;
         const engine::GenerateReport p = engine::generate(runner, prompts, nullptr, go);
@@ -396,6 +423,13 @@ Action add_bench_generate_command(CLI::App& app) {
                           {"max_tokens", args->max_tokens},
                           {"identical_to_plain", all_identical}};
       if (load) j["load_average"] = *load;
+      if (args->step_cost_per_row) j["step_cost_per_row"] = *args->step_cost_per_row;
+      // What the draft policy read at the end: a step of batch + j rows over one of batch rows.
+      nlohmann::json ratios = nlohmann::json::array();
+      for (int extra = 0; extra <= args->batch * args->num_spec_tokens; ++extra) {
+        ratios.push_back(step_cost->step(args->batch + extra) / step_cost->step(args->batch));
+      }
+      j["step_cost_ratio"] = ratios;
       if (self) j["draft_layers"] = runner.self_draft_layers();
       j["prompts"] = nlohmann::json::array();
       for (std::size_t i = 0; i < set.size(); ++i) {
@@ -451,6 +485,13 @@ Action add_bench_generate_command(CLI::App& app) {
           args->runs, args->runs == 1 ? "" : "s",
           args->threads > 0 ? fmt::format("{}", args->threads) : "default",
           load ? fmt::format(", load {:.1f}", *load) : "");
+      out << "step cost, batch + 0.." << args->batch * args->num_spec_tokens
+          << " rows over batch rows:";
+      for (int extra = 0; extra <= args->batch * args->num_spec_tokens; ++extra) {
+        out << fmt::format(" {:.2f}",
+                           step_cost->step(args->batch + extra) / step_cost->step(args->batch));
+      }
+      out << '\n';
       if (self) {
         out << fmt::format("self drafter: the target's first {} layers\n",
                            runner.self_draft_layers());

@@ -101,6 +101,7 @@ GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector
   so.num_spec_tokens = k;
   so.max_batch = options.max_batch;
   so.adaptive_draft = options.adaptive_draft;
+  so.step_cost = options.step_cost;
   so.prefill_chunk = options.prefill_chunk;
   so.before_free = options.before_free;
   so.on_tokens = options.on_tokens;

@@ -340,6 +340,7 @@ SimReport simulate(cache::KvCacheManager& manager, const plan::CachePlan& plan, 
   so.max_batch = options.max_batch;
   so.prefill_chunk = 0;
   so.cap_drafts = false;
+  so.adaptive_draft = false;  // the trace's acceptance, not the machine's timings, decides
   sched::Scheduler scheduler(manager, plan, so);
   StreamDrafter drafter;
   BernoulliModel model(options.acceptance, options.seed);

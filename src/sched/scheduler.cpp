@@ -25,24 +25,11 @@ void charge(double& total, Clock::time_point t0) {
   total += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Steps a request decodes plainly after its drafts failed at length 1, before it tries again.
-constexpr int kPlainStepsBeforeRetry = 8;
-
-// The next step's draft length from this one's: all accepted, one more (up to k); some accepted,
-// one past what was; none, half (down to 0, plain decoding, retried at length 1 after
-// kPlainStepsBeforeRetry steps). A verify row costs less than a decode step but not nothing, so
-// drafts that keep failing must stop (greedy output does not depend on the length).
-int next_draft_length(int current, int drafted, int accepted, int k, int& plain_steps) {
-  if (current == 0) {
-    if (++plain_steps < kPlainStepsBeforeRetry) return 0;
-    plain_steps = 0;
-    return 1;
-  }
-  if (drafted == 0) return current;  // the drafter had nothing: no evidence either way
-  if (accepted == drafted) return std::min(k, current + 1);
-  if (accepted > 0) return std::min(k, accepted + 1);
-  return current / 2;
-}
+// Steps a request is refused drafts (while it could draft) before it gets one to try: its text
+// may have turned into something its drafter predicts.
+constexpr int kPlainStepsBeforeProbe = 8;
+// Weight of a verify step in the scheduler-wide estimate that new requests start from.
+constexpr double kSchedulerAcceptanceWeight = 0.1;
 
 }  // namespace
 
@@ -72,7 +59,11 @@ double RequestStats::decode_tokens_per_second() const {
 
 Scheduler::Scheduler(cache::KvCacheManager& manager, const plan::CachePlan& plan,
                      const SchedulerOptions& options)
-    : manager_(manager), options_(options), k_(options.num_spec_tokens) {
+    : manager_(manager),
+      options_(options),
+      k_(options.num_spec_tokens),
+      cost_(options.step_cost ? options.step_cost : std::make_shared<MeasuredStepCost>()),
+      acceptance_(options.num_spec_tokens) {
   for (const plan::KvCacheGroup& g : plan.groups) {
     recurrent_.push_back(g.behaviour == plan::Behaviour::kRecurrent);
   }
@@ -108,7 +99,7 @@ std::size_t Scheduler::add(Request request) {
   r.label = std::move(request.label);
   r.hold = request.hold;
   r.external = request.external_prompt;
-  r.draft_len = k_;
+  r.acceptance = acceptance_;
   r.stats.drafted_per_position.assign(static_cast<std::size_t>(k_), 0);
   r.stats.accepted_per_position.assign(static_cast<std::size_t>(k_), 0);
   reqs_.push_back(std::move(r));
@@ -315,15 +306,38 @@ void Scheduler::release(std::size_t i) {
   r.prompt_len = 0;
 }
 
-// The drafts a request's verify takes this step: its adaptive length (or k), and with cap_drafts
-// no more than the tokens it has left to generate after the bonus one.
+// The most drafts a request's verify may take this step: k, and with cap_drafts no more than the
+// tokens it has left to generate after the bonus one.
 int Scheduler::draft_limit(const Req& r) const {
-  std::int64_t n = options_.adaptive_draft ? r.draft_len : k_;
+  std::int64_t n = k_;
   if (options_.cap_drafts) {
     const auto left = r.max_tokens - static_cast<std::int64_t>(r.tokens.size() - r.prompt_len) - 1;
     n = std::min(n, std::max<std::int64_t>(0, left));
   }
   return static_cast<int>(n);
+}
+
+std::vector<int> Scheduler::draft_lengths(std::span<const spec::DraftContext> ctxs,
+                                          std::span<const int> available, std::int64_t fixed_rows,
+                                          bool charge_drafter) {
+  std::vector<DraftCandidate> candidates;
+  candidates.reserve(ctxs.size());
+  for (std::size_t c = 0; c < ctxs.size(); ++c) {
+    const Req& r = reqs_[ctxs[c].request];
+    const int probe = r.plain_steps >= kPlainStepsBeforeProbe ? 1 : 0;
+    candidates.push_back({available[c], r.acceptance.conditional(), probe});
+  }
+  std::vector<int> lengths = choose_draft_lengths(*cost_, fixed_rows, candidates, charge_drafter,
+                                                  options_.max_draft_tokens_per_step);
+  for (std::size_t c = 0; c < ctxs.size(); ++c) {
+    Req& r = reqs_[ctxs[c].request];
+    if (lengths[c] > 0) {
+      r.plain_steps = 0;
+    } else if (available[c] > 0) {
+      ++r.plain_steps;
+    }
+  }
+  return lengths;
 }
 
 void Scheduler::run(Model& model, spec::Drafter* drafter) {
@@ -366,27 +380,52 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     }
     batch.push_back(std::move(w));
   }
-  // Drafts for every decoding request, in one call (a batched drafter runs one forward).
+  // Drafts for every decoding request, in one call (a batched drafter runs one forward). A
+  // drafter that drafts for free (no forward) proposes every draft the verify could take and
+  // the policy keeps what pays; one that pays per draft is told the policy's lengths first.
   if (drafter != nullptr) {
     std::vector<spec::DraftContext> ctxs;
+    std::vector<int> limits;
+    std::int64_t fixed_rows = 0;  // the step's rows without drafts
     for (std::size_t j = 0; j < batch.size(); ++j) {
       const Req& r = reqs_[batch[j].request];
+      fixed_rows += r.prefilling ? std::ssize(batch[j].tokens) : 1;
       if (r.prefilling) continue;
+      limits.push_back(draft_limit(r));
       ctxs.push_back(
-          {batch[j].request, r.tokens, r.computed, batch[j].block_tables, draft_limit(r)});
+          {batch[j].request, r.tokens, r.computed, batch[j].block_tables, limits.back()});
     }
-    const std::vector<std::vector<TokenId>> proposed =
+    const bool adaptive = options_.adaptive_draft && !ctxs.empty();
+    const bool free = drafter->drafts_for_free();
+    if (adaptive && !free) {
+      const std::vector<int> lengths = draft_lengths(ctxs, limits, fixed_rows, true);
+      for (std::size_t c = 0; c < ctxs.size(); ++c) ctxs[c].max_drafts = lengths[c];
+    }
+    const auto t0 = Clock::now();
+    std::vector<std::vector<TokenId>> proposed =
         ctxs.empty() ? std::vector<std::vector<TokenId>>{} : drafter->propose_batch(ctxs, k_);
     if (proposed.size() != ctxs.size()) {
       throw_invalid(fmt::format("drafter {} answered {} of {} requests", drafter->name(),
                                 proposed.size(), ctxs.size()));
     }
+    std::vector<int> available(ctxs.size());
+    int longest = 0;
+    for (std::size_t c = 0; c < ctxs.size(); ++c) {
+      available[c] = static_cast<int>(
+          std::min(proposed[c].size(), static_cast<std::size_t>(std::max(0, ctxs[c].max_drafts))));
+      longest = std::max(longest, available[c]);
+    }
+    if (!free && longest > 0) {
+      cost_->observe_draft(longest, std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    if (adaptive && free) {
+      const std::vector<int> lengths = draft_lengths(ctxs, available, fixed_rows, false);
+      for (std::size_t c = 0; c < ctxs.size(); ++c) available[c] = lengths[c];
+    }
     const std::int64_t vocab = model.vocab_size();
     for (std::size_t c = 0; c < ctxs.size(); ++c) {
       Req& r = reqs_[ctxs[c].request];
-      const std::size_t n =
-          std::min(proposed[c].size(), static_cast<std::size_t>(ctxs[c].max_drafts));
-      for (std::size_t d = 0; d < n; ++d) {
+      for (std::size_t d = 0; d < static_cast<std::size_t>(available[c]); ++d) {
         const TokenId t = proposed[c][d];
         if (t < 0 || t >= vocab) {
           throw_invalid(fmt::format("drafter {} proposed token {} outside the vocabulary of {}",
@@ -399,10 +438,16 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
   for (Work& w : batch) {
     if (!w.prefill) w.tokens = reqs_[w.request].step_input;
   }
+  const auto forward_start = Clock::now();
   const ModelOutput out = model.forward(batch);
+  const double forward_seconds =
+      std::chrono::duration<double>(Clock::now() - forward_start).count();
   ++counters_.steps;
   std::size_t rows = 0;
-  for (const Work& w : batch) rows += w.tokens.size();
+  bool any_prefill = false;
+  for (const Work& w : batch) rows += w.tokens.size(), any_prefill = any_prefill || w.prefill;
+  // Decode and verify steps teach the cost model (a prefill row costs another amount).
+  if (!any_prefill) cost_->observe_step(static_cast<std::int64_t>(rows), forward_seconds);
   if (out.picks.size() != rows) {
     throw_internal(
         fmt::format("model answered {} picks for {} token rows", out.picks.size(), rows));
@@ -454,6 +499,9 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
         v.sampled.push_back(r.reads_logits ? r.sampler.next(logits.last(vocab_rows))
                                            : picks.back());
         r.prefilling = false;
+        // Decoding starts from what the scheduler has seen of earlier requests' drafts.
+        r.acceptance = acceptance_;
+        r.plain_steps = 0;
       }
     } else {
       spec::Verdict a =
@@ -472,9 +520,9 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
       for (int p = 0; p < a.accepted; ++p) {
         ++counters_.accepted_per_position[static_cast<std::size_t>(p)];
       }
-      if (options_.adaptive_draft && k_ > 0) {
-        r.draft_len =
-            next_draft_length(r.draft_len, static_cast<int>(n - 1), a.accepted, k_, r.plain_steps);
+      if (n > 1) {
+        r.acceptance.update(static_cast<int>(n - 1), a.accepted);
+        acceptance_.update(static_cast<int>(n - 1), a.accepted, kSchedulerAcceptanceWeight);
       }
       ++r.stats.decode_steps;
       ++counters_.decode_steps;

@@ -2,6 +2,8 @@
 // tokens checked against plain, and its options' errors.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_test_support.hpp"
@@ -12,11 +14,15 @@ namespace {
 using testing::run_cli;
 
 TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCounts) {
+  // Fixed draft lengths: adaptive ones follow this machine's step times (docs/sched.md), which a
+  // test must not depend on.
   auto r = run_cli("bench-generate", {"tiny-swa", "--draft", "ngram,oracle", "--max-tokens", "8",
-                                      "--runs", "1", "--json"});
+                                      "--runs", "1", "--fixed-draft-length", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_TRUE(j.contains("categories")) << r.out;
+  EXPECT_EQ(j["step_cost_ratio"].size(), 5u);  // 1 to 1 + 4 rows over 1
+  EXPECT_EQ(j["step_cost_ratio"][0], 1.0);
   ASSERT_EQ(j["categories"].size(), 2u);  // copy and novel prompts
   for (const auto& c : j["categories"]) {
     EXPECT_GT(c["plain_tokens_per_second"].get<double>(), 0) << c;
@@ -34,6 +40,32 @@ TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCount
     // The oracle proposes plain's own continuation: it is accepted.
     EXPECT_GT(c["oracle"]["acceptance_rate"].get<double>(), 0.9) << c;
   }
+}
+
+// A fixed step cost makes the adaptive draft lengths (so the drafting counts) independent of the
+// machine's timings: two runs draft alike.
+TEST(BenchGenerateCommand, AFixedStepCostGivesTheSameDraftsEveryRun) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("mixkv-bench-prompts-" +
+                     std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + ".txt");
+  std::ofstream(file) << "Once upon a time\nThe cache pages\n";
+  const std::vector<std::string> args = {
+      "tiny-swa", "--draft",   "oracle",      "--max-tokens",        "12",   "--runs",
+      "1",        "--prompts", file.string(), "--step-cost-per-row", "0.25", "--json"};
+  const auto a = run_cli("bench-generate", args), b = run_cli("bench-generate", args);
+  ASSERT_EQ(a.status, 0) << a.err;
+  ASSERT_EQ(b.status, 0) << b.err;
+  const auto ja = nlohmann::json::parse(a.out), jb = nlohmann::json::parse(b.out);
+  EXPECT_EQ(ja["step_cost_ratio"], (nlohmann::json{1.0, 1.25, 1.5, 1.75, 2.0}));
+  for (std::size_t i = 0; i < ja["prompts"].size(); ++i) {
+    EXPECT_EQ(ja["prompts"][i]["oracle"]["drafted_per_position"],
+              jb["prompts"][i]["oracle"]["drafted_per_position"]);
+    EXPECT_GT(ja["prompts"][i]["oracle"]["mean_accepted_length"].get<double>(), 2.0);
+  }
+  std::filesystem::remove(file);
+  const auto bad = run_cli("bench-generate", {"tiny-swa", "--step-cost-per-row", "-1"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--step-cost-per-row"), std::string::npos) << bad.err;
 }
 
 TEST(BenchGenerateCommand, AnUnknownDrafterIsAUsageError) {

@@ -44,7 +44,10 @@ TEST(GenerateCommand, OracleDraftGivesThePlainTokensAndFullAcceptance) {
   ASSERT_EQ(j["tokens"].size(), 21u);
   EXPECT_EQ(j["stats"]["identical_to_plain"], true);
   EXPECT_EQ(j["stats"]["acceptance_rate"], 1.0);
-  EXPECT_EQ(j["stats"]["mean_accepted_length"], 5.0);  // 20 decode tokens in 4 steps of 1 + 4
+  // The draft lengths follow this machine's measured step times (docs/sched.md); before two row
+  // counts are measured they follow the prior alone, so the first verify step drafts 2 (then 3).
+  EXPECT_GT(j["stats"]["mean_accepted_length"].get<double>(), 1.0);
+  EXPECT_LE(j["stats"]["mean_accepted_length"].get<double>(), 5.0);
   EXPECT_EQ(j["stats"]["prompt_tokens"], 5);
   EXPECT_GT(j["stats"]["plain_tokens_per_second"].get<double>(), 0);
   const auto ids = j["tokens"].get<std::vector<engine::TokenId>>();

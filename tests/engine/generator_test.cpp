@@ -83,12 +83,14 @@ TEST(Generate, AdaptiveDraftLengthFallsBackOnFailingDraftsAndKeepsPlainTokens) {
   RandomDrafter fixed_random(runner.vocab_size(), 1);
   const GenerateReport fixed = generate(runner, prompts, &fixed_random, o);
   o.adaptive_draft = true;
+  // A fixed cost (a verify row a quarter of a step), so the lengths do not follow the timings.
+  o.step_cost = std::make_shared<sched::LinearStepCost>(1.0, 0.25);
   RandomDrafter random(runner.vocab_size(), 1);
   const GenerateReport adaptive = generate(runner, prompts, &random, o);
   expect_same_tokens(plain, adaptive);
   const RequestStats& a = adaptive.requests[0].stats;
   EXPECT_GT(fixed.requests[0].stats.drafted_tokens, 300);
-  EXPECT_LT(a.drafted_tokens, 60);  // 4 + 2 + 1, then one try every 8 steps
+  EXPECT_LT(a.drafted_tokens, 30);  // 2 + 1 at first, then one probe every 8 plain steps
   EXPECT_GT(a.drafted_tokens, 5);
   ASSERT_EQ(a.drafted_per_position.size(), 4u);
   EXPECT_GE(a.drafted_per_position[0], a.drafted_per_position[3]);
@@ -97,7 +99,10 @@ TEST(Generate, AdaptiveDraftLengthFallsBackOnFailingDraftsAndKeepsPlainTokens) {
   const GenerateReport fast = generate(runner, prompts, &oracle, o);
   expect_same_tokens(plain, fast);
   const RequestStats& s = fast.requests[0].stats;
-  EXPECT_EQ(s.decode_steps, 19);  // 95 tokens in steps of 1 + 4: the length stays at k
+  // 95 tokens in steps of 1 + 4 (19 steps) once the estimate has risen from its prior: the
+  // first steps draft 2, then 3.
+  EXPECT_LE(s.decode_steps, 21);
+  EXPECT_GE(s.decode_steps, 19);
   std::int64_t drafted = 0;
   std::int64_t accepted = 0;
   for (std::size_t p = 0; p < 4; ++p) {

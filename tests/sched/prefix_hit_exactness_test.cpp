@@ -252,6 +252,8 @@ class Engine final : public sched::Model, public spec::Drafter {
     o.num_spec_tokens = k;
     o.prefill_chunk = 0;  // whole prompts, as the test computes them
     o.cap_drafts = false;
+    // Both runs must draft alike: a fixed cost, not their own timings, sets the draft lengths.
+    o.step_cost = std::make_shared<sched::LinearStepCost>(1.0, 0.1);
     return o;
   }
   static std::string fmt_id(RequestId id) { return "request " + std::to_string(id.value()); }

@@ -209,6 +209,8 @@ class KernelEngine final : public sched::Model, public spec::Drafter {
     o.num_spec_tokens = k;
     o.prefill_chunk = 0;  // whole prompts: the engine splits them at snapshot boundaries itself
     o.cap_drafts = false;
+    // Both runs must draft alike: a fixed cost, not their own timings, sets the draft lengths.
+    o.step_cost = std::make_shared<sched::LinearStepCost>(1.0, 0.1);
     return o;
   }
 

@@ -27,35 +27,51 @@ class StreamModel final : public Model {
   ModelOutput forward(std::span<const Work> batch) override {
     ModelOutput out;
     ++steps;
+    std::int64_t drafts = 0, rows = 0;
+    bool prefill = false;
     for (const Work& w : batch) {
+      if (!w.prefill) drafts += std::ssize(w.tokens) - 1;
+      rows += std::ssize(w.tokens);
+      prefill = prefill || w.prefill;
       for (std::size_t i = 0; i < w.tokens.size(); ++i) {
         out.picks.push_back(truth(w.request, w.start + static_cast<std::int64_t>(i) + 1));
       }
       if (w.prefill) max_chunk = std::max<std::int64_t>(max_chunk, std::ssize(w.tokens));
     }
     max_batch = std::max<std::int64_t>(max_batch, std::ssize(batch));
+    max_step_drafts = std::max(max_step_drafts, drafts);
+    if (!prefill) max_decode_rows = std::max(max_decode_rows, rows);
+    if (!prefill && std::ssize(batch) == 8) max_drafts_of_8 = std::max(max_drafts_of_8, drafts);
     return out;
   }
   std::int64_t vocab_size() const override { return 1 << 20; }
-  std::int64_t steps = 0, max_chunk = 0, max_batch = 0;
+  std::int64_t steps = 0, max_chunk = 0, max_batch = 0, max_step_drafts = 0;
+  std::int64_t max_decode_rows = 0;  // over steps without a prefill chunk
+  std::int64_t max_drafts_of_8 = 0;  // over steps of 8 decoding requests
 };
 
-// Proposes the truth for the first `right` drafts, then wrong tokens.
+// Proposes the truth for the first `right` drafts, then wrong tokens; with `odd_wrong`, only
+// wrong ones for odd requests. `free`: as prompt lookup (no forward), else as a model drafter
+// that is told its draft lengths first (and keeps to them).
 class FixedDrafter final : public spec::Drafter {
  public:
-  explicit FixedDrafter(int right) : right_(right) {}
+  explicit FixedDrafter(int right, bool odd_wrong = false, bool free = false)
+      : right_(right), odd_wrong_(odd_wrong), free_(free) {}
   std::string name() const override { return "fixed"; }
+  bool drafts_for_free() const override { return free_; }
   std::vector<TokenId> propose(const spec::DraftContext& ctx, int k) override {
     std::vector<TokenId> out;
-    for (int t = 0; t < k; ++t) {
+    const int right = odd_wrong_ && ctx.request % 2 == 1 ? 0 : right_;
+    for (int t = 0; t < std::min(k, ctx.max_drafts); ++t) {
       const std::int64_t position = ctx.num_computed + 1 + t;
-      out.push_back(t < right_ ? truth(ctx.request, position) : 7);
+      out.push_back(t < right ? truth(ctx.request, position) : 7);
     }
     return out;
   }
 
  private:
   int right_;
+  bool odd_wrong_, free_;
 };
 
 plan::CachePlan small_plan(std::int64_t memory, int k) {
@@ -84,13 +100,16 @@ std::vector<Request> requests(int n) {
 struct Outcome {
   std::vector<std::vector<TokenId>> outputs;
   Counters counters;
-  std::int64_t max_chunk = 0, max_batch = 0;
+  std::int64_t max_chunk = 0, max_batch = 0, max_step_drafts = 0, max_decode_rows = 0;
+  std::int64_t max_drafts_of_8 = 0;
   std::vector<RequestStats> stats;
 };
 
 Outcome run(const plan::CachePlan& plan, int k, spec::Drafter* drafter, SchedulerOptions o = {}) {
   cache::KvCacheManager manager(plan, k);
   o.num_spec_tokens = k;
+  // Draft lengths must not depend on this machine's timings: a verify row costs a tenth of a step.
+  if (!o.step_cost) o.step_cost = std::make_shared<LinearStepCost>(1.0, 0.1);
   Scheduler s(manager, plan, o);
   const auto reqs = requests(8);
   for (const Request& r : reqs) s.add(r);
@@ -106,6 +125,9 @@ Outcome run(const plan::CachePlan& plan, int k, spec::Drafter* drafter, Schedule
   out.counters = s.counters();
   out.max_chunk = model.max_chunk;
   out.max_batch = model.max_batch;
+  out.max_step_drafts = model.max_step_drafts;
+  out.max_decode_rows = model.max_decode_rows;
+  out.max_drafts_of_8 = model.max_drafts_of_8;
   EXPECT_EQ(manager.check_invariants(), "");
   EXPECT_EQ(manager.pool().num_used(), 0);
   return out;
@@ -149,6 +171,70 @@ TEST(Scheduler, SpeculationCommitsExactlyThePlainTokens) {
       EXPECT_LT(fast.counters.steps, plain.counters.steps);
     }
   }
+}
+
+// The draft policy with a fixed cost (a verify row a quarter of a step): a request whose drafts
+// all fail decodes plainly (a probe every few steps), one whose drafts pass keeps drafting, side
+// by side in one batch, for a drafter that pays per draft and one that drafts for free; tokens
+// stay the plain ones.
+TEST(Scheduler, ARequestWhoseDraftsFailFallsBackToPlainDecoding) {
+  const auto plan = small_plan(256 * kMiB, 4);
+  const Outcome plain = run(plan, 0, nullptr);
+  for (const bool free : {false, true}) {
+    FixedDrafter d(4, /*odd_wrong=*/true, free);
+    SchedulerOptions o;
+    o.step_cost = std::make_shared<LinearStepCost>(1.0, 0.25);
+    const Outcome got = run(plan, 4, &d, o);
+    EXPECT_EQ(got.outputs, plain.outputs);
+    for (std::size_t i = 0; i < got.stats.size(); ++i) {
+      const RequestStats& s = got.stats[i];
+      if (i % 2 == 1) {
+        EXPECT_EQ(s.accepted_tokens, 0) << i;
+        // A few at first (it starts from the scheduler's estimate, which the good requests
+        // raise), then one probe every 8 plain steps; k every step would be 4 per step.
+        EXPECT_LE(s.drafted_tokens, 4 + s.decode_steps / 4) << i << " free " << free;
+      } else {
+        EXPECT_EQ(s.accepted_tokens, s.drafted_tokens) << i << " free " << free;
+        EXPECT_GE(s.accepted_tokens, s.decode_steps) << i << " free " << free;  // 2 a step
+      }
+    }
+  }
+}
+
+// A weight pass shared by up to 16 rows, then rows that cost a whole step each: with 8 requests
+// decoding, the policy drafts no more than the 8 rows the pass has left, where alone each would
+// draft 4; an explicit per-step cap holds too.
+TEST(Scheduler, CapsTheDraftsOfAStepUnderBatching) {
+  class KneeCost final : public StepCost {
+   public:
+    double step(std::int64_t rows) const override {
+      return 1.0 + 0.05 * static_cast<double>(std::min<std::int64_t>(rows, 16) - 1) +
+             static_cast<double>(std::max<std::int64_t>(rows - 16, 0));
+    }
+    double draft(int) const override { return 0.0; }
+  };
+  const auto plan = small_plan(256 * kMiB, 4);
+  const Outcome plain = run(plan, 0, nullptr);
+  FixedDrafter d(4);
+  SchedulerOptions o;
+  o.step_cost = std::make_shared<KneeCost>();
+  o.max_batch = 8;
+  o.prefill_chunk = 0;  // every prompt in one step, so the 8 decode together
+  const Outcome knee = run(plan, 4, &d, o);
+  EXPECT_EQ(knee.outputs, plain.outputs);
+  EXPECT_EQ(knee.max_drafts_of_8, 8);   // not 8 x 4
+  EXPECT_EQ(knee.max_decode_rows, 16);  // as requests finish, the others take the room
+  EXPECT_GT(knee.counters.accepted_tokens, 0);
+  o.max_batch = 1;
+  const Outcome alone = run(plan, 4, &d, o);
+  EXPECT_EQ(alone.outputs, plain.outputs);
+  EXPECT_EQ(alone.max_step_drafts, 4);
+  o.max_batch = 8;
+  o.step_cost = std::make_shared<LinearStepCost>(1.0, 0.01);
+  o.max_draft_tokens_per_step = 3;
+  const Outcome capped = run(plan, 4, &d, o);
+  EXPECT_EQ(capped.outputs, plain.outputs);
+  EXPECT_EQ(capped.max_step_drafts, 3);
 }
 
 TEST(Scheduler, ATightPoolPreemptsAndStillFinishesWithThePlainTokens) {

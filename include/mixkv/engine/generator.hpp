@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -42,6 +43,9 @@ struct GenerateOptions {
   // SchedulerOptions::adaptive_draft. Off by default here: the engine's tests pin k drafts a step
   // to exercise rejection and rollback; `mixkv generate` and `bench-generate` turn it on.
   bool adaptive_draft = false;
+  // SchedulerOptions::step_cost: null measures this call's steps; bench-generate shares one over
+  // its runs, tests inject a fixed one.
+  std::shared_ptr<sched::StepCost> step_cost;
   std::int64_t prefill_chunk = 32;  // prompt tokens one request computes per step
   bool prefix_caching = true;
   // Tokens that end a request (the tokenizer's end-of-generation ids); empty: every request

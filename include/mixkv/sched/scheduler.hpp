@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -17,6 +18,7 @@
 #include "mixkv/cache/kv_cache_manager.hpp"
 #include "mixkv/plan/plan.hpp"
 #include "mixkv/sample/sampler.hpp"
+#include "mixkv/sched/draft_policy.hpp"
 #include "mixkv/spec/drafter.hpp"
 
 namespace mixkv::sched {
@@ -135,9 +137,17 @@ struct SchedulerOptions {
   // Drafts stop at a request's max_tokens (generate knows each request's length). The simulator
   // turns it off: a server does not know where a request will stop, so it drafts k every step.
   bool cap_drafts = true;
-  // Each request's draft length follows its recent acceptance (at most num_spec_tokens), so a
-  // request whose drafts keep failing falls back towards plain decoding. Off: k every step.
+  // Each request's draft length is chosen every step by choose_draft_lengths (draft_policy.hpp)
+  // from its recent acceptance per position and what a step of n rows costs (at most
+  // num_spec_tokens), so a request whose drafts keep failing decodes plainly, and under batching
+  // the step's drafts shrink to what pays. Off: k every step.
   bool adaptive_draft = true;
+  // What a step costs by its rows; null: the scheduler measures its own steps (MeasuredStepCost).
+  // Share one across schedulers to keep what was measured; inject a fixed one where results
+  // must not depend on timing (tests).
+  std::shared_ptr<StepCost> step_cost;
+  // At most this many drafts in one step over all requests (0: only the cost decides).
+  std::int64_t max_draft_tokens_per_step = 0;
   // Called for each finished request just before its blocks are freed (tests inspect the cache).
   std::function<void(const cache::KvCacheManager&, cache::RequestId, std::size_t request)>
       before_free;
@@ -187,6 +197,8 @@ class Scheduler {
   // Frees the blocks of a finished request that was added with `hold`. No-op for others.
   void free_held(std::size_t i);
   std::size_t num_held() const { return held_; }
+  // What the draft policy reads (the injected or the measured cost).
+  const StepCost& step_cost() const { return *cost_; }
   // load_prompt failed the request.
   bool load_failed(std::size_t i) const { return reqs_.at(i).load_failed; }
   // Ends start_load's load of request i with load_prompt's answer (between steps). A request
@@ -238,16 +250,24 @@ class Scheduler {
     bool cancel_on_load = false;  // cancel() came while it loaded
     std::int64_t admitted_at_ns = 0;
     std::vector<TokenId> step_input;  // decode: last token + drafts
-    int draft_len = 0;                // tokens to draft next step (adaptive: next_draft_length)
-    int plain_steps = 0;              // steps decoded plainly since draft_len fell to 0
+    AcceptanceEstimate acceptance;    // per draft position, from its verify steps
+    int plain_steps = 0;              // steps the policy gave no draft though it could draft
     RequestStats stats;
   };
   int draft_limit(const Req& r) const;
+  // The policy's draft lengths for the step's decoding requests (ctxs), each at most
+  // available[c]; a request refused drafts for kPlainStepsBeforeProbe steps gets one (a probe:
+  // its text may have changed).
+  std::vector<int> draft_lengths(std::span<const spec::DraftContext> ctxs,
+                                 std::span<const int> available, std::int64_t fixed_rows,
+                                 bool charge_drafter);
 
   cache::KvCacheManager& manager_;
   std::vector<bool> recurrent_;  // per KV-cache group
   SchedulerOptions options_;
   int k_ = 0;
+  std::shared_ptr<StepCost> cost_;
+  AcceptanceEstimate acceptance_;  // over every request's verify steps: a new request's prior
   std::vector<Req> reqs_;
   std::deque<std::size_t> waiting_;
   std::vector<std::size_t> running_;  // in admission order: the back is the newest

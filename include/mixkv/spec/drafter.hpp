@@ -41,6 +41,10 @@ class Drafter {
  public:
   virtual ~Drafter() = default;
   virtual std::string name() const = 0;
+  // Proposing costs nothing next to a model step (no forward: prompt lookup, a reference). The
+  // scheduler then asks for every draft the verify could take and keeps those that pay; a
+  // drafter that runs a forward per draft is told its lengths first (DraftContext::max_drafts).
+  virtual bool drafts_for_free() const { return false; }
   // ctx.tokens.back() is the last verified token, not computed yet (num_computed ==
   // tokens.size() - 1). May return fewer than k tokens. Drafts may be written into the
   // request's look-ahead slots: the block tables hold num_computed + 1 + k positions.

@@ -13,6 +13,7 @@ class OracleDrafter final : public Drafter {
   // references[i]: request i's prompt followed by its plain greedy output.
   explicit OracleDrafter(std::vector<std::vector<TokenId>> references);
   std::string name() const override { return "oracle"; }
+  bool drafts_for_free() const override { return true; }
   std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
 
  private:

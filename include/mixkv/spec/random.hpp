@@ -13,6 +13,7 @@ class RandomDrafter final : public Drafter {
  public:
   RandomDrafter(std::int64_t vocab_size, std::uint64_t seed);
   std::string name() const override { return "random"; }
+  bool drafts_for_free() const override { return true; }
   std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
 
  private:
