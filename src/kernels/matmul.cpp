@@ -922,110 +922,183 @@ std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols)
                          "weight bytes");
 }
 
-void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, ThreadPool* pool,
-            std::string_view where) {
+namespace {
+
+// n = rows of x, after checking one product's sizes (matmul's contract).
+std::int64_t check_product(const WeightView& w, std::int64_t xs, std::size_t ys,
+                           std::string_view where) {
   check_shape(w.dtype, w.rows, w.cols, where);
-  const std::int64_t row_bytes = weight_bytes(w.dtype, 1, w.cols);
-  checked_mul(row_bytes, w.rows, where);
+  checked_mul(weight_bytes(w.dtype, 1, w.cols), w.rows, where);
   if (w.data == nullptr) throw_invalid(fmt::format("{}: the weight has no data", where));
-  const auto xs = static_cast<std::int64_t>(x.size());
   if (xs == 0 || xs % w.cols != 0) {
     throw_invalid(fmt::format("{}: x holds {} floats, not a whole number (>= 1) of rows of {}",
                               where, xs, w.cols));
   }
   const std::int64_t n = xs / w.cols;
-  if (static_cast<std::int64_t>(y.size()) != checked_mul(n, w.rows, where)) {
+  if (static_cast<std::int64_t>(ys) != checked_mul(n, w.rows, where)) {
     throw_invalid(fmt::format("{}: y holds {} floats; {} rows of x against {} weight rows need {}",
-                              where, y.size(), n, w.rows, n * w.rows));
+                              where, ys, n, w.rows, n * w.rows));
   }
-  detail::MatmulCall c;
-  c.type = w.dtype;
-  c.rows = w.rows;
-  c.cols = w.cols;
-  c.row_bytes = row_bytes;
-  c.w = w.data;
-  c.n = n;
-  c.y = y.data();
-  // Rows of x padded with zeros to whole vectors, when W's rows do not fill them (float types).
-  const std::int64_t lanes = HWY_DYNAMIC_DISPATCH(detail::FloatLanesImpl)();
-  std::vector<float> padded;
-  c.x = x.data();
-  c.x_stride = w.cols;
-  if (w.cols % lanes != 0) {
-    c.x_stride = ceil_div(w.cols, lanes) * lanes;
-    padded.assign(static_cast<std::size_t>(n * c.x_stride), 0.0f);
-    for (std::int64_t i = 0; i < n; ++i)
-      std::copy_n(x.data() + i * w.cols, w.cols, padded.data() + i * c.x_stride);
-    c.x = padded.data();
+  return n;
+}
+
+// The block formats' x (QuantizedX) for weights of `type`: n rows of cols floats.
+void quantize_x(WeightType type, const float* x, std::int64_t n, std::int64_t cols, bool vnni,
+                detail::QuantizedX& qx) {
+  const bool sums = type == WeightType::kQ4_1;
+  qx.blocks = cols / 32;
+  qx.q.resize(static_cast<std::size_t>(n * cols));
+  qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
+  qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+  for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
+    const auto u = static_cast<std::size_t>(b);
+    quantize_block(x + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr);
   }
-  // The block formats read x quantised (once per call, before any task; one thread's buffers).
-  thread_local detail::QuantizedX qx;
-  if (quantizes_x(w.dtype)) {
-    const bool sums = w.dtype == WeightType::kQ4_1;
-    qx.blocks = w.cols / 32;
-    qx.q.resize(static_cast<std::size_t>(n * w.cols));
-    qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
-    qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
-    for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
-      const auto u = static_cast<std::size_t>(b);
-      quantize_block(x.data() + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr);
-    }
-    // The VNNI path's layout of the same codes (see QuantizedX), where that path may run.
-    c.vnni = vnni_available();
-    qx.x64.resize(c.vnni ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
-    qx.c64.resize(c.vnni && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
-    const std::int32_t factor = w.dtype == WeightType::kQ4_0 ? -8 : -128;
-    for (std::int64_t b = 0; c.vnni && b < n * qx.blocks; ++b) {
-      const std::int8_t* q = qx.q.data() + b * 32;
-      std::int8_t* out = qx.x64.data() + b * 64;
-      for (int quarter = 0; quarter < 4; ++quarter) {
-        std::memcpy(out + 16 * quarter, q + (quarter >= 2 ? 16 : 0), 16);
-        if (sums) continue;
-        for (int j = 0; j < 4; ++j) {
-          const std::int8_t* g = q + (quarter >= 2 ? 16 : 0) + 4 * j;
-          qx.c64[static_cast<std::size_t>(b * 16 + quarter * 4 + j)] =
-              factor * (g[0] + g[1] + g[2] + g[3]);
-        }
+  // The VNNI path's layout of the same codes (see QuantizedX), where that path may run.
+  qx.x64.resize(vnni ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
+  qx.c64.resize(vnni && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
+  const std::int32_t factor = type == WeightType::kQ4_0 ? -8 : -128;
+  for (std::int64_t b = 0; vnni && b < n * qx.blocks; ++b) {
+    const std::int8_t* q = qx.q.data() + b * 32;
+    std::int8_t* out = qx.x64.data() + b * 64;
+    for (int quarter = 0; quarter < 4; ++quarter) {
+      std::memcpy(out + 16 * quarter, q + (quarter >= 2 ? 16 : 0), 16);
+      if (sums) continue;
+      for (int j = 0; j < 4; ++j) {
+        const std::int8_t* g = q + (quarter >= 2 ? 16 : 0) + 4 * j;
+        qx.c64[static_cast<std::size_t>(b * 16 + quarter * 4 + j)] =
+            factor * (g[0] + g[1] + g[2] + g[3]);
       }
     }
-    c.qx = &qx;
   }
-  const int workers = pool != nullptr ? pool->size() : 1;
+}
+
 #ifdef MIXKV_MATMUL_AMX
-  if (detail::amx::handles(w.dtype) && detail::amx::available()) {
-    // Passes of up to kPassRows rows of x (the tile form of x is 6 bytes per element, so a long
-    // prefill chunk stays bounded; rows are independent, so passes change no bits): x in tile
-    // form once per pass, then ranges of whole 16-row panels of W, as below.
-    const std::int64_t panels = ceil_div(w.rows, detail::amx::kTileRows);
-    const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(panels, 4 * workers) : 1;
-    detail::amx::XTiles xt;
-    for (std::int64_t i0 = 0; i0 < n; i0 += detail::amx::kPassRows) {
-      detail::MatmulCall part = c;
-      part.x = c.x + i0 * c.x_stride;
-      part.y = c.y + i0 * c.rows;
-      part.n = std::min(detail::amx::kPassRows, n - i0);
-      detail::amx::prepare_x(part, xt);
-      const auto run = [&](std::int64_t t, int) {
-        detail::amx::run_rows(part, xt, panels * t / tasks * detail::amx::kTileRows,
-                              std::min(w.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
-      };
-      if (tasks > 1) {
-        pool->parallel_for(tasks, run);
-      } else {
-        run(0, 0);
-      }
+// One product on AMX tiles. Passes of up to kPassRows rows of x (the tile form of x is 6 bytes
+// per element, so a long prefill chunk stays bounded; rows are independent, so passes change no
+// bits): x in tile form once per pass, then ranges of whole 16-row panels of W.
+void run_amx(const detail::MatmulCall& c, ThreadPool* pool) {
+  const int workers = pool != nullptr ? pool->size() : 1;
+  const std::int64_t panels = ceil_div(c.rows, detail::amx::kTileRows);
+  const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(panels, 4 * workers) : 1;
+  detail::amx::XTiles xt;
+  for (std::int64_t i0 = 0; i0 < c.n; i0 += detail::amx::kPassRows) {
+    detail::MatmulCall part = c;
+    part.x = c.x + i0 * c.x_stride;
+    part.y = c.y + i0 * c.rows;
+    part.n = std::min(detail::amx::kPassRows, c.n - i0);
+    detail::amx::prepare_x(part, xt);
+    const auto run = [&](std::int64_t t, int) {
+      detail::amx::run_rows(part, xt, panels * t / tasks * detail::amx::kTileRows,
+                            std::min(c.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
+    };
+    if (tasks > 1) {
+      pool->parallel_for(tasks, run);
+    } else {
+      run(0, 0);
     }
-    return;
   }
+}
 #endif
-  // Ranges of whole register tiles; a few per worker, so the dynamic hand-out evens out a busy
-  // core. Any split gives the same bits (each output is computed inside one range).
-  const std::int64_t tiles = ceil_div(w.rows, detail::kTileW);
+
+}  // namespace
+
+void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, ThreadPool* pool,
+            std::string_view where) {
+  const MatmulProduct product{w, y, where};
+  matmul_many(std::span(&product, 1), x, pool);
+}
+
+void matmul_many(std::span<const MatmulProduct> products, std::span<const float> x,
+                 ThreadPool* pool) {
+  if (products.empty()) return;
+  const std::int64_t cols = products[0].w.cols;
+  const auto xs = static_cast<std::int64_t>(x.size());
+  std::int64_t n = 0;
+  for (const MatmulProduct& p : products) {
+    if (p.w.cols != cols) {
+      throw_invalid(fmt::format(
+          "{}: a weight of {} columns in one matmul_many call with {} ({} columns); products "
+          "that share x need the same number of columns",
+          p.where, p.w.cols, products[0].where, cols));
+    }
+    n = check_product(p.w, xs, p.y.size(), p.where);
+  }
+  // Rows of x padded with zeros to whole vectors, when W's rows do not fill them (float types).
+  // Buffers are the calling thread's and keep their capacity: a decode step makes hundreds of
+  // calls.
+  const std::int64_t lanes = HWY_DYNAMIC_DISPATCH(detail::FloatLanesImpl)();
+  thread_local std::vector<float> padded;
+  const float* xp = x.data();
+  std::int64_t x_stride = cols;
+  if (cols % lanes != 0) {
+    x_stride = ceil_div(cols, lanes) * lanes;
+    padded.assign(static_cast<std::size_t>(n * x_stride), 0.0f);
+    for (std::int64_t i = 0; i < n; ++i)
+      std::copy_n(x.data() + i * cols, cols, padded.data() + i * x_stride);
+    xp = padded.data();
+  }
+  // The block formats read x quantised: once per weight type of the call, before any task.
+  const bool vnni = vnni_available();
+  thread_local detail::QuantizedX quantized[3];  // q8_0, q4_0, q4_1
+  bool done[3] = {false, false, false};
+  const auto quantized_for = [&](WeightType type) -> const detail::QuantizedX* {
+    if (!quantizes_x(type)) return nullptr;
+    const int k = type == WeightType::kQ8_0 ? 0 : type == WeightType::kQ4_0 ? 1 : 2;
+    if (!done[k]) quantize_x(type, x.data(), n, cols, vnni, quantized[k]);
+    done[k] = true;
+    return &quantized[k];
+  };
+  // One call per product; AMX products run on their own (their x has its own tile form), the
+  // others in one parallel region below.
+  thread_local std::vector<detail::MatmulCall> calls;
+  thread_local std::vector<std::int64_t> first_tile;  // per call, then the total
+  calls.clear();
+  first_tile.clear();
+  std::int64_t tiles = 0;
+  for (const MatmulProduct& p : products) {
+    detail::MatmulCall c;
+    c.type = p.w.dtype;
+    c.rows = p.w.rows;
+    c.cols = cols;
+    c.row_bytes = weight_bytes(p.w.dtype, 1, cols);
+    c.w = p.w.data;
+    c.x = xp;
+    c.x_stride = x_stride;
+    c.n = n;
+    c.y = p.y.data();
+    c.qx = quantized_for(p.w.dtype);
+    c.vnni = vnni && c.qx != nullptr;
+#ifdef MIXKV_MATMUL_AMX
+    if (detail::amx::handles(c.type) && detail::amx::available()) {
+      run_amx(c, pool);
+      continue;
+    }
+#endif
+    calls.push_back(c);
+    first_tile.push_back(tiles);
+    tiles += ceil_div(c.rows, detail::kTileW);
+  }
+  first_tile.push_back(tiles);
+  if (calls.empty()) return;
+  // The register tiles of all the weights, one after the other, cut into ranges of whole tiles;
+  // a few ranges per worker, so the dynamic hand-out evens out a busy core. Any split gives the
+  // same bits (each output is computed inside one range, in an order fixed by its W row alone).
+  // (The tasks run on other threads too: they see the caller's thread_local buffers through
+  // these spans, not by name.)
+  const std::span<const detail::MatmulCall> list(calls);
+  const std::span<const std::int64_t> first(first_tile);
+  const int workers = pool != nullptr ? pool->size() : 1;
   const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
-  const auto run = [&](std::int64_t t, int) {
-    const std::int64_t r_begin = tiles * t / tasks * detail::kTileW;
-    const std::int64_t r_end = std::min(w.rows, tiles * (t + 1) / tasks * detail::kTileW);
-    HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
+  const auto run = [list, first, tiles, tasks](std::int64_t t, int) {
+    const std::int64_t t0 = tiles * t / tasks, t1 = tiles * (t + 1) / tasks;
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const std::int64_t b = std::max(t0, first[k]), e = std::min(t1, first[k + 1]);
+      if (b >= e) continue;
+      const detail::MatmulCall& c = list[k];
+      HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)
+      (c, (b - first[k]) * detail::kTileW, std::min(c.rows, (e - first[k]) * detail::kTileW));
+    }
   };
   if (tasks > 1) {
     pool->parallel_for(tasks, run);

@@ -68,6 +68,7 @@ class Attention final : public Mixer {
   kernels::AttentionSpec spec_;
   layout::LayerGeometry geometry_;
   void rotate(float* x, std::int64_t heads, std::int64_t position) const;
+  void finish_k(std::span<const std::int64_t> positions, std::vector<float>& k) const;
   Weights w_;
   Rope rope_;
   double rope_theta_;
