@@ -16,8 +16,11 @@ std::span<std::byte> tensor_of(const Step& step, const layout::LayerGeometry& ge
   return step.tensors->at(static_cast<std::size_t>(geo.tensor));
 }
 
-std::vector<float> rows(std::int64_t n, std::int64_t width) {
-  return std::vector<float>(static_cast<std::size_t>(n * width));
+// `buffer` resized to n rows of `width` (its old values stay where they are: every user
+// overwrites all of it), as a span.
+std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t width) {
+  buffer.resize(static_cast<std::size_t>(n * width));
+  return buffer;
 }
 
 }  // namespace
@@ -84,10 +87,14 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   const std::int64_t total = step.rows();
   const std::int64_t hq = spec_.params.num_q_heads;
   const std::int64_t qw = hq * spec_.head_size;
+  Scratch local;
+  Scratch& scratch = step.scratch != nullptr ? *step.scratch : local;
   // q, k and v in one region over x quantised once.
-  std::vector<float> q = rows(total, qw);
-  std::vector<float> k = rows(total, kernels::k_row_elements(spec_));
-  std::vector<float> v = rows(total, kernels::v_row_elements(spec_));
+  const std::span<float> q = reuse(scratch.q, total, qw);
+  std::vector<float>& k = scratch.k;
+  std::vector<float>& v = scratch.v;
+  reuse(k, total, kernels::k_row_elements(spec_));
+  reuse(v, total, kernels::v_row_elements(spec_));
   ops::matmul_many({{&w_.q, q.data()}, {&w_.k, k.data()}, {&w_.v, v.data()}}, normed.data(), total,
                    step.pool);
   for (std::int64_t t = 0; t < total; ++t) {
@@ -103,7 +110,8 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   // request's block is one sequence whose every query sees all keys up to the block's end.
   std::span<std::byte> tensor = tensor_of(step, geometry_);
   std::vector<std::vector<std::int64_t>> pages;
-  std::vector<kernels::PagedSequence> seqs;
+  std::vector<kernels::PagedSequence>& seqs = scratch.seqs;
+  seqs.clear();
   for (const SequenceInput& s : step.batch) {
     pages.push_back(layout::kernel_block_table(
         geometry_,
@@ -122,7 +130,7 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
     }
   }
   const std::int64_t ow = hq * spec_.head_size_v;
-  std::vector<float> attn = rows(total, ow);
+  const std::span<float> attn = reuse(scratch.attn, total, ow);
   kernels::paged_attention(spec_, geometry_, {tensor, seqs, q, w_.sinks, {}, step.pool}, attn);
   ops::matmul(w_.o, attn.data(), total, out.data(), step.pool);
 }
@@ -329,14 +337,16 @@ void Mamba2::run(const Step& step, std::span<const float> normed, std::span<floa
 }
 
 void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::ThreadPool* pool,
-              std::span<float> out) const {
-  std::vector<float> u(static_cast<std::size_t>(total * intermediate));
+              std::span<float> out, Scratch* scratch) const {
+  Scratch local;
+  Scratch& buffers = scratch != nullptr ? *scratch : local;
+  const std::span<float> u = reuse(buffers.up, total, intermediate);
   if (activation == Activation::kRelu2) {
     ops::matmul(up, normed.data(), total, u.data(), pool);
     for (float& v : u) v = v > 0.0f ? v * v : 0.0f;
   } else {
     // gate and up in one region over x quantised once.
-    std::vector<float> g(u.size());
+    const std::span<float> g = reuse(buffers.gate, total, intermediate);
     ops::matmul_many({{&up, u.data()}, {&gate, g.data()}}, normed.data(), total, pool);
     const bool gelu = activation == Activation::kGeluTanhGated;
     for (std::size_t i = 0; i < g.size(); ++i)
@@ -368,7 +378,7 @@ void Block::run(const Step& step, std::vector<float>& x, std::vector<float>& nor
     for (std::int64_t t = 0; t < total; ++t) {
       ops::rms_norm(x.data() + t * h, mlp_norm, h, eps, normed.data() + t * h);
     }
-    mlp->run(normed, total, step.pool, tmp);
+    mlp->run(normed, total, step.pool, tmp, step.scratch);
     residual(mlp_out_norm);
   }
 }

@@ -21,6 +21,14 @@
 
 namespace mixkv::runner {
 
+// Buffers the layers of a forward reuse one after the other (each layer overwrites what it
+// reads), kept by the runner between forwards: a decode step then allocates nothing per layer.
+struct Scratch {
+  std::vector<float> q, k, v, attn;  // Attention::run
+  std::vector<float> gate, up;       // Mlp::run
+  std::vector<kernels::PagedSequence> seqs;
+};
+
 // What a block sees of one forward besides its rows.
 struct Step {
   std::span<const SequenceInput> batch;
@@ -28,6 +36,7 @@ struct Step {
   std::vector<std::vector<std::byte>>* tensors;  // the plan's cache tensors
   std::int64_t hidden = 0;
   kernels::ThreadPool* pool = nullptr;  // matrix products and attention; null: this thread
+  Scratch* scratch = nullptr;           // null: each layer allocates its own
   std::int64_t rows() const { return static_cast<std::int64_t>(positions.size()); }
 };
 
@@ -124,7 +133,7 @@ struct Mlp {
   std::int64_t intermediate = 0;
   Matrix gate, up, down;  // no gate for kRelu2
   void run(std::span<const float> normed, std::int64_t rows, kernels::ThreadPool* pool,
-           std::span<float> out) const;
+           std::span<float> out, Scratch* scratch = nullptr) const;
 };
 
 // One decoder block: [norm, mixer, optional output norm, residual] then [norm, MLP, optional
