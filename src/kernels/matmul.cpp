@@ -14,9 +14,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kernels/element_load.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul.cpp"
@@ -69,6 +71,30 @@ struct MatmulCall {
   const QuantizedX* qx = nullptr;  // the block formats: x quantised (x itself is not read)
   bool vnni = false;               // the CPU has AVX512-VNNI and tests have not switched it off
 };
+
+// quantize_x for one block of 32 (QuantizedX says what it stores). The steps are ggml's (its
+// AVX2 quantize_row_q8_0 / _q8_1, which llama.cpp's x86 builds run): the scale divides the
+// absolute maximum by 127, the codes multiply by 127 / amax (not by 1 / d), and rounding is to
+// the nearest integer with ties to even. Non-finite x (ggml leaves them undefined) give a
+// non-finite d, so the outputs they touch are not finite either, and codes stay in range.
+inline void quantize_block(const float* x, std::int8_t* q, float* d, float* s) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int e = 0; e < 32; ++e) {
+    finite = finite && std::isfinite(x[e]);
+    amax = std::max(amax, std::fabs(x[e]));
+  }
+  const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+  const float inverse = finite && amax != 0.0f ? 127.0f / amax : 0.0f;
+  std::int32_t sum = 0;
+  for (int e = 0; e < 32; ++e) {
+    const float v = std::nearbyint(x[e] * inverse);
+    q[e] = static_cast<std::int8_t>(finite ? std::clamp(v, -127.0f, 127.0f) : 0.0f);
+    sum += q[e];
+  }
+  *d = fp16_to_float(float_to_fp16(scale));
+  if (s != nullptr) *s = fp16_to_float(float_to_fp16(scale * static_cast<float>(sum)));
+}
 
 }  // namespace mixkv::kernels::detail
 #endif
@@ -730,6 +756,47 @@ void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
   }
 }
 
+// quantize_block over `count` consecutive blocks of 32, in vectors: the same operations (the
+// block's absolute maximum, amax / 127 and 127 / amax in float, x * (127 / amax) rounded to the
+// nearest integer with ties to even, clamped) on each element, so the same codes and scales; a
+// block holding a non-finite value takes quantize_block itself.
+void QuantizeBlocksImpl(const float* x, std::int64_t count, std::int8_t* q, float* d, float* s) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::int8_t, DF> d8;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DF()));
+  for (std::int64_t b = 0; b < count; ++b) {
+    const float* xb = x + b * kBlock;
+    VF v[kVecs];
+    for (std::int64_t k = 0; k < kVecs; ++k) v[k] = hn::LoadU(df, xb + k * n);
+    auto finite = hn::IsFinite(v[0]);
+    VF top = hn::Abs(v[0]);
+    for (std::int64_t k = 1; k < kVecs; ++k) {
+      finite = hn::And(finite, hn::IsFinite(v[k]));
+      top = hn::Max(top, hn::Abs(v[k]));
+    }
+    if (!hn::AllTrue(df, finite)) {
+      quantize_block(xb, q + b * kBlock, d + b, s != nullptr ? s + b : nullptr);
+      continue;
+    }
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, top));
+    const float scale = amax / 127.0f;
+    const VF inverse = hn::Set(df, amax != 0.0f ? 127.0f / amax : 0.0f);
+    VF total = hn::Zero(df);
+    for (std::int64_t k = 0; k < kVecs; ++k) {
+      const VF r = hn::Min(hn::Max(hn::Round(hn::Mul(v[k], inverse)), hn::Set(df, -127.0f)),
+                           hn::Set(df, 127.0f));
+      total = hn::Add(total, r);  // small integers: exact in any order
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + b * kBlock + k * n);
+    }
+    d[b] = fp16_to_float(float_to_fp16(scale));
+    if (s != nullptr) {
+      const float sum = hn::GetLane(hn::SumOfLanes(df, total));
+      s[b] = fp16_to_float(float_to_fp16(scale * sum));
+    }
+  }
+}
+
 void DequantizeRowImpl(WeightType type, const std::byte* row, std::int64_t cols, float* out) {
   // decode_cols writes whole (zero-padded) blocks: through a buffer.
   std::vector<float> buffer(static_cast<std::size_t>((cols + kBlock - 1) / kBlock * kBlock));
@@ -781,6 +848,7 @@ namespace mixkv::kernels {
 namespace detail {
 
 HWY_EXPORT(MatmulRowsImpl);
+HWY_EXPORT(QuantizeBlocksImpl);
 HWY_EXPORT(DequantizeRowImpl);
 HWY_EXPORT(FloatLanesImpl);
 HWY_EXPORT(MatmulTargetImpl);
@@ -874,30 +942,6 @@ bool vnni_available() {
   return cpu && vnni_switched_on().load(std::memory_order_relaxed);
 }
 
-// quantize_x for one block of 32 (QuantizedX says what it stores). The steps are ggml's (its
-// AVX2 quantize_row_q8_0 / _q8_1, which llama.cpp's x86 builds run): the scale divides the
-// absolute maximum by 127, the codes multiply by 127 / amax (not by 1 / d), and rounding is to
-// the nearest integer with ties to even. Non-finite x (ggml leaves them undefined) give a
-// non-finite d, so the outputs they touch are not finite either, and codes stay in range.
-void quantize_block(const float* x, std::int8_t* q, float* d, float* s) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int e = 0; e < 32; ++e) {
-    finite = finite && std::isfinite(x[e]);
-    amax = std::max(amax, std::fabs(x[e]));
-  }
-  const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-  const float inverse = finite && amax != 0.0f ? 127.0f / amax : 0.0f;
-  std::int32_t sum = 0;
-  for (int e = 0; e < 32; ++e) {
-    const float v = std::nearbyint(x[e] * inverse);
-    q[e] = static_cast<std::int8_t>(finite ? std::clamp(v, -127.0f, 127.0f) : 0.0f);
-    sum += q[e];
-  }
-  *d = fp16_to_float(float_to_fp16(scale));
-  if (s != nullptr) *s = fp16_to_float(float_to_fp16(scale * static_cast<float>(sum)));
-}
-
 void check_shape(WeightType type, std::int64_t rows, std::int64_t cols, std::string_view where) {
   if (rows <= 0 || cols <= 0) {
     throw_invalid(
@@ -950,10 +994,8 @@ void quantize_x(WeightType type, const float* x, std::int64_t n, std::int64_t co
   qx.q.resize(static_cast<std::size_t>(n * cols));
   qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
   qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
-  for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
-    const auto u = static_cast<std::size_t>(b);
-    quantize_block(x + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr);
-  }
+  HWY_DYNAMIC_DISPATCH(detail::QuantizeBlocksImpl)
+  (x, n * qx.blocks, qx.q.data(), qx.d.data(), sums ? qx.s.data() : nullptr);
   // The VNNI path's layout of the same codes (see QuantizedX), where that path may run.
   qx.x64.resize(vnni ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
   qx.c64.resize(vnni && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
