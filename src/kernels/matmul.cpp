@@ -15,10 +15,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <vector>
 
 #include "kernels/element_load.hpp"
+#include "mixkv/kernels/convert.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul.cpp"
@@ -78,6 +80,30 @@ struct MatmulCall {
   ReductionOrder order = ReductionOrder::kGgml;  // the block formats' (WeightView::order)
   const std::byte* packed = nullptr;             // kBlockSum: pack_weight's copy of W, or null
 };
+
+// quantize_x for one block of 32 (QuantizedX says what it stores). The steps are ggml's (its
+// AVX2 quantize_row_q8_0 / _q8_1, which llama.cpp's x86 builds run): the scale divides the
+// absolute maximum by 127, the codes multiply by 127 / amax (not by 1 / d), and rounding is to
+// the nearest integer with ties to even. Non-finite x (ggml leaves them undefined) give a
+// non-finite d, so the outputs they touch are not finite either, and codes stay in range.
+inline void quantize_block(const float* x, std::int8_t* q, float* d, float* s) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int e = 0; e < 32; ++e) {
+    finite = finite && std::isfinite(x[e]);
+    amax = std::max(amax, std::fabs(x[e]));
+  }
+  const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+  const float inverse = finite && amax != 0.0f ? 127.0f / amax : 0.0f;
+  std::int32_t sum = 0;
+  for (int e = 0; e < 32; ++e) {
+    const float v = std::nearbyint(x[e] * inverse);
+    q[e] = static_cast<std::int8_t>(finite ? std::clamp(v, -127.0f, 127.0f) : 0.0f);
+    sum += q[e];
+  }
+  *d = fp16_to_float(float_to_fp16(scale));
+  if (s != nullptr) *s = fp16_to_float(float_to_fp16(scale * static_cast<float>(sum)));
+}
 
 }  // namespace mixkv::kernels::detail
 #endif
@@ -929,6 +955,47 @@ void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
   }
 }
 
+// quantize_block over `count` consecutive blocks of 32, in vectors: the same operations (the
+// block's absolute maximum, amax / 127 and 127 / amax in float, x * (127 / amax) rounded to the
+// nearest integer with ties to even, clamped) on each element, so the same codes and scales; a
+// block holding a non-finite value takes quantize_block itself.
+void QuantizeBlocksImpl(const float* x, std::int64_t count, std::int8_t* q, float* d, float* s) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::int8_t, DF> d8;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DF()));
+  for (std::int64_t b = 0; b < count; ++b) {
+    const float* xb = x + b * kBlock;
+    VF v[kVecs];
+    for (std::int64_t k = 0; k < kVecs; ++k) v[k] = hn::LoadU(df, xb + k * n);
+    auto finite = hn::IsFinite(v[0]);
+    VF top = hn::Abs(v[0]);
+    for (std::int64_t k = 1; k < kVecs; ++k) {
+      finite = hn::And(finite, hn::IsFinite(v[k]));
+      top = hn::Max(top, hn::Abs(v[k]));
+    }
+    if (!hn::AllTrue(df, finite)) {
+      quantize_block(xb, q + b * kBlock, d + b, s != nullptr ? s + b : nullptr);
+      continue;
+    }
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, top));
+    const float scale = amax / 127.0f;
+    const VF inverse = hn::Set(df, amax != 0.0f ? 127.0f / amax : 0.0f);
+    VF total = hn::Zero(df);
+    for (std::int64_t k = 0; k < kVecs; ++k) {
+      const VF r = hn::Min(hn::Max(hn::Round(hn::Mul(v[k], inverse)), hn::Set(df, -127.0f)),
+                           hn::Set(df, 127.0f));
+      total = hn::Add(total, r);  // small integers: exact in any order
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + b * kBlock + k * n);
+    }
+    d[b] = fp16_to_float(float_to_fp16(scale));
+    if (s != nullptr) {
+      const float sum = hn::GetLane(hn::SumOfLanes(df, total));
+      s[b] = fp16_to_float(float_to_fp16(scale * sum));
+    }
+  }
+}
+
 void DequantizeRowImpl(WeightType type, const std::byte* row, std::int64_t cols, float* out) {
   // decode_cols writes whole (zero-padded) blocks: through a buffer.
   std::vector<float> buffer(static_cast<std::size_t>((cols + kBlock - 1) / kBlock * kBlock));
@@ -980,6 +1047,7 @@ namespace mixkv::kernels {
 namespace detail {
 
 HWY_EXPORT(MatmulRowsImpl);
+HWY_EXPORT(QuantizeBlocksImpl);
 HWY_EXPORT(DequantizeRowImpl);
 HWY_EXPORT(FloatLanesImpl);
 HWY_EXPORT(MatmulTargetImpl);
@@ -1077,31 +1145,6 @@ bool vnni_available() {
   return cpu && vnni_switched_on().load(std::memory_order_relaxed);
 }
 
-// quantize_x for one block of 32 (QuantizedX says what it stores). The steps are ggml's (its
-// AVX2 quantize_row_q8_0 / _q8_1, which llama.cpp's x86 builds run): the scale divides the
-// absolute maximum by 127, the codes multiply by 127 / amax (not by 1 / d), and rounding is to
-// the nearest integer with ties to even. Non-finite x (ggml leaves them undefined) give a
-// non-finite d, so the outputs they touch are not finite either, and codes stay in range.
-void quantize_block(const float* x, std::int8_t* q, float* d, float* s, std::int32_t* code_sum) {
-  float amax = 0.0f;
-  bool finite = true;
-  for (int e = 0; e < 32; ++e) {
-    finite = finite && std::isfinite(x[e]);
-    amax = std::max(amax, std::fabs(x[e]));
-  }
-  const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
-  const float inverse = finite && amax != 0.0f ? 127.0f / amax : 0.0f;
-  std::int32_t sum = 0;
-  for (int e = 0; e < 32; ++e) {
-    const float v = std::nearbyint(x[e] * inverse);
-    q[e] = static_cast<std::int8_t>(finite ? std::clamp(v, -127.0f, 127.0f) : 0.0f);
-    sum += q[e];
-  }
-  *d = fp16_to_float(float_to_fp16(scale));
-  if (code_sum != nullptr) *code_sum = sum;
-  if (s != nullptr) *s = fp16_to_float(float_to_fp16(scale * static_cast<float>(sum)));
-}
-
 void check_shape(WeightType type, std::int64_t rows, std::int64_t cols, std::string_view where) {
   if (rows <= 0 || cols <= 0) {
     throw_invalid(
@@ -1178,136 +1221,230 @@ PackedWeight pack_weight(const WeightView& w) {
   return out;
 }
 
-void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, ThreadPool* pool,
-            std::string_view where) {
+namespace {
+
+// n = rows of x, after checking one product's sizes (matmul's contract).
+std::int64_t check_product(const WeightView& w, std::int64_t xs, std::size_t ys,
+                           std::string_view where) {
   check_shape(w.dtype, w.rows, w.cols, where);
-  const std::int64_t row_bytes = weight_bytes(w.dtype, 1, w.cols);
-  checked_mul(row_bytes, w.rows, where);
+  checked_mul(weight_bytes(w.dtype, 1, w.cols), w.rows, where);
   if (w.data == nullptr) throw_invalid(fmt::format("{}: the weight has no data", where));
-  const auto xs = static_cast<std::int64_t>(x.size());
   if (xs == 0 || xs % w.cols != 0) {
     throw_invalid(fmt::format("{}: x holds {} floats, not a whole number (>= 1) of rows of {}",
                               where, xs, w.cols));
   }
   const std::int64_t n = xs / w.cols;
-  if (static_cast<std::int64_t>(y.size()) != checked_mul(n, w.rows, where)) {
+  if (static_cast<std::int64_t>(ys) != checked_mul(n, w.rows, where)) {
     throw_invalid(fmt::format("{}: y holds {} floats; {} rows of x against {} weight rows need {}",
-                              where, y.size(), n, w.rows, n * w.rows));
+                              where, ys, n, w.rows, n * w.rows));
   }
-  detail::MatmulCall c;
-  c.type = w.dtype;
-  c.rows = w.rows;
-  c.cols = w.cols;
-  c.row_bytes = row_bytes;
-  c.w = w.data;
-  c.n = n;
-  c.y = y.data();
-  if (w.packed != nullptr && (w.order != ReductionOrder::kBlockSum || !quantizes_x(w.dtype))) {
-    throw_invalid(
-        fmt::format("{}: a packed weight is for the blocksum order of a block format", where));
+  return n;
+}
+
+// The block formats' x (QuantizedX) for weights of `type` read in `order`: n rows of cols floats.
+void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int64_t n,
+                std::int64_t cols, bool vnni, detail::QuantizedX& qx) {
+  const bool sums = type == WeightType::kQ4_1;
+  const bool block_sum = order == ReductionOrder::kBlockSum;
+  qx.blocks = cols / 32;
+  qx.q.resize(static_cast<std::size_t>(n * cols));
+  qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
+  qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+  HWY_DYNAMIC_DISPATCH(detail::QuantizeBlocksImpl)
+  (x, n * qx.blocks, qx.q.data(), qx.d.data(), sums ? qx.s.data() : nullptr);
+  // The blocksum order of q8_0 / q4_0 also needs each block's sum of codes (q4_1's is in s).
+  qx.sum.resize(block_sum && !sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+  for (std::size_t b = 0; b < qx.sum.size(); ++b) {
+    std::int32_t sum = 0;
+    for (std::size_t e = 0; e < 32; ++e) sum += qx.q[32 * b + e];
+    qx.sum[b] = sum;
   }
-  c.order = quantizes_x(w.dtype) ? w.order : ReductionOrder::kGgml;
-  c.packed = w.packed;
-  // Rows of x padded with zeros to whole vectors, when W's rows do not fill them (float types).
-  const std::int64_t lanes = HWY_DYNAMIC_DISPATCH(detail::FloatLanesImpl)();
-  std::vector<float> padded;
-  c.x = x.data();
-  c.x_stride = w.cols;
-  if (w.cols % lanes != 0) {
-    c.x_stride = ceil_div(w.cols, lanes) * lanes;
-    padded.assign(static_cast<std::size_t>(n * c.x_stride), 0.0f);
-    for (std::int64_t i = 0; i < n; ++i)
-      std::copy_n(x.data() + i * w.cols, w.cols, padded.data() + i * c.x_stride);
-    c.x = padded.data();
-  }
-  // The block formats read x quantised (once per call, before any task; one thread's buffers).
-  thread_local detail::QuantizedX qx;
-  if (quantizes_x(w.dtype)) {
-    const bool sums = w.dtype == WeightType::kQ4_1;
-    qx.blocks = w.cols / 32;
-    qx.q.resize(static_cast<std::size_t>(n * w.cols));
-    qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
-    qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
-    const bool block_sum = c.order == ReductionOrder::kBlockSum;
-    qx.sum.resize(block_sum && !sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
-    for (std::int64_t b = 0; b < n * qx.blocks; ++b) {
-      const auto u = static_cast<std::size_t>(b);
-      quantize_block(x.data() + b * 32, qx.q.data() + b * 32, &qx.d[u], sums ? &qx.s[u] : nullptr,
-                     qx.sum.empty() ? nullptr : &qx.sum[u]);
-    }
-    // The VNNI path's layout of the same codes (see QuantizedX), where that path may run.
-    c.vnni = vnni_available();
-    const bool x64 = c.vnni && !block_sum;
-    qx.x64.resize(x64 ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
-    qx.c64.resize(x64 && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
-    const std::int32_t factor = w.dtype == WeightType::kQ4_0 ? -8 : -128;
-    for (std::int64_t b = 0; x64 && b < n * qx.blocks; ++b) {
-      const std::int8_t* q = qx.q.data() + b * 32;
-      std::int8_t* out = qx.x64.data() + b * 64;
-      for (int quarter = 0; quarter < 4; ++quarter) {
-        std::memcpy(out + 16 * quarter, q + (quarter >= 2 ? 16 : 0), 16);
-        if (sums) continue;
-        for (int j = 0; j < 4; ++j) {
-          const std::int8_t* g = q + (quarter >= 2 ? 16 : 0) + 4 * j;
-          qx.c64[static_cast<std::size_t>(b * 16 + quarter * 4 + j)] =
-              factor * (g[0] + g[1] + g[2] + g[3]);
-        }
+  // The VNNI path's layout of the same codes (see QuantizedX), where that path may run (the
+  // ggml order's; the blocksum order broadcasts x's codes from q).
+  vnni = vnni && !block_sum;
+  qx.x64.resize(vnni ? static_cast<std::size_t>(n * qx.blocks * 64) : 0);
+  qx.c64.resize(vnni && !sums ? static_cast<std::size_t>(n * qx.blocks * 16) : 0);
+  const std::int32_t factor = type == WeightType::kQ4_0 ? -8 : -128;
+  for (std::int64_t b = 0; vnni && b < n * qx.blocks; ++b) {
+    const std::int8_t* q = qx.q.data() + b * 32;
+    std::int8_t* out = qx.x64.data() + b * 64;
+    for (int quarter = 0; quarter < 4; ++quarter) {
+      std::memcpy(out + 16 * quarter, q + (quarter >= 2 ? 16 : 0), 16);
+      if (sums) continue;
+      for (int j = 0; j < 4; ++j) {
+        const std::int8_t* g = q + (quarter >= 2 ? 16 : 0) + 4 * j;
+        qx.c64[static_cast<std::size_t>(b * 16 + quarter * 4 + j)] =
+            factor * (g[0] + g[1] + g[2] + g[3]);
       }
     }
-    c.qx = &qx;
   }
+}
+
+#ifdef MIXKV_MATMUL_AMX
+// One product on AMX tiles. Passes of up to kPassRows rows of x (the tile form of x is 6 bytes
+// per element, so a long prefill chunk stays bounded; rows are independent, so passes change no
+// bits): x in tile form once per pass, then ranges of whole 16-row panels of W.
+void run_amx(const detail::MatmulCall& c, ThreadPool* pool) {
   const int workers = pool != nullptr ? pool->size() : 1;
-#ifdef MIXKV_MATMUL_AMX
-  if (detail::amx::handles(w.dtype) && detail::amx::available()) {
-    // Passes of up to kPassRows rows of x (the tile form of x is 6 bytes per element, so a long
-    // prefill chunk stays bounded; rows are independent, so passes change no bits): x in tile
-    // form once per pass, then ranges of whole 16-row panels of W, as below.
-    const std::int64_t panels = ceil_div(w.rows, detail::amx::kTileRows);
-    const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(panels, 4 * workers) : 1;
-    detail::amx::XTiles xt;
-    for (std::int64_t i0 = 0; i0 < n; i0 += detail::amx::kPassRows) {
-      detail::MatmulCall part = c;
-      part.x = c.x + i0 * c.x_stride;
-      part.y = c.y + i0 * c.rows;
-      part.n = std::min(detail::amx::kPassRows, n - i0);
-      detail::amx::prepare_x(part, xt);
-      const auto run = [&](std::int64_t t, int) {
-        detail::amx::run_rows(part, xt, panels * t / tasks * detail::amx::kTileRows,
-                              std::min(w.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
-      };
-      if (tasks > 1) {
-        pool->parallel_for(tasks, run);
-      } else {
-        run(0, 0);
-      }
+  const std::int64_t panels = ceil_div(c.rows, detail::amx::kTileRows);
+  const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(panels, 4 * workers) : 1;
+  detail::amx::XTiles xt;
+  for (std::int64_t i0 = 0; i0 < c.n; i0 += detail::amx::kPassRows) {
+    detail::MatmulCall part = c;
+    part.x = c.x + i0 * c.x_stride;
+    part.y = c.y + i0 * c.rows;
+    part.n = std::min(detail::amx::kPassRows, c.n - i0);
+    detail::amx::prepare_x(part, xt);
+    const auto run = [&](std::int64_t t, int) {
+      detail::amx::run_rows(part, xt, panels * t / tasks * detail::amx::kTileRows,
+                            std::min(c.rows, panels * (t + 1) / tasks * detail::amx::kTileRows));
+    };
+    if (tasks > 1) {
+      pool->parallel_for(tasks, run);
+    } else {
+      run(0, 0);
     }
-    return;
   }
+}
 #endif
-  // Ranges of whole register tiles; a few per worker, so the dynamic hand-out evens out a busy
-  // core. Any split gives the same bits (each output is computed inside one range).
-  // (The packed kBlockSum layout's tiles are its panels of 16 W rows.)
-  const std::int64_t tile = c.packed != nullptr ? detail::kPanelRows : detail::kTileW;
-  const std::int64_t tiles = ceil_div(w.rows, tile);
-  const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
-  // The packed blocksum order takes AMX-INT8 tiles from a few rows of x on (the same bits as
-  // the VNNI path: the same integers, the same float steps; docs/kernels.md).
+
+}  // namespace
+
+void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, ThreadPool* pool,
+            std::string_view where) {
+  const MatmulProduct product{w, y, where};
+  matmul_many(std::span(&product, 1), x, pool);
+}
+
+void matmul_many(std::span<const MatmulProduct> products, std::span<const float> x,
+                 ThreadPool* pool) {
+  if (products.empty()) return;
+  const std::int64_t cols = products[0].w.cols;
+  const auto xs = static_cast<std::int64_t>(x.size());
+  std::int64_t n = 0;
+  for (const MatmulProduct& p : products) {
+    if (p.w.cols != cols) {
+      throw_invalid(fmt::format(
+          "{}: a weight of {} columns in one matmul_many call with {} ({} columns); products "
+          "that share x need the same number of columns",
+          p.where, p.w.cols, products[0].where, cols));
+    }
+    n = check_product(p.w, xs, p.y.size(), p.where);
+    if (p.w.packed != nullptr &&
+        (p.w.order != ReductionOrder::kBlockSum || !quantizes_x(p.w.dtype))) {
+      throw_invalid(
+          fmt::format("{}: a packed weight is for the blocksum order of a block format", p.where));
+    }
+  }
+  // Rows of x padded with zeros to whole vectors, when W's rows do not fill them (float types).
+  // Buffers are the calling thread's and keep their capacity: a decode step makes hundreds of
+  // calls.
+  const std::int64_t lanes = HWY_DYNAMIC_DISPATCH(detail::FloatLanesImpl)();
+  thread_local std::vector<float> padded;
+  const float* xp = x.data();
+  std::int64_t x_stride = cols;
+  if (cols % lanes != 0) {
+    x_stride = ceil_div(cols, lanes) * lanes;
+    padded.assign(static_cast<std::size_t>(n * x_stride), 0.0f);
+    for (std::int64_t i = 0; i < n; ++i)
+      std::copy_n(x.data() + i * cols, cols, padded.data() + i * x_stride);
+    xp = padded.data();
+  }
+  // The block formats read x quantised: once per weight type and order of the call, before any
+  // task.
+  const bool vnni = vnni_available();
+  thread_local detail::QuantizedX quantized[6];  // q8_0, q4_0, q4_1; ggml's order, then blocksum
+  bool done[6] = {false, false, false, false, false, false};
+  const auto quantized_for = [&](WeightType type,
+                                 ReductionOrder order) -> const detail::QuantizedX* {
+    if (!quantizes_x(type)) return nullptr;
+    const int k = (type == WeightType::kQ8_0   ? 0
+                   : type == WeightType::kQ4_0 ? 1
+                                               : 2) +
+                  (order == ReductionOrder::kBlockSum ? 3 : 0);
+    if (!done[k]) quantize_x(type, order, x.data(), n, cols, vnni, quantized[k]);
+    done[k] = true;
+    return &quantized[k];
+  };
+  // A call's unit of work in W rows: a register tile, or for the packed blocksum layout one of
+  // its panels of 16 W rows.
+  const auto tile_rows = [](const detail::MatmulCall& c) {
+    return c.packed != nullptr ? detail::kPanelRows : detail::kTileW;
+  };
+  // The packed blocksum order takes AMX-INT8 tiles from a few rows of x on (the same bits as the
+  // VNNI path: the same integers, the same float steps; docs/kernels.md). Measured: q8_0's tiles
+  // read B straight from the panel and win from 2 rows; q4's nibbles are spread to bytes first,
+  // which one VNNI pass does not need, so from 5.
+  const auto int8_tiles = [](const detail::MatmulCall& c) {
 #ifdef MIXKV_MATMUL_AMX
-  // Measured (docs/kernels.md): q8_0's tiles read B straight from the panel and win from 2 rows;
-  // q4's nibbles are spread to bytes first, which one VNNI pass does not need, so from 5.
-  const std::int64_t int8_min_rows = w.dtype == WeightType::kQ8_0 ? 2 : 5;
-  const bool int8_tiles = c.packed != nullptr && c.order == ReductionOrder::kBlockSum &&
-                          n >= int8_min_rows && detail::amx::int8_available();
+    const std::int64_t min_rows = c.type == WeightType::kQ8_0 ? 2 : 5;
+    return c.packed != nullptr && c.order == ReductionOrder::kBlockSum && c.n >= min_rows &&
+           detail::amx::int8_available();
 #else
-  constexpr bool int8_tiles = false;
+    (void)c;
+    return false;
 #endif
-  const auto run = [&](std::int64_t t, int) {
-    const std::int64_t r_begin = tiles * t / tasks * tile;
-    const std::int64_t r_end = std::min(w.rows, tiles * (t + 1) / tasks * tile);
+  };
+  // One call per product; AMX products run on their own (their x has its own tile form), the
+  // others in one parallel region below.
+  thread_local std::vector<detail::MatmulCall> calls;
+  thread_local std::vector<std::int64_t> first_tile;  // per call, then the total
+  calls.clear();
+  first_tile.clear();
+  std::int64_t tiles = 0;
+  for (const MatmulProduct& p : products) {
+    detail::MatmulCall c;
+    c.type = p.w.dtype;
+    c.rows = p.w.rows;
+    c.cols = cols;
+    c.row_bytes = weight_bytes(p.w.dtype, 1, cols);
+    c.w = p.w.data;
+    c.x = xp;
+    c.x_stride = x_stride;
+    c.n = n;
+    c.y = p.y.data();
+    c.order = quantizes_x(p.w.dtype) ? p.w.order : ReductionOrder::kGgml;
+    c.packed = p.w.packed;
+    c.qx = quantized_for(p.w.dtype, c.order);
+    c.vnni = vnni && c.qx != nullptr;
 #ifdef MIXKV_MATMUL_AMX
-    if (int8_tiles) return detail::amx::int8_rows(c, r_begin, r_end);
+    if (detail::amx::handles(c.type) && detail::amx::available()) {
+      run_amx(c, pool);
+      continue;
+    }
 #endif
-    HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
+    calls.push_back(c);
+    first_tile.push_back(tiles);
+    tiles += ceil_div(c.rows, tile_rows(c));
+  }
+  first_tile.push_back(tiles);
+  if (calls.empty()) return;
+  // The register tiles of all the weights, one after the other, cut into ranges of whole tiles;
+  // a few ranges per worker, so the dynamic hand-out evens out a busy core. Any split gives the
+  // same bits (each output is computed inside one range, in an order fixed by its W row alone).
+  // (The tasks run on other threads too: they see the caller's thread_local buffers through
+  // these spans, not by name.)
+  const std::span<const detail::MatmulCall> list(calls);
+  const std::span<const std::int64_t> first(first_tile);
+  const int workers = pool != nullptr ? pool->size() : 1;
+  const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
+  const auto run = [list, first, tiles, tasks, tile_rows, int8_tiles](std::int64_t t, int) {
+    const std::int64_t t0 = tiles * t / tasks, t1 = tiles * (t + 1) / tasks;
+    for (std::size_t k = 0; k < list.size(); ++k) {
+      const std::int64_t b = std::max(t0, first[k]), e = std::min(t1, first[k + 1]);
+      if (b >= e) continue;
+      const detail::MatmulCall& c = list[k];
+      const std::int64_t tile = tile_rows(c);
+      const std::int64_t r_begin = (b - first[k]) * tile,
+                         r_end = std::min(c.rows, (e - first[k]) * tile);
+#ifdef MIXKV_MATMUL_AMX
+      if (int8_tiles(c)) {
+        detail::amx::int8_rows(c, r_begin, r_end);
+        continue;
+      }
+#endif
+      HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
+    }
   };
   if (tasks > 1) {
     pool->parallel_for(tasks, run);

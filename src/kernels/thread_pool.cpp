@@ -2,9 +2,37 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
+#include <utility>
+
 #include "mixkv/core/error.hpp"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace mixkv::kernels {
+namespace {
+
+// The region word's fields (ThreadPool::region_).
+constexpr std::uint64_t kOpen = 1;
+constexpr std::uint64_t kBusy = 2;
+constexpr int kGenerationShift = 32;
+
+std::uint64_t generation(std::uint64_t word) { return word >> kGenerationShift; }
+std::uint64_t busy(std::uint64_t word) { return (word & 0xFFFFFFFFu) >> 1; }
+
+// One polling step: tells the core that this is a spin loop (it yields the pipeline to the other
+// hyper-thread and saves power) without giving up the time slice.
+void relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int workers) : workers_(workers) {
   if (workers < 1) {
@@ -16,49 +44,91 @@ ThreadPool::ThreadPool(int workers) : workers_(workers) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
+    std::lock_guard call(call_mutex_);
+    stop_.store(true, std::memory_order_seq_cst);
+    const std::uint64_t word = region_.load(std::memory_order_relaxed);
+    region_.store((generation(word) + 1) << kGenerationShift, std::memory_order_seq_cst);
+    wake_.fetch_add(1, std::memory_order_seq_cst);
+    wake_.notify_all();
   }
-  start_.notify_all();
   for (auto& t : threads_) t.join();
 }
 
-// Takes task indices until none is left. Tasks are handed out one at a time under the lock: the
-// kernels' tasks are large (a request's query block over a range of heads), so the lock is cheap.
+// Claims task indices until none is left. One atomic increment per task: tasks may be small (a
+// few rows of a weight).
 void ThreadPool::drain(int worker) {
-  std::unique_lock lock(mutex_);
-  while (next_ < count_) {
-    const std::int64_t i = next_++;
-    const auto* task = task_;
-    lock.unlock();
+  for (;;) {
+    const std::int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
+    if (i >= count_) return;
     try {
-      (*task)(i, worker);
+      (*task_)(i, worker);
     } catch (...) {
-      lock.lock();
+      std::lock_guard lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
-      next_ = count_;  // skip what is left
-      continue;
+      next_.store(count_, std::memory_order_relaxed);  // skip what is left
     }
-    lock.lock();
+  }
+}
+
+// Returns once the region word's generation differs from `seen` (or the pool stops): polling for
+// kSpinMicros, then asleep on wake_. The sleeper counts itself before its last look at the word
+// and the caller publishes the word before it reads the count (all sequentially consistent), so
+// either the sleeper sees the new region or the caller sees the sleeper and wakes it.
+void ThreadPool::wait_for_region(std::uint64_t seen) {
+  const auto changed = [&] {
+    return generation(region_.load(std::memory_order_seq_cst)) != seen ||
+           stop_.load(std::memory_order_relaxed);
+  };
+  // Polling: on the core alone for the first kYieldAfterMicros (the gaps inside a forward), then
+  // offering the core to other runnable threads between looks (on a machine with more threads
+  // than cores the thread that will start the next region may be waiting for this very core).
+  const auto start = std::chrono::steady_clock::now();
+  bool yielding = false;
+  for (std::uint32_t i = 1;; ++i) {
+    if (changed()) return;
+    if (yielding) {
+      std::this_thread::yield();
+    } else {
+      relax();
+    }
+    if (yielding || i % 64 == 0) {
+      const auto spent = std::chrono::steady_clock::now() - start;
+      if (spent > std::chrono::microseconds(kSpinMicros)) break;
+      yielding = spent > std::chrono::microseconds(kYieldAfterMicros);
+    }
+  }
+  for (;;) {
+    const std::uint32_t ticket = wake_.load(std::memory_order_seq_cst);
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    if (changed()) {
+      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
+    wake_.wait(ticket, std::memory_order_seq_cst);
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
 void ThreadPool::work(int worker) {
-  std::uint64_t seen = 0;
+  std::uint64_t seen = 0;  // the generation the pool starts at (closed)
   for (;;) {
-    {
-      std::unique_lock lock(mutex_);
-      start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      ++busy_;
+    wait_for_region(seen);
+    if (stop_.load(std::memory_order_relaxed)) return;
+    std::uint64_t word = region_.load(std::memory_order_acquire);
+    seen = generation(word);
+    // Join while the region is open; one that closed already (all its tasks done by others) is
+    // skipped.
+    bool joined = false;
+    while ((word & kOpen) != 0 && generation(word) == seen) {
+      if (region_.compare_exchange_weak(word, word + kBusy, std::memory_order_acquire,
+                                        std::memory_order_acquire)) {
+        joined = true;
+        break;
+      }
     }
+    if (!joined) continue;
     drain(worker);
-    {
-      std::lock_guard lock(mutex_);
-      --busy_;
-    }
-    done_.notify_one();
+    region_.fetch_sub(kBusy, std::memory_order_release);
   }
 }
 
@@ -70,25 +140,38 @@ void ThreadPool::parallel_for(std::int64_t count,
     for (std::int64_t i = 0; i < count; ++i) task(i, 0);
     return;
   }
-  {
-    std::lock_guard lock(mutex_);
-    task_ = &task;
-    count_ = count;
-    next_ = 0;
-    error_ = nullptr;
-    ++generation_;
+  // The region is closed and no worker is inside it: its fields are the caller's to set.
+  task_ = &task;
+  count_ = count;
+  next_.store(0, std::memory_order_relaxed);
+  error_ = nullptr;
+  std::uint64_t word = region_.load(std::memory_order_relaxed);
+  region_.store(((generation(word) + 1) << kGenerationShift) | kOpen, std::memory_order_seq_cst);
+  wake_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    wake_.notify_all();
   }
-  start_.notify_all();
   drain(0);
-  std::exception_ptr error;
-  {
-    std::unique_lock lock(mutex_);
-    // Workers that woke late find nothing left and leave at once; wait for those still running.
-    done_.wait(lock, [&] { return busy_ == 0 && next_ >= count_; });
-    task_ = nullptr;
-    error = error_;
+  // Every task is claimed; those a worker holds are done when it leaves. Close the region once
+  // no worker is inside (a worker that has not joined yet then finds it closed).
+  for (std::uint32_t spins = 1;; ++spins) {
+    word = region_.load(std::memory_order_acquire);
+    if (busy(word) == 0 &&
+        region_.compare_exchange_weak(word, word & ~kOpen, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+      break;
+    }
+    // A worker descheduled in the middle of a task (a machine with more threads than cores):
+    // give it the core rather than burn the time slice.
+    if (spins > 256) {
+      std::this_thread::yield();
+    } else {
+      relax();
+    }
   }
-  if (error) std::rethrow_exception(error);
+  task_ = nullptr;
+  if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
 }
 
 }  // namespace mixkv::kernels

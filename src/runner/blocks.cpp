@@ -17,8 +17,11 @@ std::span<std::byte> tensor_of(const Step& step, const layout::LayerGeometry& ge
   return step.tensors->at(static_cast<std::size_t>(geo.tensor));
 }
 
-std::vector<float> rows(std::int64_t n, std::int64_t width) {
-  return std::vector<float>(static_cast<std::size_t>(n * width));
+// `buffer` resized to n rows of `width` (its old values stay where they are: every user
+// overwrites all of it), as a span.
+std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t width) {
+  buffer.resize(static_cast<std::size_t>(n * width));
+  return buffer;
 }
 
 }  // namespace
@@ -47,12 +50,16 @@ void Attention::project_kv(std::span<const float> normed, std::span<const std::i
                            kernels::ThreadPool* pool, std::vector<float>& k,
                            std::vector<float>& v) const {
   const auto total = static_cast<std::int64_t>(positions.size());
+  k.resize(static_cast<std::size_t>(total * kernels::k_row_elements(spec_)));
+  v.resize(static_cast<std::size_t>(total * kernels::v_row_elements(spec_)));
+  ops::matmul_many({{&w_.k, k.data()}, {&w_.v, v.data()}}, normed.data(), total, pool);
+  finish_k(positions, k);
+}
+
+// k_norm and RoPE over each K row.
+void Attention::finish_k(std::span<const std::int64_t> positions, std::vector<float>& k) const {
+  const auto total = static_cast<std::int64_t>(positions.size());
   const std::int64_t kw = kernels::k_row_elements(spec_);
-  const std::int64_t vw = kernels::v_row_elements(spec_);
-  k.assign(static_cast<std::size_t>(total * kw), 0.0f);
-  v.assign(static_cast<std::size_t>(total * vw), 0.0f);
-  ops::matmul(w_.k, normed.data(), total, k.data(), pool);
-  ops::matmul(w_.v, normed.data(), total, v.data(), pool);
   for (std::int64_t t = 0; t < total; ++t) {
     float* kt = k.data() + t * kw;
     if (!w_.k_norm.empty()) {
@@ -86,14 +93,22 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   const std::int64_t total = step.rows();
   const std::int64_t hq = spec_.params.num_q_heads;
   const std::int64_t qw = hq * spec_.head_size;
-  std::vector<float> q = rows(total, qw), k, v;
-  ops::matmul(w_.q, normed.data(), total, q.data(), step.pool);
+  Scratch local;
+  Scratch& scratch = step.scratch != nullptr ? *step.scratch : local;
+  // q, k and v in one region over x quantised once.
+  const std::span<float> q = reuse(scratch.q, total, qw);
+  std::vector<float>& k = scratch.k;
+  std::vector<float>& v = scratch.v;
+  reuse(k, total, kernels::k_row_elements(spec_));
+  reuse(v, total, kernels::v_row_elements(spec_));
+  ops::matmul_many({{&w_.q, q.data()}, {&w_.k, k.data()}, {&w_.v, v.data()}}, normed.data(), total,
+                   step.pool);
   for (std::int64_t t = 0; t < total; ++t) {
     float* qt = q.data() + t * qw;
     if (!w_.q_norm.empty()) ops::norm_heads(qt, hq, spec_.head_size, w_.q_norm, eps_);
     rotate(qt, hq, step.positions[static_cast<std::size_t>(t)]);
   }
-  project_kv(normed, step.positions, step.pool, k, v);
+  finish_k(step.positions, k);
   write_kv(step, k, v);
 
   // The attention metadata of the layer's group. Causal: one query per kernel sequence (its
@@ -101,7 +116,8 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   // request's block is one sequence whose every query sees all keys up to the block's end.
   std::span<std::byte> tensor = tensor_of(step, geometry_);
   std::vector<std::vector<std::int64_t>> pages;
-  std::vector<kernels::PagedSequence> seqs;
+  std::vector<kernels::PagedSequence>& seqs = scratch.seqs;
+  seqs.clear();
   for (const SequenceInput& s : step.batch) {
     pages.push_back(layout::kernel_block_table(
         geometry_,
@@ -120,7 +136,7 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
     }
   }
   const std::int64_t ow = hq * spec_.head_size_v;
-  std::vector<float> attn = rows(total, ow);
+  const std::span<float> attn = reuse(scratch.attn, total, ow);
   const kernels::AttentionInputs inputs{tensor, seqs, q, w_.sinks, {}, step.pool};
   if (numerics_ == Numerics::kGgml) {
     kernels::ggml_attention(spec_, geometry_, inputs, attn);
@@ -203,8 +219,8 @@ void GatedDeltaNet::run(const Step& step, std::span<const float> normed,
 
   std::vector<float> qkvz(static_cast<std::size_t>(total * width));
   std::vector<float> ba(static_cast<std::size_t>(total * 2 * hv));
-  ops::matmul(w_.in_qkvz, normed.data(), total, qkvz.data(), step.pool);
-  ops::matmul(w_.in_ba, normed.data(), total, ba.data(), step.pool);
+  ops::matmul_many({{&w_.in_qkvz, qkvz.data()}, {&w_.in_ba, ba.data()}}, normed.data(), total,
+                   step.pool);
   // Rows are grouped per key head j: [q_j (dk), k_j (dk), v_j (per dv), z_j (per dv)] and
   // [b_j (per), a_j (per)]; the conv reads [all q; all k; all v].
   std::vector<float> mixed(static_cast<std::size_t>(total * channels));
@@ -332,14 +348,17 @@ void Mamba2::run(const Step& step, std::span<const float> normed, std::span<floa
 }
 
 void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::ThreadPool* pool,
-              std::span<float> out) const {
-  std::vector<float> u(static_cast<std::size_t>(total * intermediate));
-  ops::matmul(up, normed.data(), total, u.data(), pool);
+              std::span<float> out, Scratch* scratch) const {
+  Scratch local;
+  Scratch& buffers = scratch != nullptr ? *scratch : local;
+  const std::span<float> u = reuse(buffers.up, total, intermediate);
   if (activation == Activation::kRelu2) {
+    ops::matmul(up, normed.data(), total, u.data(), pool);
     for (float& v : u) v = v > 0.0f ? v * v : 0.0f;
   } else {
-    std::vector<float> g(u.size());
-    ops::matmul(gate, normed.data(), total, g.data(), pool);
+    // gate and up in one region over x quantised once.
+    const std::span<float> g = reuse(buffers.gate, total, intermediate);
+    ops::matmul_many({{&up, u.data()}, {&gate, g.data()}}, normed.data(), total, pool);
     const bool gelu = activation == Activation::kGeluTanhGated;
     if (!gelu && numerics == Numerics::kGgml) {
       kernels::ggml_swiglu(g, u);
@@ -374,7 +393,7 @@ void Block::run(const Step& step, std::vector<float>& x, std::vector<float>& nor
     for (std::int64_t t = 0; t < total; ++t) {
       ops::rms_norm(x.data() + t * h, mlp_norm, h, eps, normed.data() + t * h);
     }
-    mlp->run(normed, total, step.pool, tmp);
+    mlp->run(normed, total, step.pool, tmp, step.scratch);
     residual(mlp_out_norm);
   }
 }

@@ -21,6 +21,14 @@
 
 namespace mixkv::runner {
 
+// Buffers the layers of a forward reuse one after the other (each layer overwrites what it
+// reads), kept by the runner between forwards: a decode step then allocates nothing per layer.
+struct Scratch {
+  std::vector<float> q, k, v, attn;  // Attention::run
+  std::vector<float> gate, up;       // Mlp::run
+  std::vector<kernels::PagedSequence> seqs;
+};
+
 // What a block sees of one forward besides its rows.
 struct Step {
   std::span<const SequenceInput> batch;
@@ -28,6 +36,7 @@ struct Step {
   std::vector<std::vector<std::byte>>* tensors;  // the plan's cache tensors
   std::int64_t hidden = 0;
   kernels::ThreadPool* pool = nullptr;  // matrix products and attention; null: this thread
+  Scratch* scratch = nullptr;           // null: each layer allocates its own
   std::int64_t rows() const { return static_cast<std::int64_t>(positions.size()); }
 };
 
@@ -74,6 +83,7 @@ class Attention final : public Mixer {
   kernels::AttentionSpec spec_;
   layout::LayerGeometry geometry_;
   void rotate(float* x, std::int64_t heads, std::int64_t position) const;
+  void finish_k(std::span<const std::int64_t> positions, std::vector<float>& k) const;
   Weights w_;
   Rope rope_;
   double rope_theta_;
@@ -131,7 +141,7 @@ struct Mlp {
   Matrix gate, up, down;                 // no gate for kRelu2
   Numerics numerics = Numerics::kMixkv;  // kGgml: SwiGLU with ggml's SiLU
   void run(std::span<const float> normed, std::int64_t rows, kernels::ThreadPool* pool,
-           std::span<float> out) const;
+           std::span<float> out, Scratch* scratch = nullptr) const;
 };
 
 // One decoder block: [norm, mixer, optional output norm, residual] then [norm, MLP, optional

@@ -37,6 +37,8 @@ struct Network {
   // DFlash only: the drafter layers' attention, for context K/V without a query.
   std::vector<const Attention*> dflash_attention;
   double draft_eps = 1e-5;
+  // The forwards' layer buffers (one forward at a time runs on a runner).
+  Scratch scratch;
 };
 
 // What a family builds from: the description, the architecture, the weights; and, when the

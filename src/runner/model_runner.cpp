@@ -352,7 +352,7 @@ void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
   if (captured != nullptr) {
     captured->assign(static_cast<std::size_t>(total * h) * capture.size(), 0);
   }
-  const Step step{batch, positions, &tensors_, h, pool_.get()};
+  const Step step{batch, positions, &tensors_, h, pool_.get(), &net_->scratch};
   const std::vector<Block>& blocks = draft ? net_->draft_blocks : net_->blocks;
   for (std::size_t index = 0; index < std::min(limit, blocks.size()); ++index) {
     blocks[index].run(step, x, normed, tmp);

@@ -3,12 +3,31 @@
 #include <algorithm>
 #include <cmath>
 
+#include "mixkv/core/error.hpp"
+
 namespace mixkv::runner::ops {
 
 void matmul(const Matrix& w, const float* x, std::int64_t tokens, float* y,
             kernels::ThreadPool* pool) {
   kernels::matmul(w.view, std::span<const float>(x, static_cast<std::size_t>(tokens * w.cols())),
                   std::span<float>(y, static_cast<std::size_t>(tokens * w.rows())), pool);
+}
+
+void matmul_many(std::initializer_list<Projection> projections, const float* x, std::int64_t tokens,
+                 kernels::ThreadPool* pool) {
+  constexpr std::size_t kMost = 4;
+  if (projections.size() > kMost) throw_internal("ops::matmul_many: more than four projections");
+  kernels::MatmulProduct products[kMost];
+  std::size_t n = 0;
+  for (const Projection& p : projections) {
+    products[n++] = {p.w->view,
+                     std::span<float>(p.y, static_cast<std::size_t>(tokens * p.w->rows()))};
+  }
+  if (n == 0) return;
+  kernels::matmul_many(
+      std::span<const kernels::MatmulProduct>(products, n),
+      std::span<const float>(x, static_cast<std::size_t>(tokens * projections.begin()->w->cols())),
+      pool);
 }
 
 // ggml's steps (ggml_compute_forward_rms_norm_f32): the squares, rounded to float, summed in

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <vector>
@@ -36,6 +37,16 @@ namespace mixkv::runner::ops {
 // once for all rows); each output's bits depend on its own row alone.
 void matmul(const Matrix& w, const float* x, std::int64_t tokens, float* y,
             kernels::ThreadPool* pool);
+// One weight's output rows in a matmul_many call.
+struct Projection {
+  const Matrix* w;
+  float* y;  // [tokens, w->rows()]
+};
+// Several weights against the same rows of X (a layer's q, k and v; gate and up) in one
+// kernels::matmul_many call: X quantised once and one parallel region instead of one per weight;
+// each output has the bits ops::matmul gives it.
+void matmul_many(std::initializer_list<Projection> projections, const float* x, std::int64_t tokens,
+                 kernels::ThreadPool* pool);
 void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y);
 // RMSNorm of each `d`-wide head of `v` with the same weights (Qwen3's q_norm and k_norm).
 void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w, double eps);

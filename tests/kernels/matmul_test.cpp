@@ -653,6 +653,57 @@ TEST(WeightMatmul, ReadsGgufTypeIds) {
   EXPECT_EQ(weight_bytes(WeightType::kBfloat16, 3, 5), 30);
 }
 
+// matmul_many over weights of every type and of row counts that cut register tiles and the
+// task ranges anywhere (the ranges run across the weights' boundaries): each output has the bits
+// of its own matmul, whatever the rows of x and the threads.
+TEST(WeightMatmul, ManyProductsOfOneXGiveEachProductsOwnBits) {
+  std::mt19937_64 rng(11);
+  ThreadPool two(2), three(3);
+  for (const std::int64_t cols : {std::int64_t{96}, std::int64_t{37}}) {
+    std::vector<std::vector<std::byte>> weights;
+    std::vector<WeightView> views;
+    for (WeightType t : kTypes) {
+      if (cols % weight_block_elements(t) != 0) continue;
+      for (const std::int64_t rows : {std::int64_t{1}, std::int64_t{13}, std::int64_t{38}}) {
+        weights.push_back(random_weight(t, rows, cols, rng));
+        views.push_back({t, rows, cols, weights.back().data()});
+      }
+    }
+    for (std::int64_t n : {1, 3, 9}) {
+      const auto x = random_x(n, cols, rng);
+      std::vector<std::vector<float>> alone, together;
+      std::vector<MatmulProduct> products;
+      for (const WeightView& v : views) {
+        alone.emplace_back(static_cast<std::size_t>(n * v.rows));
+        matmul(v, x, alone.back());
+        together.emplace_back(alone.back().size());
+      }
+      for (std::size_t k = 0; k < views.size(); ++k) products.push_back({views[k], together[k]});
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+        for (auto& y : together) std::fill(y.begin(), y.end(), -1.0f);
+        matmul_many(products, x, pool);
+        for (std::size_t k = 0; k < views.size(); ++k) {
+          expect_same_bits(together[k], alone[k],
+                           std::string(to_string(views[k].dtype)) + " " +
+                               std::to_string(views[k].rows) + "x" + std::to_string(cols) + ", " +
+                               std::to_string(n) + " rows, " +
+                               std::to_string(pool ? pool->size() : 1) + " threads");
+        }
+      }
+    }
+  }
+}
+
+TEST(WeightMatmul, ManyProductsNeedOneColumnCount) {
+  std::vector<std::byte> a(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 4, 64)));
+  std::vector<std::byte> b(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 4, 96)));
+  std::vector<float> x(64), ya(4), yb(4);
+  const MatmulProduct products[] = {{{WeightType::kQ4_1, 4, 64, a.data()}, ya, "layer 0 q"},
+                                    {{WeightType::kQ4_1, 4, 96, b.data()}, yb, "layer 0 k"}};
+  mixkv::testing::expect_error([&] { matmul_many(products, x); }, ErrorCode::kInvalidInput,
+                               {"layer 0 k", "96 columns", "layer 0 q", "same number"});
+}
+
 TEST(WeightMatmul, RefusesShapesThatDoNotMatch) {
   using mixkv::testing::expect_error;
   std::vector<std::byte> w(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_0, 4, 64)));

@@ -8,13 +8,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <limits>
 #include <numeric>
 #include <random>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 #include "kernels/kernels_test_support.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
@@ -52,6 +55,63 @@ TEST(ThreadPool, RethrowsATaskErrorAndStaysUsable) {
   std::atomic<int> done{0};
   pool.parallel_for(20, [&](std::int64_t, int) { ++done; });
   EXPECT_EQ(done.load(), 20);
+}
+
+// Regions much smaller than a wake-up, back to back, as a decode step runs them: every task of
+// every region runs once, and no worker is left inside a region when the next one is set up
+// (a task of an old region running late would count into the new one's tally).
+TEST(ThreadPool, ManySmallRegionsBackToBackEachRunOnce) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> runs(8);
+  for (int region = 0; region < 3000; ++region) {
+    const std::int64_t count = 2 + region % 7;
+    for (auto& r : runs) r.store(0, std::memory_order_relaxed);
+    pool.parallel_for(count, [&](std::int64_t i, int) {
+      runs[static_cast<std::size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+    });
+    for (std::int64_t i = 0; i < 8; ++i) {
+      ASSERT_EQ(runs[static_cast<std::size_t>(i)].load(), i < count ? 1 : 0)
+          << "region " << region << ", task " << i;
+    }
+  }
+}
+
+TEST(ThreadPool, CallersOnSeveralThreadsTakeTurns) {
+  ThreadPool pool(2);
+  std::atomic<std::int64_t> sum{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) {
+    callers.emplace_back([&] {
+      for (int region = 0; region < 300; ++region) {
+        pool.parallel_for(5, [&](std::int64_t i, int) { sum.fetch_add(i + 1); });
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(sum.load(), 3 * 300 * 15);
+}
+
+// Workers poll for kSpinMicros, then sleep: an idle pool takes no CPU time, and the next region
+// wakes its workers (counted by wakeups()) and still runs every task.
+TEST(ThreadPool, AnIdlePoolSleepsAndWakesForTheNextRegion) {
+  ThreadPool pool(3);
+  const auto sleep_past_spin = [] {
+    std::this_thread::sleep_for(std::chrono::microseconds(20 * ThreadPool::kSpinMicros));
+  };
+  std::atomic<int> done{0};
+  // A machine with more threads than cores may not run a worker for a while: try a few times.
+  for (int attempt = 0; attempt < 100 && pool.wakeups() == 0; ++attempt) {
+    pool.parallel_for(4, [&](std::int64_t, int) { ++done; });
+    sleep_past_spin();
+    pool.parallel_for(64, [&](std::int64_t, int) { ++done; });
+  }
+  EXPECT_GT(pool.wakeups(), 0u) << "the workers never went to sleep";
+  EXPECT_EQ(done.load() % 68, 0);
+  sleep_past_spin();
+  const std::clock_t before = std::clock();  // CPU time of the whole process
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double idle_cpu = static_cast<double>(std::clock() - before) / CLOCKS_PER_SEC;
+  EXPECT_LT(idle_cpu, 0.03) << "two idle workers used " << idle_cpu << " s of CPU in 0.1 s";
 }
 
 TEST(ThreadPool, RefusesZeroWorkers) {

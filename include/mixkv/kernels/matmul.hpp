@@ -108,6 +108,21 @@ PackedWeight pack_weight(const WeightView& w);
 void matmul(const WeightView& w, std::span<const float> x, std::span<float> y,
             ThreadPool* pool = nullptr, std::string_view where = "matmul");
 
+// One product of a matmul_many call: y = x * w^T, with y of [n, w.rows].
+struct MatmulProduct {
+  WeightView w;
+  std::span<float> y;
+  std::string_view where = "matmul";  // named in its errors
+};
+
+// Several products of the same x (a layer's q, k and v projections; gate and up) in one parallel
+// region: x is quantised once per weight type of the call, and the rows of all the weights are
+// split across the pool together, so a decode step hands the pool one region instead of one per
+// weight. Each y gets exactly the bits matmul(p.w, x, p.y) gives it. Every weight needs x's
+// column count; throws Error (bad input) as matmul does, naming the product's `where`.
+void matmul_many(std::span<const MatmulProduct> products, std::span<const float> x,
+                 ThreadPool* pool = nullptr);
+
 // Decodes row `row` of `w` into `out` (w.cols floats) with the same values the product uses
 // (an embedding lookup, or a reference).
 void dequantize_row(const WeightView& w, std::int64_t row, std::span<float> out);

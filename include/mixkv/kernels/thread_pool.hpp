@@ -2,10 +2,12 @@
 // passes it by pointer (AttentionInputs::pool) and destroys it; there is no global pool.
 // parallel_for hands out task indices dynamically, so which worker runs a task varies from run to
 // run; kernels keep results bit-identical by computing each output wholly inside one task, in an
-// order fixed by the task alone. docs/kernels.md.
+// order fixed by the task alone. A decode step starts a few hundred parallel regions, so the
+// hand-off is an atomic store that spinning workers see within a microsecond; idle workers stop
+// spinning after kSpinMicros and sleep until the next region. docs/kernels.md.
 #pragma once
 
-#include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -17,6 +19,14 @@ namespace mixkv::kernels {
 
 class ThreadPool {
  public:
+  // How long a worker with nothing to do keeps polling for the next region before it sleeps:
+  // long enough to bridge the single-threaded steps between the regions of a forward and between
+  // decode steps, short enough that an idle engine gives its cores back at once.
+  static constexpr std::int64_t kSpinMicros = 1000;
+  // After this long the polling worker yields its core between looks, so that on a machine with
+  // more runnable threads than cores it does not hold one the caller needs.
+  static constexpr std::int64_t kYieldAfterMicros = 50;
+
   // `workers` threads of work in all, the calling thread included (so 1 starts no thread).
   // Throws Error unless workers >= 1.
   explicit ThreadPool(int workers);
@@ -28,29 +38,41 @@ class ThreadPool {
 
   // Runs task(i, worker) for every i in [0, count), worker in [0, size()) naming the thread (for
   // per-worker scratch), and returns when all are done. The calling thread works too. The first
-  // exception a task throws is rethrown here after the others finish. Calls from several threads
-  // take turns; a task must not call parallel_for on the same pool.
+  // exception a task throws is rethrown here after the others finish (tasks not yet started are
+  // skipped). Calls from several threads take turns; a task must not call parallel_for on the
+  // same pool.
   void parallel_for(std::int64_t count,
                     const std::function<void(std::int64_t task, int worker)>& task);
+
+  // Regions that found every worker asleep and had to wake it (tests and profiling).
+  std::uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
   void work(int worker);
   void drain(int worker);
+  void wait_for_region(std::uint64_t seen);
 
   int workers_ = 1;
   std::vector<std::thread> threads_;
   std::mutex call_mutex_;  // one parallel_for at a time
-  std::mutex mutex_;
-  std::condition_variable start_;
-  std::condition_variable done_;
-  // Guarded by mutex_.
-  std::uint64_t generation_ = 0;
-  int busy_ = 0;
-  bool stop_ = false;
+
+  // The region word: generation << 32 | busy workers << 1 | open. A worker joins the current
+  // region by a compare-exchange that needs it open and adds one to busy; the caller closes it
+  // (clears open) once busy is 0, so no worker can still be reading the region's task when the
+  // next region is set up.
+  std::atomic<std::uint64_t> region_{0};
+  // The region's task, read by workers only after they joined it.
   const std::function<void(std::int64_t, int)>* task_ = nullptr;
   std::int64_t count_ = 0;
-  std::int64_t next_ = 0;
-  std::exception_ptr error_;
+  alignas(64) std::atomic<std::int64_t> next_{0};  // the next task index to claim
+  // Sleeping workers wait on wake_ (a futex word) and count themselves in sleepers_, so the
+  // caller makes the wake-up system call only when someone sleeps.
+  alignas(64) std::atomic<std::uint32_t> wake_{0};
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> wakeups_{0};
+  std::mutex error_mutex_;
+  std::exception_ptr error_;  // guarded by error_mutex_
 };
 
 }  // namespace mixkv::kernels
