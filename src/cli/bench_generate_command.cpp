@@ -30,6 +30,7 @@
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/gguf_model.hpp"
 #include "mixkv/weights/model_files.hpp"
+#include "runner_setup.hpp"
 
 namespace mixkv::cli {
 namespace {
@@ -186,6 +187,7 @@ Action add_bench_generate_command(CLI::App& app) {
     std::int64_t max_tokens = 128;
     int runs = 3;
     int threads = 0;
+    std::string weight_order = "ggml";
     bool fixed_draft = false;
     std::optional<double> step_cost_per_row;  // absent: measured
     std::string memory = "256MiB";
@@ -224,6 +226,9 @@ Action add_bench_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--runs", args->runs, "Runs of each configuration (medians are reported)")
       ->capture_default_str();
+  cmd->add_option("--weight-order", args->weight_order, kWeightOrderHelp)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ggml", "blocksum"}));
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
   cmd->add_flag("--fixed-draft-length", args->fixed_draft,
@@ -282,6 +287,7 @@ Action add_bench_generate_command(CLI::App& app) {
     ro.memory_bytes = plan::parse_memory_size(args->memory);
     ro.num_spec_tokens = args->num_spec_tokens;
     ro.threads = args->threads;
+    ro.weight_order = parse_weight_order(args->weight_order);
     if (gguf) ro.max_model_len = 2048;  // as generate: far more than a prompt and its answer
     if (self) {
       // The self drafter changes nothing of the plan (its layers' KV is the target's), so one

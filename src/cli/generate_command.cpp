@@ -61,6 +61,7 @@ Action add_generate_command(CLI::App& app) {
     std::string model;
     std::string draft;
     std::optional<int> draft_layers;  // --draft self
+    std::string weight_order = "ggml";
     int num_spec_tokens = 3;
     std::string prompt;
     std::vector<engine::TokenId> prompt_ids;
@@ -134,6 +135,9 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option("--max-model-len", args->max_model_len,
                   "Longest request the cache is planned for (default: the model's context, at "
                   "most 2048 for a GGUF model)");
+  cmd->add_option("--weight-order", args->weight_order, kWeightOrderHelp)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ggml", "blocksum"}));
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
 
@@ -167,6 +171,7 @@ Action add_generate_command(CLI::App& app) {
           "tokenizer and chat template); {} has a byte vocabulary and no end of turn",
           args->model));
     }
+    setup.options.weight_order = parse_weight_order(args->weight_order);
     runner::ModelRunner runner = setup.make_runner();
 
     // The prompts: ids as given, else the text through the chat template (GGUF, unless --raw)

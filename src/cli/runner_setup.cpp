@@ -73,6 +73,12 @@ Loaded load_model(const std::string& ref) {
 
 }  // namespace
 
+kernels::ReductionOrder parse_weight_order(const std::string& text) {
+  if (text == "ggml") return kernels::ReductionOrder::kGgml;
+  if (text == "blocksum") return kernels::ReductionOrder::kBlockSum;
+  throw_invalid(fmt::format("--weight-order '{}' is not an order; use ggml or blocksum", text));
+}
+
 bool is_directory(const std::string& ref) {
   std::error_code ec;
   return std::filesystem::is_directory(ref, ec);

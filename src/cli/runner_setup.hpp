@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "mixkv/kernels/matmul.hpp"
 #include "mixkv/model/describe.hpp"
 #include "mixkv/runner/model_runner.hpp"
 #include "mixkv/spec/drafter.hpp"
@@ -48,5 +49,15 @@ std::unique_ptr<spec::Drafter> make_drafter(const std::string& draft, runner::Mo
 std::vector<tokenizer::TokenId> end_of_generation_ids(const tokenizer::Tokenizer& tok);
 
 bool is_directory(const std::string& ref);
+
+// --weight-order TEXT of generate, bench-generate and serve: the reduction order of the block-
+// format weight products (q8_0, q4_0, q4_1; docs/kernels.md). "ggml" (the default: llama.cpp's
+// bits) or "blocksum" (one integer sum per block over packed weights: several token rows at little
+// more than one row's cost, rounded otherwise than llama.cpp). Anything else is an Error naming
+// the flag.
+inline constexpr const char* kWeightOrderHelp =
+    "Reduction order of the q8_0/q4_0/q4_1 weight products: ggml (llama.cpp's bits) or blocksum "
+    "(packed weights; verify and batched rows cost little more than one row; docs/kernels.md)";
+kernels::ReductionOrder parse_weight_order(const std::string& text);
 
 }  // namespace mixkv::cli

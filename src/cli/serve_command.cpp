@@ -34,6 +34,7 @@ Action add_serve_command(CLI::App& app) {
     int threads = 0;
     std::int64_t block_size = 16;
     std::string policy = "mixkv";
+    std::string weight_order = "ggml";
     std::string kv_role, kv_load_failure = "recompute";
     double kv_timeout = 10, kv_lease = 5;
     server::ServeOptions serve;
@@ -97,6 +98,9 @@ Action add_serve_command(CLI::App& app) {
                   "Longest request the cache is planned for (default: the model's context, at "
                   "most 2048 for a GGUF model)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
+  cmd->add_option("--weight-order", args->weight_order, kWeightOrderHelp)
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ggml", "blocksum"}));
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)")
       ->check(CLI::Range(0, 256));
@@ -195,6 +199,7 @@ Action add_serve_command(CLI::App& app) {
     RunnerSetup setup = prepare_runner(args->model, args->draft, k, memory_bytes,
                                        args->max_model_len, args->threads);
     setup.options.block_size = args->block_size;
+    setup.options.weight_order = parse_weight_order(args->weight_order);
     setup.options.policy = args->policy == "vllm" ? plan::Policy::kVllm : plan::Policy::kMixkv;
     runner::ModelRunner runner = setup.make_runner();
     std::unique_ptr<spec::Drafter> drafter = make_drafter(args->draft, runner, args->seed);

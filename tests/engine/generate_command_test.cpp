@@ -233,6 +233,21 @@ TEST(SmolLm2LongGenerateCommand, RepliesInTextThroughItsChatTemplate) {
   EXPECT_NE(bad.err.find("chatml"), std::string::npos) << bad.err;
 }
 
+// --weight-order blocksum: the packed products give a reply, and speculation over them gives the
+// plain tokens of the same order; an order of another name is refused naming the flag.
+TEST(SmolLm2LongGenerateCommand, TheBlockSumWeightOrderSpeculatesExactly) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  const auto r = run_cli("generate", {"smollm2-135m", "--weight-order", "blocksum", "--draft",
+                                      "oracle", "--max-tokens", "8", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = json_lines(r.out).at(0);
+  EXPECT_EQ(j["stats"]["identical_to_plain"], true) << j;
+  EXPECT_FALSE(j["text"].get<std::string>().empty()) << j;
+  const auto bad = run_cli("generate", {"smollm2-135m", "--weight-order", "fast"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--weight-order"), std::string::npos) << bad.err;
+}
+
 TEST(GenerateCommand, ChatOptionsAreRefusedForTinyModels) {
   const auto r = run_cli("generate", {"tiny-swa", "--raw"});
   EXPECT_EQ(r.status, 2);
