@@ -226,9 +226,7 @@ Action add_bench_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--runs", args->runs, "Runs of each configuration (medians are reported)")
       ->capture_default_str();
-  cmd->add_option("--weight-order", args->weight_order, kWeightOrderHelp)
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ggml", "blocksum"}));
+  add_weight_order_option(*cmd, args->weight_order);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
   cmd->add_flag("--fixed-draft-length", args->fixed_draft,

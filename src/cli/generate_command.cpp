@@ -135,9 +135,7 @@ Action add_generate_command(CLI::App& app) {
   cmd->add_option("--max-model-len", args->max_model_len,
                   "Longest request the cache is planned for (default: the model's context, at "
                   "most 2048 for a GGUF model)");
-  cmd->add_option("--weight-order", args->weight_order, kWeightOrderHelp)
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ggml", "blocksum"}));
+  add_weight_order_option(*cmd, args->weight_order);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
 

@@ -2,6 +2,7 @@
 #include "runner_setup.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -72,6 +73,15 @@ Loaded load_model(const std::string& ref) {
 }
 
 }  // namespace
+
+void add_weight_order_option(CLI::App& cmd, std::string& order) {
+  cmd.add_option("--weight-order", order,
+                 "Reduction order of the q8_0/q4_0/q4_1 weight products: ggml (llama.cpp's bits) "
+                 "or blocksum (packed weights; verify and batched rows cost little more than one "
+                 "row; docs/kernels.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ggml", "blocksum"}));
+}
 
 kernels::ReductionOrder parse_weight_order(const std::string& text) {
   if (text == "ggml") return kernels::ReductionOrder::kGgml;

@@ -16,6 +16,10 @@
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/gguf.hpp"
 
+namespace CLI {
+class App;
+}  // namespace CLI
+
 namespace mixkv::cli {
 
 struct RunnerSetup {
@@ -53,11 +57,10 @@ bool is_directory(const std::string& ref);
 // --weight-order TEXT of generate, bench-generate and serve: the reduction order of the block-
 // format weight products (q8_0, q4_0, q4_1; docs/kernels.md). "ggml" (the default: llama.cpp's
 // bits) or "blocksum" (one integer sum per block over packed weights: several token rows at little
-// more than one row's cost, rounded otherwise than llama.cpp). Anything else is an Error naming
+// more than one row's cost, rounded otherwise than llama.cpp). `order` holds the text (default
+// "ggml"); anything else is refused by the option, and by parse_weight_order with an Error naming
 // the flag.
-inline constexpr const char* kWeightOrderHelp =
-    "Reduction order of the q8_0/q4_0/q4_1 weight products: ggml (llama.cpp's bits) or blocksum "
-    "(packed weights; verify and batched rows cost little more than one row; docs/kernels.md)";
+void add_weight_order_option(CLI::App& cmd, std::string& order);
 kernels::ReductionOrder parse_weight_order(const std::string& text);
 
 }  // namespace mixkv::cli

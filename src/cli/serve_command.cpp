@@ -98,9 +98,7 @@ Action add_serve_command(CLI::App& app) {
                   "Longest request the cache is planned for (default: the model's context, at "
                   "most 2048 for a GGUF model)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
-  cmd->add_option("--weight-order", args->weight_order, kWeightOrderHelp)
-      ->capture_default_str()
-      ->check(CLI::IsMember({"ggml", "blocksum"}));
+  add_weight_order_option(*cmd, args->weight_order);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)")
       ->check(CLI::Range(0, 256));
