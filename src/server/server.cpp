@@ -234,6 +234,7 @@ struct Server::Impl {
   std::thread pull_thread;
   int bound_port = 0;
   std::atomic<bool> ready{false}, draining{false}, stopped{false};
+  std::atomic<bool> listener_done{false};  // listen_after_bind() has returned
   std::atomic<std::uint64_t> next_id{0};
   Metrics metrics;
 
@@ -1162,7 +1163,10 @@ void Server::start() {
                     m.opt.host, m.opt.port));
   }
   m.http.widen_backlog(1024);
-  m.listener = std::thread([&m] { m.http.listen_after_bind(); });
+  m.listener = std::thread([&m] {
+    m.http.listen_after_bind();
+    m.listener_done = true;
+  });
 }
 
 int Server::port() const { return impl_->bound_port; }
@@ -1221,6 +1225,12 @@ bool Server::shutdown() {
     // Streams of cancelled jobs send their error event and close.
     std::unique_lock lk(m.mu);
     m.jobs_cv.wait_for(lk, std::chrono::seconds(2), [&] { return m.open_requests == 0; });
+  }
+  // cpp-httplib's stop() does nothing until listen_after_bind() has marked the server running, so
+  // a stop that came first would leave the listener accepting forever (seen in a test that shut a
+  // server down at once): wait for the listener to run (or to have returned), then stop it.
+  while (m.listener.joinable() && !m.listener_done && !m.http.is_running()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   m.http.stop();
   if (m.listener.joinable()) m.listener.join();
