@@ -4,6 +4,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <xxhash.h>
 
 #include "mixkv/core/error.hpp"
@@ -25,6 +26,69 @@ std::string model_identity(const model::ModelDesc& desc) {
   }
   return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
 }
+
+namespace {
+
+// The layer of the unsharded description (TP 1) named like `l`, or null without one.
+const model::LayerDesc* unsharded_layer(const DescriptorOptions& options,
+                                        const model::LayerDesc& l) {
+  if (!options.unsharded) return nullptr;
+  for (const auto& ul : options.unsharded->layers) {
+    if (ul.name == l.name) return &ul;
+  }
+  throw_invalid(fmt::format("layer {} is missing from the unsharded model description", l.name));
+}
+
+std::int64_t shape_dim(const model::StateTensor& t, std::size_t dim) {
+  return dim < t.shape.size() ? t.shape[dim] : 0;
+}
+
+// How TP splits state tensor `t` of recurrent layer `l` (one rank's description; `whole` the same
+// layer at TP 1, or null). The same rules as model::finalize_layer's, which shards the layers:
+// heads and their conv channels split evenly; a Mamba2 layer's single B/C group is replicated.
+// Leaves the split unknown (-1) where the shapes do not follow those rules.
+void describe_split(const model::LayerDesc& l, const model::LayerDesc* whole, int tp,
+                    const model::StateTensor& t, StateTensorLayout& out) {
+  using model::LayerKind;
+  const bool conv = t.name.ends_with("conv");
+  std::vector<StateSegment> segments;
+  if (!conv) {
+    segments = {
+        {shape_dim(t, 0), false}};  // temporal / ssm / recurrent / kv: heads (or inner) first
+  } else if (l.kind == LayerKind::kGdn) {
+    // The conv runs over q, k and v concatenated; each splits by its heads.
+    const std::int64_t qk = std::int64_t{l.num_q_heads} * l.head_size;
+    segments = {{qk, false}, {qk, false}, {std::int64_t{l.num_kv_heads} * l.head_size_v, false}};
+  } else if (l.kind == LayerKind::kMamba2) {
+    // x (the heads), then B and C: n_groups x state each, split with the heads or, a single group,
+    // replicated on every rank.
+    const std::int64_t inner = std::int64_t{l.num_kv_heads} * l.head_size;
+    const std::int64_t bc = (shape_dim(t, 1) - inner) / 2;
+    bool replicated = false;
+    if (whole && tp > 1) {
+      const std::int64_t whole_inner = std::int64_t{whole->num_kv_heads} * whole->head_size;
+      for (const auto& wt : whole->state) {
+        if (wt.name == t.name) replicated = (shape_dim(wt, 1) - whole_inner) / 2 == bc;
+      }
+    }
+    segments = {{inner, false}, {bc, replicated}, {bc, replicated}};
+  } else {
+    segments = {{shape_dim(t, 1), false}};  // KDA's q/k/v convs, Mamba1's: one run of channels
+  }
+  const int dim = conv ? 1 : 0;
+  std::int64_t sum = 0;
+  for (const auto& s : segments) {
+    if (s.size <= 0) return;
+    sum += s.size;
+  }
+  if (t.shape.size() <= static_cast<std::size_t>(dim) ||
+      sum != t.shape[static_cast<std::size_t>(dim)])
+    return;
+  out.split_dim = dim;
+  out.segments = std::move(segments);
+}
+
+}  // namespace
 
 LayoutDescriptor make_descriptor(const model::ModelDesc& desc, const plan::CachePlan& plan,
                                  const layout::Geometry& geometry,
@@ -74,17 +138,7 @@ LayoutDescriptor make_descriptor(const model::ModelDesc& desc, const plan::Cache
         out.num_kv_heads = 1;
       } else {
         int total = l.num_kv_heads * desc.tp;
-        if (options.unsharded) {
-          const model::LayerDesc* u = nullptr;
-          for (const auto& ul : options.unsharded->layers) {
-            if (ul.name == l.name) u = &ul;
-          }
-          if (!u) {
-            throw_invalid(
-                fmt::format("layer {} is missing from the unsharded model description", l.name));
-          }
-          total = u->num_kv_heads;
-        }
+        if (const model::LayerDesc* u = unsharded_layer(options, l)) total = u->num_kv_heads;
         out.total_kv_heads = total;
         out.num_kv_heads = l.num_kv_heads;
         // Replicated heads (TP > heads): rank r holds head r * heads / tp.
@@ -107,8 +161,14 @@ LayoutDescriptor make_descriptor(const model::ModelDesc& desc, const plan::Cache
     out.v_token_bytes = g.v_token_bytes;
     out.v_offset = g.v_offset;
     out.state_bytes = g.state_bytes;
+    const model::LayerDesc* whole = l.state.empty() ? nullptr : unsharded_layer(options, l);
     for (const auto& s : l.state) {
-      out.state.push_back({s.name, s.shape, std::string(to_string(s.dtype))});
+      StateTensorLayout t;
+      t.name = s.name;
+      t.shape = s.shape;
+      t.dtype = std::string(to_string(s.dtype));
+      describe_split(l, whole, desc.tp, s, t);
+      out.state.push_back(std::move(t));
     }
     d.layers.push_back(std::move(out));
   }
@@ -161,7 +221,15 @@ nlohmann::json to_json(const LayoutDescriptor& d) {
                       {"state_bytes", l.state_bytes}};
     lj["state"] = nlohmann::json::array();
     for (const auto& s : l.state) {
-      lj["state"].push_back({{"name", s.name}, {"shape", s.shape}, {"dtype", s.dtype}});
+      nlohmann::json segments = nlohmann::json::array();
+      for (const auto& g : s.segments) {
+        segments.push_back({{"size", g.size}, {"replicated", g.replicated}});
+      }
+      lj["state"].push_back({{"name", s.name},
+                             {"shape", s.shape},
+                             {"dtype", s.dtype},
+                             {"split_dim", s.split_dim},
+                             {"segments", std::move(segments)}});
     }
     j["layers"].push_back(std::move(lj));
   }
@@ -189,7 +257,64 @@ std::optional<T> get_optional(const nlohmann::json& j, const char* key, const st
   return get<T>(j, key, where);
 }
 
+StateTensorLayout state_from_json(const nlohmann::json& sj, const std::string& w) {
+  StateTensorLayout t;
+  t.name = get<std::string>(sj, "name", w);
+  t.shape = get<std::vector<std::int64_t>>(sj, "shape", w);
+  t.dtype = get<std::string>(sj, "dtype", w);
+  t.split_dim = get<int>(sj, "split_dim", w);
+  for (const auto& gj : get<nlohmann::json>(sj, "segments", w)) {
+    t.segments.push_back({get<std::int64_t>(gj, "size", w + " segment"),
+                          get<bool>(gj, "replicated", w + " segment")});
+  }
+  // Shapes and segments become offsets and lengths of runs: each must be in range here.
+  bool bad = t.shape.empty() || !parse_dtype(t.dtype) || t.split_dim < -1 ||
+             t.split_dim >= static_cast<int>(t.shape.size()) ||
+             (t.split_dim < 0) != t.segments.empty();
+  std::int64_t elements = 1;
+  for (std::int64_t d : t.shape) {
+    if (d <= 0 || d > (std::int64_t{1} << 40) / elements) bad = true;
+    if (!bad) elements *= d;
+  }
+  std::int64_t sum = 0;
+  for (const auto& g : t.segments) {
+    if (g.size <= 0 || g.size > (std::int64_t{1} << 40)) bad = true;
+    sum += g.size;
+  }
+  if (!bad && t.split_dim >= 0 && sum != t.shape[static_cast<std::size_t>(t.split_dim)]) bad = true;
+  if (bad)
+    throw_invalid(fmt::format("layout descriptor: {} '{}' has an inconsistent shape", w, t.name));
+  return t;
+}
+
 }  // namespace
+
+std::int64_t element_count(const StateTensorLayout& t) {
+  std::int64_t n = 1;
+  for (std::int64_t d : t.shape) n *= d;
+  return n;
+}
+
+std::int64_t state_tensor_bytes(const StateTensorLayout& t) {
+  const std::optional<DType> dtype = parse_dtype(t.dtype);
+  if (!dtype) throw_invalid(fmt::format("state tensor '{}': unknown dtype {}", t.name, t.dtype));
+  return storage_bytes(*dtype, element_count(t));
+}
+
+std::int64_t sum_state_bytes(const LayerLayout& l) {
+  std::int64_t bytes = 0;
+  for (const auto& t : l.state) bytes += state_tensor_bytes(t);
+  return bytes;
+}
+
+std::vector<std::int64_t> whole_shape(const StateTensorLayout& t, int tp) {
+  std::vector<std::int64_t> shape = t.shape;
+  if (t.split_dim < 0) return shape;
+  std::int64_t dim = 0;
+  for (const auto& g : t.segments) dim += g.replicated ? g.size : g.size * tp;
+  shape[static_cast<std::size_t>(t.split_dim)] = dim;
+  return shape;
+}
 
 LayoutDescriptor descriptor_from_json(const nlohmann::json& j) {
   LayoutDescriptor d;
@@ -247,9 +372,13 @@ LayoutDescriptor descriptor_from_json(const nlohmann::json& j) {
     l.v_offset = get<std::int64_t>(lj, "v_offset", w);
     l.state_bytes = get<std::int64_t>(lj, "state_bytes", w);
     for (const auto& sj : get<nlohmann::json>(lj, "state", w)) {
-      l.state.push_back({get<std::string>(sj, "name", w + " state"),
-                         get<std::vector<std::int64_t>>(sj, "shape", w + " state"),
-                         get<std::string>(sj, "dtype", w + " state")});
+      l.state.push_back(state_from_json(sj, w + " state"));
+    }
+    if (l.recurrent && sum_state_bytes(l) != l.state_bytes) {
+      throw_invalid(
+          fmt::format("layout descriptor: {}'s state tensors do not add up to its {} "
+                      "state bytes",
+                      w, l.state_bytes));
     }
     // Every number later used as a byte offset or count is checked here, once, so a peer's
     // descriptor cannot make the transfer read outside a tensor.
@@ -282,6 +411,51 @@ std::string opt(const std::optional<std::int64_t>& v) {
   return v ? std::to_string(*v) : std::string("none");
 }
 
+std::string shape_text(const StateTensorLayout& t, int tp) {
+  return fmt::format("[{}] {}", fmt::join(whole_shape(t, tp), ", "), t.dtype);
+}
+
+// A recurrent layer's states: the same tensors, whole shapes and dtypes on both sides; at one TP
+// size the same per-rank layout (moved whole), across TP sizes a known split (moved sliced).
+void reconcile_states(const LayerLayout& pl, int ptp, const LayerLayout& dl, int dtp) {
+  const std::string at = "layer " + pl.name + " ";
+  if (pl.state.size() != dl.state.size()) {
+    refuse(at + "state tensors", std::to_string(pl.state.size()), std::to_string(dl.state.size()),
+           "the same layer keeps the same state tensors");
+  }
+  for (std::size_t i = 0; i < pl.state.size(); ++i) {
+    const StateTensorLayout& a = pl.state[i];
+    const StateTensorLayout& b = dl.state[i];
+    const std::string field = at + "state tensor '" + a.name + "'";
+    if (a.name != b.name)
+      refuse(at + "state tensor " + std::to_string(i), a.name, b.name,
+             "the same layer keeps the same state tensors");
+    if (ptp != dtp && (a.split_dim < 0 || b.split_dim < 0)) {
+      refuse("tp_size", std::to_string(ptp), std::to_string(dtp),
+             field + " has no known TP split: serve both sides at one TP size");
+    }
+    if (ptp == dtp ? a != b : whole_shape(a, ptp) != whole_shape(b, dtp) || a.dtype != b.dtype) {
+      refuse(field, shape_text(a, ptp), shape_text(b, dtp),
+             "the conv and SSM layouts of the whole model must match");
+    }
+    if (ptp == dtp) continue;
+    bool same_split = a.split_dim == b.split_dim && a.segments.size() == b.segments.size();
+    for (std::size_t s = 0; same_split && s < a.segments.size(); ++s) {
+      const auto whole = [](const StateSegment& g, int tp) {
+        return g.replicated ? g.size : g.size * tp;
+      };
+      same_split = whole(a.segments[s], ptp) == whole(b.segments[s], dtp) &&
+                   (ptp == 1 || dtp == 1 || a.segments[s].replicated == b.segments[s].replicated);
+    }
+    if (!same_split) {
+      refuse(field + " TP split",
+             fmt::format("dimension {}, {} segments", a.split_dim, a.segments.size()),
+             fmt::format("dimension {}, {} segments", b.split_dim, b.segments.size()),
+             "both sides must shard the state by the same heads");
+    }
+  }
+}
+
 }  // namespace
 
 Reconciliation reconcile(const LayoutDescriptor& p, const LayoutDescriptor& d) {
@@ -299,15 +473,6 @@ Reconciliation reconcile(const LayoutDescriptor& p, const LayoutDescriptor& d) {
   if (p.layers.size() != d.layers.size()) {
     refuse("number of layers", std::to_string(p.layers.size()), std::to_string(d.layers.size()),
            "the same model has the same layers");
-  }
-  if (p.tp_size != d.tp_size) {
-    for (const auto& pl : p.layers) {
-      if (pl.recurrent) {
-        refuse("tp_size", std::to_string(p.tp_size), std::to_string(d.tp_size),
-               "recurrent states are not sliced across TP ranks (layer " + pl.name +
-                   "): serve both sides at one TP size");
-      }
-    }
   }
   for (const auto& pl : p.layers) {
     const LayerLayout* dl = d.find_layer(pl.name);
@@ -329,11 +494,7 @@ Reconciliation reconcile(const LayoutDescriptor& p, const LayoutDescriptor& d) {
       refuse(at + "chunk", opt(pl.chunk), opt(dl->chunk), "the KV kept per request differs");
     }
     if (pl.recurrent) {
-      same("state_bytes", pl.state_bytes, dl->state_bytes, "a recurrent state is moved whole");
-      if (pl.state != dl->state) {
-        refuse(at + "state tensors", "other shapes/dtypes", "other shapes/dtypes",
-               "the conv and SSM layouts must match");
-      }
+      reconcile_states(pl, p.tp_size, *dl, d.tp_size);
       continue;
     }
     if (pl.num_kv_heads > 0 && pl.k_token_bytes % pl.num_kv_heads != 0) {
@@ -358,7 +519,8 @@ Reconciliation reconcile(const LayoutDescriptor& p, const LayoutDescriptor& d) {
   }
   if (p.tp_size != d.tp_size) {
     r.differences.push_back(
-        fmt::format("TP {} (prefill) vs TP {} (decode): KV heads sliced", p.tp_size, d.tp_size));
+        fmt::format("TP {} (prefill) vs TP {} (decode): KV heads and recurrent heads sliced",
+                    p.tp_size, d.tp_size));
   }
   if (p.policy != d.policy) {
     r.differences.push_back(fmt::format("policy {} (prefill) vs {} (decode)", p.policy, d.policy));

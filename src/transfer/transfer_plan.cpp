@@ -108,6 +108,57 @@ void check_run(const CopyRun& r, const LayoutDescriptor& p, const LayoutDescript
   }
 }
 
+// A recurrent layer's state between sides of different TP sizes: of every state tensor, along
+// its split dimension, the part of each segment that the decode rank holds and this prefill rank
+// is the first owner of (a replicated segment comes from prefill rank 0), one run per index of
+// the dimensions before it (a conv: one per row and segment; an SSM state: one per segment).
+// reconcile() checked that both sides split the same whole shapes alike.
+void add_sliced_state(const LayoutDescriptor& p, const LayerLayout& pl, std::int64_t src,
+                      const LayoutDescriptor& d, const LayerLayout& dl, std::int64_t dst,
+                      std::vector<CopyRun>& runs) {
+  for (std::size_t i = 0; i < pl.state.size(); ++i) {
+    const StateTensorLayout& a = pl.state[i];
+    const StateTensorLayout& b = dl.state.at(i);
+    const std::int64_t bytes = state_tensor_bytes(a);
+    const std::int64_t elements = element_count(a);
+    if (a.split_dim < 0 || a.split_dim != b.split_dim || a.segments.size() != b.segments.size() ||
+        bytes % elements != 0) {
+      throw_invalid(fmt::format(
+          "recurrent layer {}: state tensor '{}' cannot be sliced across TP sizes {} and {}",
+          pl.name, a.name, p.tp_size, d.tp_size));
+    }
+    const auto k = static_cast<std::size_t>(a.split_dim);
+    std::int64_t outer = 1;
+    std::int64_t inner = bytes / elements;
+    for (std::size_t j = 0; j < a.shape.size(); ++j) {
+      if (j < k) outer *= a.shape[j];
+      if (j > k) inner *= a.shape[j];
+    }
+    std::int64_t a_start = 0;  // the segment's first index along the split dimension, per side
+    std::int64_t b_start = 0;
+    for (std::size_t s = 0; s < a.segments.size(); ++s) {
+      const StateSegment& as = a.segments[s];
+      const StateSegment& bs = b.segments[s];
+      // Indices of the whole segment each side's rank holds.
+      const std::int64_t a_lo = as.replicated ? 0 : p.tp_rank * as.size;
+      const std::int64_t b_lo = bs.replicated ? 0 : d.tp_rank * bs.size;
+      const std::int64_t lo = std::max(a_lo, b_lo);
+      const std::int64_t hi = std::min(a_lo + as.size, b_lo + bs.size);
+      if (lo < hi && (!as.replicated || p.tp_rank == 0)) {
+        for (std::int64_t o = 0; o < outer; ++o) {
+          runs.push_back({pl.tensor, src + (o * a.shape[k] + a_start + lo - a_lo) * inner,
+                          dl.tensor, dst + (o * b.shape[k] + b_start + lo - b_lo) * inner,
+                          (hi - lo) * inner});
+        }
+      }
+      a_start += as.size;
+      b_start += bs.size;
+    }
+    src += bytes;
+    dst += state_tensor_bytes(b);
+  }
+}
+
 }  // namespace
 
 PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& decode,
@@ -126,17 +177,27 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
     const auto& pb = blocks_of(prefill_blocks, pl, "prefill");
     const auto& db = blocks_of(decode_blocks, dl, "decode");
     if (pl.recurrent) {
-      if (prefill.tp_rank != decode.tp_rank || prefill.tp_size != decode.tp_size) continue;
+      if (prefill.tp_size == decode.tp_size && prefill.tp_rank != decode.tp_rank) continue;
       if (pb.empty() || db.empty() || pb[0] <= 0 || db[0] <= 0) {
         throw_invalid(fmt::format("recurrent layer {}: a side has no live state block", pl.name));
       }
-      const CopyRun run{pl.tensor, pl.offset + pb[0] * pl.kernel_page_stride, dl.tensor,
-                        dl.offset + db[0] * dl.kernel_page_stride, pl.state_bytes};
-      check_run(run, prefill, decode, pl);
-      plan.units.push_back(
-          {static_cast<int>(li), 0, spec.num_tokens, plan.runs.size(), plan.runs.size() + 1});
-      plan.runs.push_back(run);
-      plan.bytes += run.length;
+      const std::size_t run_begin = plan.runs.size();
+      const std::int64_t src = pl.offset + pb[0] * pl.kernel_page_stride;
+      const std::int64_t dst = dl.offset + db[0] * dl.kernel_page_stride;
+      if (prefill.tp_size == decode.tp_size) {
+        plan.runs.push_back({pl.tensor, src, dl.tensor, dst, pl.state_bytes});
+      } else {
+        add_sliced_state(prefill, pl, src, decode, dl, dst, plan.runs);
+      }
+      // One unit: the state's bytes this pair moves, in the runs' order.
+      for (std::size_t i = run_begin; i < plan.runs.size(); ++i) {
+        check_run(plan.runs[i], prefill, decode, pl);
+        plan.bytes += plan.runs[i].length;
+      }
+      if (plan.runs.size() > run_begin) {
+        plan.units.push_back(
+            {static_cast<int>(li), 0, spec.num_tokens, run_begin, plan.runs.size()});
+      }
       continue;
     }
     // The decode rank's heads that this prefill rank sends.

@@ -27,9 +27,7 @@ std::string refusal(const LayoutDescriptor& p, const LayoutDescriptor& d) {
 }
 
 TEST(LayoutDescriptor, JsonRoundTripsEveryField) {
-  SideOptions o;
-  o.draft = "tiny-dflash";
-  const auto s = make_side(o);
+  const auto s = make_side(side("tiny-hybrid", "tiny-dflash"));
   const LayoutDescriptor back = descriptor_from_json(to_json(s.descriptor));
   EXPECT_EQ(back, s.descriptor);
   EXPECT_EQ(back.version, kDescriptorVersion);
@@ -40,6 +38,21 @@ TEST(LayoutDescriptor, JsonRoundTripsEveryField) {
   for (const auto& g : back.groups) draft_group |= g.draft;
   EXPECT_TRUE(recurrent);
   EXPECT_TRUE(draft_group);
+}
+
+// A peer's state shapes and splits become run offsets: ones that do not add up are refused.
+TEST(LayoutDescriptor, StateShapesThatDoNotAddUpAreRefused) {
+  const auto s = make_side({});
+  const nlohmann::json j = to_json(s.descriptor);
+  ASSERT_TRUE(s.descriptor.layers.at(0).recurrent);
+  nlohmann::json split = j;
+  split["layers"][0]["state"][0]["segments"][0]["size"] = 1;
+  EXPECT_THAT([&] { descriptor_from_json(split); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'conv' has an inconsistent shape")));
+  nlohmann::json shape = j;
+  shape["layers"][0]["state"][1]["shape"][1] = 1 << 20;  // not the split dimension
+  EXPECT_THAT([&] { descriptor_from_json(shape); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("do not add up to its")));
 }
 
 TEST(LayoutDescriptor, MalformedJsonNamesTheKey) {
@@ -106,13 +119,24 @@ TEST(Reconcile, RefusesAnotherHeadSize) {
               HasSubstr("layer layers.1 head_size differs: prefill side 16, decode side 32"));
 }
 
-TEST(Reconcile, RefusesTpChangeWithRecurrentLayers) {
+TEST(Reconcile, SlicesStatesAcrossTpButRefusesAStateWithoutAKnownSplit) {
   const auto a = make_side(side("tiny-hybrid"));
   SideOptions tp2 = side("tiny-hybrid");
   tp2.tp = 2;
   const auto b = make_side(tp2);
-  EXPECT_THAT(refusal(a.descriptor, b.descriptor),
-              HasSubstr("tp_size differs: prefill side 1, decode side 2 (recurrent states"));
+  EXPECT_THAT(reconcile(a.descriptor, b.descriptor).differences,
+              ::testing::Contains(HasSubstr("recurrent heads sliced")));
+  LayoutDescriptor unknown = b.descriptor;
+  unknown.layers.at(0).state.at(0).split_dim = -1;
+  unknown.layers.at(0).state.at(0).segments.clear();
+  EXPECT_THAT(refusal(a.descriptor, unknown),
+              HasSubstr("tp_size differs: prefill side 1, decode side 2 (layer layers.0 state "
+                        "tensor 'conv' has no known TP split"));
+  LayoutDescriptor other = b.descriptor;  // the same channels, split as one run of heads
+  auto& conv = other.layers.at(0).state.at(0);
+  conv.segments = {{conv.shape.at(1), false}};
+  EXPECT_THAT(refusal(a.descriptor, other),
+              HasSubstr("layer layers.0 state tensor 'conv' TP split differs"));
 }
 
 TEST(Reconcile, RefusesAnotherStateLayout) {
@@ -124,7 +148,7 @@ TEST(Reconcile, RefusesAnotherStateLayout) {
       break;
     }
   }
-  EXPECT_THAT(refusal(a.descriptor, b), HasSubstr("state tensors differs"));
+  EXPECT_THAT(refusal(a.descriptor, b), HasSubstr("layer layers.0 state tensor 'conv' differs"));
 }
 
 }  // namespace

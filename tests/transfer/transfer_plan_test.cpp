@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/engine/tiny_models.hpp"
 #include "transfer/transfer_test_support.hpp"
 
 namespace mixkv::transfer {
@@ -92,12 +93,14 @@ TEST(PullPlan, OneTokenAndNoTokens) {
 
 // TP 1 -> TP n: each decode rank pulls its KV-head slice; TP n -> TP 1: the decode rank pulls
 // each prefill rank's heads. Every rank checked against its own geometry.
-void expect_tp(int prefill_tp, int decode_tp, std::int64_t tokens) {
-  SCOPED_TRACE(::testing::Message() << "TP " << prefill_tp << " -> TP " << decode_tp);
+void expect_tp(int prefill_tp, int decode_tp, std::int64_t tokens,
+               const SideOptions& model = side("tiny-swa", "tiny-eagle")) {
+  SCOPED_TRACE(::testing::Message()
+               << model.model << " TP " << prefill_tp << " -> TP " << decode_tp);
   std::vector<testing::Side> ps;
   std::vector<RequestBlocks> pbs;
   for (int r = 0; r < prefill_tp; ++r) {
-    auto o = side("tiny-swa", "tiny-eagle");
+    auto o = model;
     o.tp = prefill_tp;
     o.tp_rank = r;
     ps.push_back(make_side(o));
@@ -105,7 +108,7 @@ void expect_tp(int prefill_tp, int decode_tp, std::int64_t tokens) {
     testing::fill(ps.back(), pbs.back(), tokens, kPlanSeed);
   }
   for (int r = 0; r < decode_tp; ++r) {
-    auto o = side("tiny-swa", "tiny-eagle");
+    auto o = model;
     o.tp = decode_tp;
     o.tp_rank = r;
     o.block_size = 32;
@@ -130,6 +133,54 @@ TEST(PullPlan, HeterogeneousTensorParallel) {
   expect_tp(2, 1, 150);
   expect_tp(1, 4, 40);  // 2 KV heads over 4 ranks: replicated, each pulled once per rank
   expect_tp(4, 2, 40);
+}
+
+// tiny-mamba with a single B/C group, which TP replicates on every rank (n_groups = 1).
+SideOptions mamba_one_group() {
+  const engine::TinyModel* m = engine::find_tiny_model("tiny-mamba");
+  std::string config(m->config_json);
+  const std::string groups = "\"n_groups\": 2";
+  config.replace(config.find(groups), groups.size(), "\"n_groups\": 1");
+  SideOptions o = side("tiny-mamba-1-group");
+  o.config = config;
+  return o;
+}
+
+// Recurrent states across TP sizes: each decode rank gets its share of the recurrent heads (a
+// GDN conv's q, k and v channels and its temporal state; a Mamba2 conv's x, B and C channels
+// and its SSM state), with the attention layers' KV heads and the drafter's KV.
+TEST(PullPlan, HeterogeneousTensorParallelSlicesRecurrentStates) {
+  expect_tp(1, 2, 90, side("tiny-hybrid", "tiny-dflash"));
+  expect_tp(2, 1, 90, side("tiny-hybrid", "tiny-dflash"));
+  expect_tp(1, 2, 40, side("tiny-mamba"));
+  expect_tp(2, 1, 40, side("tiny-mamba"));
+  expect_tp(1, 4, 40, mamba_one_group());  // B/C replicated, KV heads replicated
+  expect_tp(4, 2, 40, mamba_one_group());
+}
+
+// The split follows the model's sharding, read from the descriptor of each rank.
+TEST(PullPlan, StateSplitsFollowTheModelsSharding) {
+  auto o = side("tiny-hybrid");
+  o.tp = 2;
+  const auto hybrid = make_side(o);
+  const LayerLayout& gdn = hybrid.descriptor.layers.at(0);
+  ASSERT_EQ(gdn.kind, "gdn");
+  // linear_num_key_heads 2, linear_num_value_heads 4, head dims 16: per rank q 16, k 16, v 32.
+  ASSERT_EQ(gdn.state.at(0).name, "conv");
+  EXPECT_EQ(gdn.state[0].split_dim, 1);
+  EXPECT_EQ(gdn.state[0].segments,
+            (std::vector<StateSegment>{{16, false}, {16, false}, {32, false}}));
+  EXPECT_EQ(gdn.state.at(1).split_dim, 0);  // temporal: [v heads, k dim, v dim]
+  EXPECT_EQ(gdn.state[1].segments, (std::vector<StateSegment>{{2, false}}));
+  auto m = mamba_one_group();
+  m.tp = 2;
+  const auto mamba = make_side(m);
+  const LayerLayout& mixer = mamba.descriptor.layers.at(0);
+  ASSERT_EQ(mixer.kind, "mamba2");
+  // 8 heads of 8 over 2 ranks: x 32 channels; one group of state 16, on every rank.
+  EXPECT_EQ(mixer.state.at(0).segments,
+            (std::vector<StateSegment>{{32, false}, {16, true}, {16, true}}));
+  EXPECT_EQ(mixer.state.at(1).segments, (std::vector<StateSegment>{{4, false}}));
 }
 
 // MLA: every rank holds the whole latent; a decode rank pulls it once, from prefill rank 0.

@@ -32,6 +32,8 @@ struct SideOptions {
   std::int64_t max_model_len = 4096;
   std::optional<DType> kv_dtype;
   backend::Backend backend = backend::Backend::kCpu;
+  // A config.json text to describe instead of the tiny model's own (no drafter), named `model`.
+  std::string config;
 };
 
 // Options for a side serving `model` (and `draft`), the rest as SideOptions has them.
@@ -47,6 +49,9 @@ inline model::ModelDesc describe_tiny(const SideOptions& o, int tp) {
   model::DescribeOptions d;
   d.tp = tp;
   d.kv_dtype = o.kv_dtype;
+  if (!o.config.empty()) {
+    return model::describe(model::parse_model_source(o.model, "test config", o.config), {}, d);
+  }
   if (!m) {  // a built-in model
     std::optional<std::string_view> draft;
     if (o.draft) draft = *o.draft;
@@ -134,6 +139,48 @@ inline std::byte pattern(std::uint64_t seed, std::size_t layer, std::int64_t hea
   return static_cast<std::byte>((x & 0xff) == 0xEE ? 0x11 : (x & 0xff));
 }
 
+// Visits every byte of a recurrent layer's state at `base`: f(offset, state tensor, index of its
+// element in the whole model's tensor, byte in the element). The whole model's index comes from
+// the descriptor's split (segments of the split dimension, rank r holding the r-th share of each,
+// or all of a replicated one), so ranks of different TP sizes agree on it.
+template <typename F>
+void for_each_state_byte(const LayoutDescriptor& d, const LayerLayout& l, std::int64_t base,
+                         F&& f) {
+  std::int64_t off = base;
+  for (std::size_t i = 0; i < l.state.size(); ++i) {
+    const StateTensorLayout& t = l.state[i];
+    const std::int64_t elements = element_count(t);
+    const std::int64_t elem = state_tensor_bytes(t) / elements;
+    const std::vector<std::int64_t> whole = whole_shape(t, d.tp_size);
+    for (std::int64_t e = 0; e < elements; ++e) {
+      // The element's coordinates, last dimension fastest, mapped to the whole tensor's.
+      std::int64_t rest = e;
+      std::int64_t index = 0;
+      std::int64_t scale = 1;
+      for (std::size_t k = t.shape.size(); k-- > 0;) {
+        std::int64_t c = rest % t.shape[k];
+        rest /= t.shape[k];
+        if (static_cast<int>(k) == t.split_dim) {
+          std::int64_t local = 0;
+          std::int64_t global = 0;
+          for (const StateSegment& s : t.segments) {
+            if (c < local + s.size) {
+              c = global + (s.replicated ? 0 : d.tp_rank * s.size) + (c - local);
+              break;
+            }
+            local += s.size;
+            global += s.replicated ? s.size : s.size * d.tp_size;
+          }
+        }
+        index += c * scale;
+        scale *= whole[k];
+      }
+      for (std::int64_t b = 0; b < elem; ++b) f(off + e * elem + b, i, index, b);
+    }
+    off += elements * elem;
+  }
+}
+
 // Visits every byte the request's KV of tokens [first, end) occupies on `s` through its own
 // geometry (layout::locate_token), for the heads the side holds: f(offset_in_tensor, tensor,
 // expected byte). Recurrent layers: their live state.
@@ -145,9 +192,12 @@ void for_each_kv_byte(const Side& s, const RequestBlocks& blocks, std::int64_t f
     const LayerLayout& l = s.descriptor.layers[li];
     const auto& ids = blocks.groups.at(static_cast<std::size_t>(g.kv_cache_group));
     if (g.recurrent) {
-      const std::int64_t base = g.offset + ids.at(0) * g.kernel_page_stride;
-      for (std::int64_t i = 0; i < g.state_bytes; ++i)
-        f(g.tensor, base + i, pattern(seed, li, 0, 0, i, 2));
+      for_each_state_byte(
+          s.descriptor, l, g.offset + ids.at(0) * g.kernel_page_stride,
+          [&](std::int64_t off, std::size_t tensor, std::int64_t index, std::int64_t byte) {
+            f(g.tensor, off,
+              pattern(seed, li, 1000 + static_cast<std::int64_t>(tensor), index, byte, 2));
+          });
       continue;
     }
     std::int64_t from = first;

@@ -211,9 +211,11 @@ TEST(UcxAgent, ReaderPastTheLeaseDiscardsWhatItRead) {
   EXPECT_EQ(wait_released(prefill), (std::vector<Release>{{8, FailureReason::kLeaseExpired}}));
 }
 
+// GDN states (their share of the recurrent heads), full-attention KV heads and the DFlash
+// drafter's KV, sliced between TP 1 and TP 2 over UCX.
 TEST(UcxAgent, TensorParallelOneToTwoAndTwoToOne) {
   constexpr std::int64_t kTokens = 150;
-  auto o1 = side("tiny-swa", "tiny-eagle");
+  auto o1 = side("tiny-hybrid", "tiny-dflash");
   auto o2 = o1;
   o2.tp = 2;
   o2.block_size = 32;

@@ -19,12 +19,27 @@
 namespace mixkv::transfer {
 
 // Bumped on every change of the JSON form; a peer of another version is refused.
-inline constexpr int kDescriptorVersion = 1;
+inline constexpr int kDescriptorVersion = 2;
+
+// A run of a state tensor's split dimension that TP shards as one piece: each rank holds its
+// `size` elements of it (rank r the r-th share of the whole), or, `replicated`, every rank the
+// same whole piece (a Mamba2 layer's single B/C group).
+struct StateSegment {
+  std::int64_t size = 0;  // per TP rank
+  bool replicated = false;
+  bool operator==(const StateSegment&) const = default;
+};
 
 struct StateTensorLayout {
   std::string name;
   std::vector<std::int64_t> shape;  // per TP rank
   std::string dtype;
+  // How TP shards it, as the model's sharding does (model/tensor_parallel.cpp): dimension
+  // `split_dim` is the concatenation of `segments` (a GDN conv's channels: q, k, v heads; a
+  // Mamba2 conv's: x, B, C), each split over the ranks on its own. -1: no known split (a state
+  // tensor of a native model file); such a layer moves only between equal TP sizes.
+  int split_dim = -1;
+  std::vector<StateSegment> segments;
   bool operator==(const StateTensorLayout&) const = default;
 };
 
@@ -101,6 +116,14 @@ LayoutDescriptor make_descriptor(const model::ModelDesc& desc, const plan::Cache
                                  const layout::Geometry& geometry,
                                  const DescriptorOptions& options = {});
 
+// Elements and bytes of one state tensor (its per-rank shape); bytes of a layer's state tensors,
+// laid one after another in its state page (as the recurrent kernels place them); a tensor's
+// shape in the whole model, from its per-rank shape on a side of `tp` ranks.
+std::int64_t element_count(const StateTensorLayout& tensor);
+std::int64_t state_tensor_bytes(const StateTensorLayout& tensor);
+std::int64_t sum_state_bytes(const LayerLayout& layer);
+std::vector<std::int64_t> whole_shape(const StateTensorLayout& tensor, int tp);
+
 nlohmann::json to_json(const LayoutDescriptor& descriptor);
 // Throws Error (kInvalidInput) naming the key at fault for a malformed or foreign descriptor.
 LayoutDescriptor descriptor_from_json(const nlohmann::json& json);
@@ -111,9 +134,10 @@ struct Reconciliation {
 };
 
 // Checks that KV can move from `prefill` to `decode`. Accepts different block sizes, kernel
-// pages, strides, policies and TP sizes (KV heads are sliced); refuses, with an Error that names
-// the field and both sides' values, a different version, model, layer set, dtype, head size,
-// window, recurrent state shape or a TP change of a model with recurrent layers.
+// pages, strides, policies and TP sizes (KV heads and recurrent heads are sliced); refuses, with
+// an Error that names the field and both sides' values, a different version, model, layer set,
+// dtype, head size, window, recurrent state shape (of the whole model, across TP sizes) or a TP
+// change of a state tensor without a known split.
 Reconciliation reconcile(const LayoutDescriptor& prefill, const LayoutDescriptor& decode);
 
 }  // namespace mixkv::transfer
