@@ -4,12 +4,27 @@
 #include <cstring>
 
 #include <fmt/format.h>
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
+#if defined(__x86_64__) && __has_include(<xxh_x86dispatch.h>)
+#include <xxh_x86dispatch.h>
+#define MIXKV_XXH3_DISPATCH 1
+#endif
 
 #include "mixkv/core/error.hpp"
 
 namespace mixkv::transfer {
 namespace {
+
+// libxxhash's x86 dispatcher picks the widest vector unit the CPU has (AVX-512 / AVX2) at run
+// time; the plain entry point is its SSE2 build. The same hash either way.
+void hash_update(XXH3_state_t* state, const std::byte* data, std::size_t length) {
+#ifdef MIXKV_XXH3_DISPATCH
+  XXH3_64bits_update_dispatch(state, data, length);
+#else
+  XXH3_64bits_update(state, data, length);
+#endif
+}
 
 layout::LayerGeometry geometry_of(const LayerLayout& l) {
   layout::LayerGeometry g;
@@ -195,8 +210,8 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
         plan.bytes += plan.runs[i].length;
       }
       if (plan.runs.size() > run_begin) {
-        plan.units.push_back(
-            {static_cast<int>(li), 0, spec.num_tokens, run_begin, plan.runs.size()});
+        plan.units.push_back({static_cast<int>(li), 0, spec.num_tokens, run_begin, plan.runs.size(),
+                              prefill.tp_size == decode.tp_size});
       }
       continue;
     }
@@ -226,7 +241,7 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
     for (std::int64_t a = first; a < end;) {
       const std::int64_t b = std::min(
           end, a + src.geo.kernel_tokens - (a % src.geo.block_tokens) % src.geo.kernel_tokens);
-      ChecksumUnit unit{static_cast<int>(li), a, b, plan.runs.size(), 0};
+      ChecksumUnit unit{static_cast<int>(li), a, b, plan.runs.size(), 0, src.whole_token};
       for (int part = 0; part < 2; ++part) {
         const bool v = part == 1;
         const std::int64_t slice = heads * (v ? v_head : k_head);
@@ -248,29 +263,31 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
   return plan;
 }
 
+std::uint64_t unit_checksum(const PullPlan& plan, std::size_t unit, const TensorSpans& tensors,
+                            bool source) {
+  const ChecksumUnit& u = plan.units.at(unit);
+  XXH3_state_t state;
+  XXH3_64bits_reset(&state);
+  for (std::size_t i = u.run_begin; i < u.run_end; ++i) {
+    const CopyRun& r = plan.runs.at(i);
+    const int t = source ? r.src_tensor : r.dst_tensor;
+    const std::int64_t off = source ? r.src_offset : r.dst_offset;
+    const std::span<std::byte> bytes = tensors.at(static_cast<std::size_t>(t));
+    if (off < 0 || r.length < 0 || off > static_cast<std::int64_t>(bytes.size()) - r.length) {
+      throw_invalid(fmt::format("a checksummed run at tensor {} offset {} is past its {} bytes", t,
+                                off, bytes.size()));
+    }
+    hash_update(&state, bytes.data() + off, static_cast<std::size_t>(r.length));
+  }
+  return XXH3_64bits_digest(&state);
+}
+
 std::vector<std::uint64_t> unit_checksums(const PullPlan& plan, const TensorSpans& tensors,
                                           bool source) {
   std::vector<std::uint64_t> out;
   out.reserve(plan.units.size());
-  XXH3_state_t* state = XXH3_createState();
-  if (!state) throw_internal("XXH3_createState failed");
-  for (const auto& u : plan.units) {
-    XXH3_64bits_reset(state);
-    for (std::size_t i = u.run_begin; i < u.run_end; ++i) {
-      const CopyRun& r = plan.runs[i];
-      const int t = source ? r.src_tensor : r.dst_tensor;
-      const std::int64_t off = source ? r.src_offset : r.dst_offset;
-      const std::span<std::byte> bytes = tensors.at(static_cast<std::size_t>(t));
-      if (off < 0 || r.length < 0 || off > static_cast<std::int64_t>(bytes.size()) - r.length) {
-        XXH3_freeState(state);
-        throw_invalid(fmt::format("a checksummed run at tensor {} offset {} is past its {} bytes",
-                                  t, off, bytes.size()));
-      }
-      XXH3_64bits_update(state, bytes.data() + off, static_cast<std::size_t>(r.length));
-    }
-    out.push_back(XXH3_64bits_digest(state));
-  }
-  XXH3_freeState(state);
+  for (std::size_t u = 0; u < plan.units.size(); ++u)
+    out.push_back(unit_checksum(plan, u, tensors, source));
   return out;
 }
 

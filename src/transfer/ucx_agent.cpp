@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -390,6 +392,98 @@ std::vector<CopyRun> coalesce(std::vector<CopyRun> runs) {
   return out;
 }
 
+// One get: a piece of a joined run, from peer `peer`.
+struct Chunk {
+  std::size_t peer = 0;
+  CopyRun run;
+};
+
+// With checksums the joined runs are cut into gets of at most this many bytes, so that a
+// checksum unit is verified as soon as the gets holding its bytes have landed: its bytes are
+// still in cache, and the later gets run meanwhile (shared-memory gets are copies on the
+// threads that progress the two workers; hashing after all of them read every byte again from
+// memory).
+constexpr std::int64_t kChunkBytes = std::int64_t{1} << 20;
+
+std::vector<Chunk> make_chunks(const std::vector<PullPlan>& plans, bool cut) {
+  std::vector<Chunk> out;
+  for (std::size_t i = 0; i < plans.size(); ++i) {
+    for (CopyRun r : coalesce(plans[i].runs)) {
+      while (cut && r.length > kChunkBytes) {
+        out.push_back({i, {r.src_tensor, r.src_offset, r.dst_tensor, r.dst_offset, kChunkBytes}});
+        r.src_offset += kChunkBytes;
+        r.dst_offset += kChunkBytes;
+        r.length -= kChunkBytes;
+      }
+      out.push_back({i, r});
+    }
+  }
+  return out;
+}
+
+// Which checksum units wait for which gets: a unit (peer, index) is ready once every chunk that
+// writes one of its bytes has landed. Each byte of this side is written by one chunk only.
+class LandedUnits {
+ public:
+  LandedUnits(const std::vector<PullPlan>& plans, const std::vector<Chunk>& chunks)
+      : waiters_(chunks.size()) {
+    std::vector<std::size_t> order(chunks.size());
+    for (std::size_t c = 0; c < order.size(); ++c) order[c] = c;
+    const auto start = [&](std::size_t c) {
+      return std::pair(chunks[c].run.dst_tensor, chunks[c].run.dst_offset);
+    };
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return start(a) < start(b); });
+    for (std::size_t i = 0; i < plans.size(); ++i) {
+      for (std::size_t u = 0; u < plans[i].units.size(); ++u) {
+        const std::size_t id = units_.size();
+        units_.push_back({i, u});
+        pending_.push_back(0);
+        const ChecksumUnit& unit = plans[i].units[u];
+        for (std::size_t r = unit.run_begin; r < unit.run_end; ++r) {
+          const CopyRun& run = plans[i].runs[r];
+          if (run.length == 0) continue;
+          // The chunks overlapping [dst_offset, + length): the last starting at or before it,
+          // then those starting inside it.
+          auto it = std::upper_bound(
+              order.begin(), order.end(), std::pair(run.dst_tensor, run.dst_offset),
+              [&](const auto& key, std::size_t c) { return key < start(c); });
+          if (it != order.begin()) --it;
+          for (; it != order.end(); ++it) {
+            const CopyRun& c = chunks[*it].run;
+            if (c.dst_tensor != run.dst_tensor || c.dst_offset >= run.dst_offset + run.length)
+              break;
+            if (c.dst_offset + c.length <= run.dst_offset) continue;
+            auto& w = waiters_[*it];
+            if (!w.empty() && w.back() == id) continue;
+            w.push_back(id);
+            ++pending_[id];
+          }
+        }
+        if (pending_[id] == 0) ready_.push_back(id);  // moves no byte (cannot happen in a plan)
+      }
+    }
+  }
+  void landed(std::size_t chunk) {
+    for (std::size_t id : waiters_.at(chunk)) {
+      if (--pending_[id] == 0) ready_.push_back(id);
+    }
+  }
+  // The units whose bytes have all landed since the last call: (peer, unit index).
+  std::vector<std::pair<std::size_t, std::size_t>> take_ready() {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    for (std::size_t id : ready_) out.push_back(units_[id]);
+    ready_.clear();
+    return out;
+  }
+
+ private:
+  std::vector<std::vector<std::size_t>> waiters_;  // chunk -> units
+  std::vector<std::pair<std::size_t, std::size_t>> units_;
+  std::vector<std::size_t> pending_;
+  std::vector<std::size_t> ready_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -414,6 +508,11 @@ struct PrefillAgent::Impl {
     FailureReason reader_failure = FailureReason::kNone;  // what a failed reader reported
     std::map<std::int64_t, bool> reading;                 // peer -> still reading
     Clock::time_point lease_until;
+    // Checksums of the request's whole units (ChecksumUnit::whole) by (layer, first token, end
+    // token), computed once by the hashing thread right after the offer, so that a fetch need
+    // not hash on the pull's path; a fetch waits for them (`hashed`).
+    bool hashed = false;
+    std::map<std::tuple<int, std::int64_t, std::int64_t>, std::uint64_t> sums;
   };
   mutable std::mutex mutex;
   std::map<std::int64_t, Offered> offers;
@@ -423,6 +522,46 @@ struct PrefillAgent::Impl {
   std::vector<std::pair<Clock::time_point, Words>> waiting_fetches;
   std::map<std::int64_t, std::unique_ptr<Peer>> peers;
   std::int64_t next_peer = 1;
+  // Offered requests waiting for the hashing thread (under the mutex).
+  std::deque<std::int64_t> to_hash;
+  std::condition_variable hash_wake;
+  std::thread hasher;
+
+  // The hashing thread: the checksums of every offered request, computed from this side's
+  // pages as if this rank were pulled whole (a plan to itself), one request after another.
+  void hash_offers() {
+    std::unique_lock lock(mutex);
+    for (;;) {
+      hash_wake.wait(lock, [&] { return stop || !to_hash.empty(); });
+      if (stop) return;
+      const std::int64_t request = to_hash.front();
+      to_hash.pop_front();
+      auto it = offers.find(request);
+      if (it == offers.end()) continue;
+      const RequestBlocks blocks = it->second.blocks;
+      const std::int64_t num_tokens = it->second.num_tokens;
+      lock.unlock();
+      std::map<std::tuple<int, std::int64_t, std::int64_t>, std::uint64_t> sums;
+      try {
+        const PullPlan self = plan_pull(layout, layout, blocks, blocks, {num_tokens, 0});
+        for (std::size_t u = 0; u < self.units.size(); ++u) {
+          const ChecksumUnit& unit = self.units[u];
+          if (!unit.whole) continue;
+          sums[{unit.layer, unit.first_token, unit.end_token}] =
+              unit_checksum(self, u, endpoint->tensors, true);
+        }
+      } catch (const Error&) {
+        // Blocks that do not hold the tokens: every fetch of it is refused by its own plan.
+      }
+      lock.lock();
+      it = offers.find(request);
+      if (it == offers.end()) continue;
+      it->second.sums = std::move(sums);
+      it->second.hashed = true;
+      // A fetch that waits for these sums is answered at the worker thread's next turn.
+      if (options.peer_failure_detection) ucp_worker_signal(endpoint->worker);
+    }
+  }
 
   // Sleeps in poll() on the worker's event fd and the listening socket (UCX wakes it for any
   // incoming message or remote access it must serve), at most 5 ms, so leases are watched. A
@@ -597,6 +736,7 @@ struct PrefillAgent::Impl {
         return false;
       }
       Offered& o = it->second;
+      if (!o.hashed) return false;
       std::vector<std::uint64_t> sums;
       try {
         if (num_tokens > o.num_tokens) {
@@ -605,7 +745,19 @@ struct PrefillAgent::Impl {
         }
         const PullPlan plan =
             plan_pull(layout, peer.layout, o.blocks, dst, {num_tokens, first_token});
-        if (options.checksums) sums = unit_checksums(plan, endpoint->tensors, true);
+        if (options.checksums) {
+          // Whole units were hashed at the offer; others (a page that the decode side's prefix
+          // hit cuts, a TP slice) are hashed here.
+          sums.reserve(plan.units.size());
+          for (std::size_t u = 0; u < plan.units.size(); ++u) {
+            const ChecksumUnit& unit = plan.units[u];
+            const auto known = unit.whole
+                                   ? o.sums.find({unit.layer, unit.first_token, unit.end_token})
+                                   : o.sums.end();
+            sums.push_back(known != o.sums.end() ? known->second
+                                                 : unit_checksum(plan, u, endpoint->tensors, true));
+          }
+        }
         put_blocks(reply, o.blocks);
         reply.push_back(static_cast<std::int64_t>(sums.size()));
         for (std::uint64_t s : sums) reply.push_back(static_cast<std::int64_t>(s));
@@ -683,10 +835,16 @@ PrefillAgent::PrefillAgent(LayoutDescriptor layout, TensorSpans tensors, AgentOp
   impl_->listen_fd = fd;
   impl_->port = ntohs(a.sin_port);
   impl_->thread = std::thread([this] { impl_->run(); });
+  impl_->hasher = std::thread([this] { impl_->hash_offers(); });
 }
 
 PrefillAgent::~PrefillAgent() {
-  impl_->stop = true;
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->stop = true;
+  }
+  impl_->hash_wake.notify_all();
+  impl_->hasher.join();
   impl_->thread.join();
   for (auto& [id, p] : impl_->peers) p->close(*impl_->endpoint);
   impl_->peers.clear();
@@ -706,7 +864,18 @@ void PrefillAgent::offer(std::int64_t request, RequestBlocks blocks, std::int64_
   o.num_tokens = num_tokens;
   o.readers = readers;
   o.lease_until = Clock::now() + impl_->options.lease;
+  o.hashed = !impl_->options.checksums;
   impl_->offers.emplace(request, std::move(o));
+  if (impl_->options.checksums) {
+    impl_->to_hash.push_back(request);
+    impl_->hash_wake.notify_one();
+  }
+}
+
+bool PrefillAgent::offer_ready(std::int64_t request) const {
+  std::lock_guard lock(impl_->mutex);
+  const auto it = impl_->offers.find(request);
+  return it != impl_->offers.end() && it->second.hashed;
 }
 
 std::vector<Release> PrefillAgent::take_released() {
@@ -740,11 +909,20 @@ struct DecodeAgent::Impl {
   struct Gets {
     std::int64_t outstanding = 0;
     bool error = false;
+    std::vector<std::size_t> landed;  // chunks whose get completed, not yet looked at
+  };
+  struct GetSlot {
+    Gets* gets = nullptr;
+    std::size_t chunk = 0;
   };
   static void on_get(void* request, ucs_status_t status, void* user) {
-    auto* g = static_cast<Gets*>(user);
-    --g->outstanding;
-    if (status != UCS_OK) g->error = true;
+    auto* slot = static_cast<GetSlot*>(user);
+    --slot->gets->outstanding;
+    if (status != UCS_OK) {
+      slot->gets->error = true;
+    } else {
+      slot->gets->landed.push_back(slot->chunk);
+    }
     ucp_request_free(request);
   }
 };
@@ -924,9 +1102,37 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
   }
   if (m.options.after_offer) m.options.after_offer();
 
-  // The gets: every run of every peer's plan, a bounded number in flight, heartbeats between.
+  // The gets: every run of every peer's plan, a bounded number in flight, heartbeats between;
+  // with checksums, each unit verified as soon as its bytes have landed.
   const auto gets_start = Clock::now();
   Impl::Gets gets;
+  const std::vector<Chunk> chunks = make_chunks(plans, m.options.checksums);
+  std::vector<Impl::GetSlot> slots(chunks.size());
+  std::optional<LandedUnits> units;
+  if (m.options.checksums) units.emplace(plans, chunks);
+  std::string mismatch;
+  double hashing = 0;
+  // Hashes the units whose gets have all landed; the first mismatch stops the gets.
+  auto verify_landed = [&] {
+    if (!units) return;
+    for (std::size_t c : gets.landed) units->landed(c);
+    gets.landed.clear();
+    const auto ready = units->take_ready();
+    if (ready.empty() || !mismatch.empty()) return;
+    const auto t0 = Clock::now();
+    for (const auto& [i, u] : ready) {
+      const std::uint64_t got = unit_checksum(plans[i], u, e.tensors, false);
+      if (got == sums[i][u]) continue;
+      const ChecksumUnit& unit = plans[i].units[u];
+      mismatch = fmt::format(
+          "layer {} tokens [{}, {}): the page's checksum {:016x} is not the {:016x} the prefill "
+          "side sent",
+          m.layout.layers.at(static_cast<std::size_t>(unit.layer)).name, unit.first_token,
+          unit.end_token, got, sums[i][u]);
+      break;
+    }
+    hashing += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   constexpr std::int64_t kMaxInFlight = 512;
   auto next_beat = Clock::now();
   auto beat = [&] {
@@ -940,41 +1146,46 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
     }
     return false;
   };
-  bool broken = false;
-  for (std::size_t i = 0; i < n && !broken; ++i) {
-    Peer& p = *m.peers[i];
-    for (const CopyRun& run : coalesce(plans[i].runs)) {
-      while (gets.outstanding >= kMaxInFlight && !any_failed() && Clock::now() <= deadline) {
-        e.progress();
-        beat();
-      }
-      if (gets.error || any_failed() || Clock::now() > deadline) {
-        broken = true;
-        break;
-      }
-      ucp_request_param_t prm{};
-      prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      prm.cb.send = &Impl::on_get;
-      prm.user_data = &gets;
-      std::byte* dst = e.tensors[static_cast<std::size_t>(run.dst_tensor)].data() + run.dst_offset;
-      const std::uint64_t remote = p.remote_base[static_cast<std::size_t>(run.src_tensor)] +
-                                   static_cast<std::uint64_t>(run.src_offset);
-      void* req = ucp_get_nbx(p.ep, dst, static_cast<std::size_t>(run.length), remote,
-                              p.rkeys[static_cast<std::size_t>(run.src_tensor)], &prm);
-      if (UCS_PTR_IS_ERR(req)) {
-        gets.error = true;
-        broken = true;
-        break;
-      }
-      if (req != nullptr) ++gets.outstanding;
-      ++result.gets;
-      beat();
-    }
-  }
-  while (gets.outstanding > 0 && !any_failed() && Clock::now() <= deadline) {
+  auto progress = [&] {
     e.progress();
+    verify_landed();
+    beat();
+  };
+  bool broken = false;
+  for (std::size_t c = 0; c < chunks.size() && mismatch.empty(); ++c) {
+    Peer& p = *m.peers[chunks[c].peer];
+    const CopyRun& run = chunks[c].run;
+    while (gets.outstanding >= kMaxInFlight && !any_failed() && Clock::now() <= deadline)
+      progress();
+    if (gets.error || any_failed() || Clock::now() > deadline) {
+      broken = true;
+      break;
+    }
+    slots[c] = {&gets, c};
+    ucp_request_param_t prm{};
+    prm.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    prm.cb.send = &Impl::on_get;
+    prm.user_data = &slots[c];
+    std::byte* dst = e.tensors[static_cast<std::size_t>(run.dst_tensor)].data() + run.dst_offset;
+    const std::uint64_t remote = p.remote_base[static_cast<std::size_t>(run.src_tensor)] +
+                                 static_cast<std::uint64_t>(run.src_offset);
+    void* req = ucp_get_nbx(p.ep, dst, static_cast<std::size_t>(run.length), remote,
+                            p.rkeys[static_cast<std::size_t>(run.src_tensor)], &prm);
+    if (UCS_PTR_IS_ERR(req)) {
+      gets.error = true;
+      broken = true;
+      break;
+    }
+    if (req != nullptr) {
+      ++gets.outstanding;
+    } else {
+      gets.landed.push_back(c);  // completed at once
+    }
+    ++result.gets;
+    verify_landed();
     beat();
   }
+  while (gets.outstanding > 0 && !any_failed() && Clock::now() <= deadline) progress();
   if (gets.outstanding > 0) {
     // A dead or late peer: close it by force, which completes (cancels) its gets, so none is
     // left writing into this side's pages once pull() returns.
@@ -989,28 +1200,15 @@ PullResult DecodeAgent::pull(std::int64_t request, const RequestBlocks& blocks,
                     ? fmt::format("the gets did not finish within {} ms", m.options.timeout.count())
                     : std::string("the prefill side failed (UCX peer error) during the gets"));
   }
+  if (!mismatch.empty()) return fail(FailureReason::kChecksumMismatch, mismatch);
   if (gets.error || broken || any_failed()) {
     return fail(any_failed() || gets.error ? FailureReason::kPeerFailed : FailureReason::kTimeout,
                 "a get failed: the prefill side is gone or the transfer timed out");
   }
+  verify_landed();
+  if (!mismatch.empty()) return fail(FailureReason::kChecksumMismatch, mismatch);
   result.get_seconds = std::chrono::duration<double>(Clock::now() - gets_start).count();
-  if (m.options.checksums) {
-    if (m.options.after_gets) m.options.after_gets();
-    const auto t0 = Clock::now();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::vector<std::uint64_t> got = unit_checksums(plans[i], e.tensors, false);
-      for (std::size_t u = 0; u < got.size(); ++u) {
-        if (got[u] == sums[i][u]) continue;
-        const ChecksumUnit& unit = plans[i].units[u];
-        return fail(FailureReason::kChecksumMismatch,
-                    fmt::format("layer {} tokens [{}, {}): the page's checksum {:016x} is not the "
-                                "{:016x} the prefill side sent",
-                                m.layout.layers.at(static_cast<std::size_t>(unit.layer)).name,
-                                unit.first_token, unit.end_token, got[u], sums[i][u]));
-      }
-    }
-    result.checksum_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
+  result.checksum_seconds = hashing;
   // Done: the prefill side frees the blocks and says whether it still held them all along.
   for (std::size_t i = 0; i < n; ++i) {
     if (!m.peers[i]->send(e, kDone, Words{request, m.peers[i]->id, static_cast<std::int64_t>(i), 0},

@@ -241,20 +241,31 @@ TokenList long_prompt(int n, int salt = 1) {
   return t;
 }
 
+// A started server over `inst` (for a decode server, attach() runs the handshake).
+std::unique_ptr<Server> serve(const ServeOptions& o, Instance& inst) {
+  auto s = std::make_unique<Server>(o);
+  s->start();
+  s->attach(inst.served());
+  return s;
+}
+
+// tiny-swa on both sides (4 MiB caches), a 70-token prompt and its greedy tokens on one instance.
+struct SwaPair {
+  Instance ps{"tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20};
+  Instance ds{"tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20};
+  TokenList prompt = long_prompt(70);
+  TokenList expected = ds.generate({prompt}, 6)[0];
+};
+
 // The pull runs off the decode server's engine thread: while request B's pull is held up
 // after its offer arrived, request A (one token of prompt: computed locally) keeps streaming
 // tokens. Were the pull on the engine thread, A could not step and the hook would wait in vain.
 TEST(PdServing, OtherRequestsKeepDecodingWhileAPullIsInFlight) {
-  Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  const TokenList prompt = long_prompt(70);
-  const TokenList expected = ds.generate({prompt}, 6)[0];
-  Server prefill(serve_options(KvRole::kPrefill));
-  prefill.start();
-  prefill.attach(ps.served());
+  SwaPair m;
+  const auto prefill = serve(serve_options(KvRole::kPrefill), m.ps);
   std::atomic<int> a_events{0};
   std::atomic<bool> b_done{false}, progressed{false};
-  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
+  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(*prefill));
   o.kv.agent.after_offer = [&] {
     const int at = a_events;
     const auto until = std::chrono::steady_clock::now() + kTimeout / 2;
@@ -263,11 +274,9 @@ TEST(PdServing, OtherRequestsKeepDecodingWhileAPullIsInFlight) {
     }
     progressed = a_events >= at + 5;
   };
-  Server decode(o);
-  decode.start();
-  decode.attach(ds.served());
+  const auto decode = serve(o, m.ds);
   std::thread a([&] {
-    httplib::Client c("127.0.0.1", decode.port());
+    httplib::Client c("127.0.0.1", decode->port());
     httplib::Request req;
     req.method = "POST";
     req.path = "/v1/completions";
@@ -290,28 +299,23 @@ TEST(PdServing, OtherRequestsKeepDecodingWhileAPullIsInFlight) {
     std::this_thread::sleep_for(1ms);
   }
   ASSERT_GT(a_events, 0) << "request A never streamed";
-  EXPECT_EQ(ids(complete(decode.port(), prompt, 6)), expected);
+  EXPECT_EQ(ids(complete(decode->port(), m.prompt, 6)), m.expected);
   b_done = true;
   a.join();
   EXPECT_TRUE(progressed) << "request A got no tokens while B's pull was in flight"
-                          << decode.metrics_text();
-  EXPECT_EQ(metric(decode, "mixkv:kv_transfer_latency_seconds_count"), 1);
-  EXPECT_TRUE(idle(prefill)) << prefill.metrics_text();
-  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
+                          << decode->metrics_text();
+  EXPECT_EQ(metric(*decode, "mixkv:kv_transfer_latency_seconds_count"), 1);
+  EXPECT_TRUE(idle(*prefill)) << prefill->metrics_text();
+  EXPECT_TRUE(idle(*decode)) << decode->metrics_text();
 }
 
 // A client that leaves while its request's pull is in flight: the request ends once the pull
 // is over (its blocks are being written until then), and both pools return to idle.
 TEST(PdFaults, AClientLeavingDuringItsPullFreesTheBlocksAfterThePull) {
-  Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  const TokenList prompt = long_prompt(70);
-  const TokenList expected = ds.generate({prompt}, 6)[0];
-  Server prefill(serve_options(KvRole::kPrefill));
-  prefill.start();
-  prefill.attach(ps.served());
+  SwaPair m;
+  const auto prefill = serve(serve_options(KvRole::kPrefill), m.ps);
   std::atomic<bool> in_pull{false}, left{false}, first{true};
-  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
+  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(*prefill));
   o.kv.agent.after_offer = [&] {
     if (!first.exchange(false)) return;
     in_pull = true;
@@ -319,14 +323,12 @@ TEST(PdFaults, AClientLeavingDuringItsPullFreesTheBlocksAfterThePull) {
     while (!left && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
     std::this_thread::sleep_for(100ms);  // the server notices the hang-up within 20 ms
   };
-  Server decode(o);
-  decode.start();
-  decode.attach(ds.served());
-  httplib::Client c("127.0.0.1", decode.port());
+  const auto decode = serve(o, m.ds);
+  httplib::Client c("127.0.0.1", decode->port());
   c.set_read_timeout(60, 0);
   std::thread client([&] {
     c.Post("/v1/completions",
-           json{{"prompt", prompt}, {"max_tokens", 6}, {"ignore_eos", true}}.dump(),
+           json{{"prompt", m.prompt}, {"max_tokens", 6}, {"ignore_eos", true}}.dump(),
            "application/json");
   });
   const auto until = std::chrono::steady_clock::now() + kTimeout;
@@ -335,42 +337,38 @@ TEST(PdFaults, AClientLeavingDuringItsPullFreesTheBlocksAfterThePull) {
   c.stop();  // hangs up while the pull waits
   client.join();
   left = true;
-  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
-  EXPECT_TRUE(idle(prefill)) << prefill.metrics_text();
-  EXPECT_EQ(ids(complete(decode.port(), prompt, 6)), expected);  // still serving, right tokens
-  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
+  EXPECT_TRUE(idle(*decode)) << decode->metrics_text();
+  EXPECT_TRUE(idle(*prefill)) << prefill->metrics_text();
+  EXPECT_EQ(ids(complete(decode->port(), m.prompt, 6)), m.expected);  // still serving, right
+  EXPECT_TRUE(idle(*decode)) << decode->metrics_text();
 }
 
 TEST(PdFaults, ACorruptPageIsCaughtByItsChecksumAndRecomputed) {
-  Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  const TokenList prompt = long_prompt(70);
-  const TokenList expected = ds.generate({prompt}, 6)[0];
-  Server prefill(serve_options(KvRole::kPrefill));
-  prefill.start();
-  prefill.attach(ps.served());
-  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
-  // After the gets, before the verification: every byte of the decode side's first cache tensor
-  // changes, as a bad link would change what landed (nothing else runs on the decode server).
-  o.kv.agent.after_gets = [&] {
-    for (std::byte& b : ds.runner->cache_tensor(0)) b ^= std::byte{0x5a};
+  SwaPair m;
+  const auto prefill = serve(serve_options(KvRole::kPrefill), m.ps);
+  ServeOptions o = serve_options(KvRole::kDecode, kv_peer(*prefill));
+  // Once the prefill side hashed its pages (the offer came), before the gets: every byte of its
+  // first cache tensor changes, so what lands is not what was hashed, as a bad link would make
+  // it (the prefill server computes nothing meanwhile; it is changed back after the request).
+  std::byte* const first = m.ps.runner->cache_tensor(0).data();
+  const std::size_t size = m.ps.runner->cache_tensor(0).size();
+  const auto flip = [first, size] {
+    for (std::size_t i = 0; i < size; ++i) first[i] ^= std::byte{0x5a};
   };
-  Server decode(o);
-  decode.start();
-  decode.attach(ds.served());
-  EXPECT_EQ(ids(complete(decode.port(), prompt, 6)), expected);  // recomputed, not the bad KV
-  EXPECT_EQ(metric(decode, "mixkv:kv_transfer_failures_total{reason=\"checksum_mismatch\"}"), 1);
-  EXPECT_TRUE(idle(prefill)) << prefill.metrics_text();
-  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
+  o.kv.agent.after_offer = flip;
+  const auto decode = serve(o, m.ds);
+  EXPECT_EQ(ids(complete(decode->port(), m.prompt, 6)), m.expected);  // recomputed, not the bad KV
+  flip();
+  EXPECT_EQ(metric(*decode, "mixkv:kv_transfer_failures_total{reason=\"checksum_mismatch\"}"), 1);
+  EXPECT_TRUE(idle(*prefill)) << prefill->metrics_text();
+  EXPECT_TRUE(idle(*decode)) << decode->metrics_text();
 }
 
 TEST(PdFaults, AMismatchedModelIsRefusedAtTheHandshake) {
   Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
   Instance ds("tiny-hybrid", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  Server prefill(serve_options(KvRole::kPrefill));
-  prefill.start();
-  prefill.attach(ps.served());
-  Server decode(serve_options(KvRole::kDecode, kv_peer(prefill)));
+  const auto prefill = serve(serve_options(KvRole::kPrefill), ps);
+  Server decode(serve_options(KvRole::kDecode, kv_peer(*prefill)));
   decode.start();
   try {
     decode.attach(ds.served());
@@ -381,7 +379,7 @@ TEST(PdFaults, AMismatchedModelIsRefusedAtTheHandshake) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_TRUE(idle(prefill));
+  EXPECT_TRUE(idle(*prefill));
 }
 
 // The prefill server computes a long prompt one token per step; the decode side gives up after
@@ -396,18 +394,14 @@ TEST(PdFaults, ASlowPrefillServerPastTheTimeoutIsRecomputedOrFails) {
   ServeOptions po = serve_options(KvRole::kPrefill);
   po.prefill_chunk = 1;
   po.kv.agent.lease = 300ms;
-  Server prefill(po);
-  prefill.start();
-  prefill.attach(ps.served());
+  const auto prefill = serve(po, ps);
   for (const bool fail : {false, true}) {
-    ServeOptions o = serve_options(KvRole::kDecode, kv_peer(prefill));
+    ServeOptions o = serve_options(KvRole::kDecode, kv_peer(*prefill));
     o.kv.agent.timeout = 20ms;
     o.kv.fail_on_load_failure = fail;
-    Server decode(o);
-    decode.start();
-    decode.attach(ds.served());
+    const auto decode = serve(o, ds);
     int status = 0;
-    const json answer = complete(decode.port(), prompts[fail], 4, &status);
+    const json answer = complete(decode->port(), prompts[fail], 4, &status);
     if (fail) {
       ASSERT_EQ(status, 503) << answer.dump();
       EXPECT_EQ(answer["error"]["code"], "kv_transfer_failed") << answer.dump();
@@ -415,9 +409,9 @@ TEST(PdFaults, ASlowPrefillServerPastTheTimeoutIsRecomputedOrFails) {
       EXPECT_EQ(status, 200);
       EXPECT_EQ(ids(answer), expected[0]);
     }
-    EXPECT_EQ(metric(decode, "mixkv:kv_transfer_failures_total{reason=\"timeout\"}"), 1);
-    EXPECT_TRUE(idle(decode)) << decode.metrics_text();
-    EXPECT_TRUE(idle(prefill, 10s)) << prefill.metrics_text();
+    EXPECT_EQ(metric(*decode, "mixkv:kv_transfer_failures_total{reason=\"timeout\"}"), 1);
+    EXPECT_TRUE(idle(*decode)) << decode->metrics_text();
+    EXPECT_TRUE(idle(*prefill, 10s)) << prefill->metrics_text();
   }
 }
 
@@ -476,34 +470,28 @@ TEST(PdProcess, PrefillKilledMidTransferIsRecomputed) {
   child.spawn("prefill");
   const auto [http, kv] = child.ports();
   ASSERT_GT(kv, 0) << "the prefill process did not start";
-  Instance ds("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
-  const TokenList prompt = long_prompt(kClientPrompt);
-  const TokenList expected = ds.generate({prompt}, 6)[0];
+  SwaPair m;
   ServeOptions o = serve_options(KvRole::kDecode, "127.0.0.1:" + std::to_string(kv));
   o.kv.agent.after_offer = [&] {
     ::kill(child.pid, SIGKILL);
     child.wait_exit();
   };
-  Server decode(o);
-  decode.start();
-  decode.attach(ds.served());
-  EXPECT_EQ(ids(complete(decode.port(), prompt, 6)), expected);
-  EXPECT_EQ(metric(decode, "mixkv:kv_transfer_failures_total{reason=\"peer_failed\"}"), 1);
+  const auto decode = serve(o, m.ds);
+  EXPECT_EQ(ids(complete(decode->port(), m.prompt, 6)), m.expected);
+  EXPECT_EQ(metric(*decode, "mixkv:kv_transfer_failures_total{reason=\"peer_failed\"}"), 1);
   // With the prefill server gone, the next request's remote prefill fails at once: computed here.
-  EXPECT_EQ(ids(complete(decode.port(), prompt, 6)), expected);
-  EXPECT_EQ(metric(decode, "mixkv:kv_transfer_failures_total{reason=\"peer_failed\"}"), 2);
-  EXPECT_TRUE(idle(decode)) << decode.metrics_text();
+  EXPECT_EQ(ids(complete(decode->port(), m.prompt, 6)), m.expected);
+  EXPECT_EQ(metric(*decode, "mixkv:kv_transfer_failures_total{reason=\"peer_failed\"}"), 2);
+  EXPECT_TRUE(idle(*decode)) << decode->metrics_text();
 }
 
 TEST(PdProcess, DecodeKilledMidTransferFreesThePrefillBlocks) {
   Instance ps("tiny-swa", "", 16, plan::Policy::kMixkv, 4ll << 20);
   ServeOptions po = serve_options(KvRole::kPrefill);
   po.kv.agent.lease = 10s;  // freed because UCX reports the reader dead, well before
-  Server prefill(po);
-  prefill.start();
-  prefill.attach(ps.served());
+  const auto prefill = serve(po, ps);
   Child child;
-  child.spawn("decode-die@" + kv_peer(prefill));
+  child.spawn("decode-die@" + kv_peer(*prefill));
   const auto [http, kv] = child.ports();
   ASSERT_GT(http, 0) << "the decode process did not start";
   {
@@ -515,9 +503,9 @@ TEST(PdProcess, DecodeKilledMidTransferFreesThePrefillBlocks) {
     EXPECT_FALSE(res) << "the decode process answered before dying";
   }
   EXPECT_EQ(child.wait_exit(), 128 + SIGKILL);  // by its own hand, once the offer came
-  EXPECT_EQ(metric(prefill, "mixkv:prompt_tokens_total"),
+  EXPECT_EQ(metric(*prefill, "mixkv:prompt_tokens_total"),
             kClientPrompt - 1);  // it prefilled and offered
-  EXPECT_TRUE(idle(prefill, 8s)) << prefill.metrics_text();
+  EXPECT_TRUE(idle(*prefill, 8s)) << prefill->metrics_text();
 }
 
 // Two hosts: two network namespaces joined by a veth pair, made here and removed after; the

@@ -147,15 +147,15 @@ TEST(UcxAgent, PlantedCorruptPageIsCaughtByItsChecksum) {
   const RequestBlocks pb = make_blocks(p, 100, 1);
   testing::fill(p, pb, 100, kAgentSeed);
   AgentOptions o = agent_options("tcp");
-  // After the gets, before the verification: one byte of the last token's K of layers.1 that
-  // landed on the decode side differs from what the prefill side holds, as a bad link would
-  // make it.
+  // Once the prefill side hashed its pages (the offer came), before the gets: one byte of the
+  // last token's K of layers.1 changes there, so what lands differs from what was hashed, as a
+  // bad link would make it.
   const RequestBlocks db = make_blocks(d, 100, 4);
-  const layout::LayerGeometry& layer = d.geometry.layer("layers.1");
+  const layout::LayerGeometry& layer = p.geometry.layer("layers.1");
   const layout::TokenLocation loc =
-      layout::locate_token(layer, db.groups.at(static_cast<std::size_t>(layer.kv_cache_group)), 99);
-  o.after_gets = [&] {
-    d.storage[static_cast<std::size_t>(layer.tensor)][static_cast<std::size_t>(loc.k_offset)] ^=
+      layout::locate_token(layer, pb.groups.at(static_cast<std::size_t>(layer.kv_cache_group)), 99);
+  o.after_offer = [&] {
+    p.storage[static_cast<std::size_t>(layer.tensor)][static_cast<std::size_t>(loc.k_offset)] ^=
         std::byte{1};
   };
   PrefillAgent prefill(p.descriptor, p.tensors(), agent_options("tcp"));

@@ -42,6 +42,10 @@ struct ChecksumUnit {
   std::int64_t end_token = 0;
   std::size_t run_begin = 0;
   std::size_t run_end = 0;
+  // The unit moves every byte the prefill rank holds of these tokens (all its KV heads, or the
+  // whole state): its checksum does not depend on the decode side, so the prefill side can
+  // compute it before any decode side asks (PrefillAgent::offer).
+  bool whole = false;
 };
 
 struct PullPlan {
@@ -68,7 +72,9 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
 // Bytes of the tensors of one side, indexed like the descriptor's tensor_bytes.
 using TensorSpans = std::vector<std::span<std::byte>>;
 
-// XXH3-64 of every unit, read from the prefill side (`source` true) or the decode side.
+// XXH3-64 of one unit / every unit, read from the prefill side (`source` true) or the decode side.
+std::uint64_t unit_checksum(const PullPlan& plan, std::size_t unit, const TensorSpans& tensors,
+                            bool source);
 std::vector<std::uint64_t> unit_checksums(const PullPlan& plan, const TensorSpans& tensors,
                                           bool source);
 

@@ -49,11 +49,9 @@ struct AgentOptions {
   // Prefill: sent to every decode side at the handshake, unread by the agent (the server puts
   // the address of its control channel there); DecodeAgent::control() returns it.
   std::string control;
-  // Decode, for tests: called once the offers arrived, before the first get.
+  // Decode, for tests: called once the offers arrived (the prefill side's pages hashed), before
+  // the first get (a test changes a prefill page there, as a bad link would change what lands).
   std::function<void()> after_offer;
-  // Decode, for tests: called once the gets are done, before the checksums are verified (a test
-  // corrupts a landed page there, as a bad link would).
-  std::function<void()> after_gets;
 };
 
 // A request whose blocks the prefill side may free now, and why (kNone: the readers completed).
@@ -76,7 +74,11 @@ class PrefillAgent {
   std::uint16_t port() const;
   // The request's KV is ready: `readers` decode ranks will pull it. Its blocks stay pinned until
   // every reader completed or failed, or its lease expired; then take_released() returns it.
+  // With checksums, a thread of the agent hashes the request's pages from here on, so that a
+  // fetch finds them hashed; a fetch that comes sooner waits for them.
   void offer(std::int64_t request, RequestBlocks blocks, std::int64_t num_tokens, int readers = 1);
+  // Whether the request is offered and its pages hashed (at once without checksums).
+  bool offer_ready(std::int64_t request) const;
   std::vector<Release> take_released();
   std::size_t num_pinned() const;
   std::size_t num_peers() const;  // decode sides connected and alive
@@ -93,9 +95,9 @@ struct PullResult {
   std::int64_t runs = 0;  // of the pull plans
   std::int64_t gets = 0;  // ucp_get_nbx calls: the runs, those that continue one another joined
   double seconds = 0;     // from the first fetch to the acknowledgement
-  double checksum_seconds = 0;  // of that, verifying checksums
-  double offer_seconds = 0;     // of that, from the fetch to the offers (the prefill side's sums)
-  double get_seconds = 0;       // of that, the gets
+  double checksum_seconds = 0;  // of that, verifying checksums (between the gets' progress)
+  double offer_seconds = 0;     // of that, from the fetch to the offers
+  double get_seconds = 0;       // of that, the gets (with the verification between them)
   bool ok() const { return reason == FailureReason::kNone; }
 };
 
