@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/model/describe.hpp"
 #include "transfer/transfer_test_support.hpp"
 
 namespace mixkv::transfer {
@@ -137,6 +138,50 @@ TEST(Reconcile, SlicesStatesAcrossTpButRefusesAStateWithoutAKnownSplit) {
   conv.segments = {{conv.shape.at(1), false}};
   EXPECT_THAT(refusal(a.descriptor, other),
               HasSubstr("layer layers.0 state tensor 'conv' TP split differs"));
+}
+
+// Every recurrent kind's state tensors have a known TP split, which rebuilds the whole model's
+// shapes from one rank's: Mamba1 (Jamba), KDA (Kimi Linear), lightning (MiniMax-M1), GDN
+// (Qwen3-Next), Mamba2 with split groups (Nemotron-H). Described and planned only: no pages.
+TEST(Reconcile, EveryRecurrentKindSlicesAcrossTp) {
+  const std::string minimax =
+      std::string(MIXKV_SOURCE_DIR) + "/tests/model/fixtures/minimax-m1-80k.json";
+  for (const std::string& name :
+       {std::string("jamba-v0.1"), std::string("kimi-linear-48b"), minimax,
+        std::string("qwen3-next-80b-a3b"), std::string("nemotron-h-8b")}) {
+    SCOPED_TRACE(name);
+    const auto describe = [&](int tp, int rank, const model::ModelDesc* unsharded) {
+      model::DescribeOptions o;
+      o.tp = tp;
+      const model::ModelDesc desc = model::describe_refs(name, std::nullopt, o);
+      plan::PlanOptions p;
+      p.memory_bytes = std::int64_t{64} << 30;
+      p.max_model_len = 4096;
+      p.request_len = 1024;
+      const plan::CachePlan plan = plan::make_plan(desc, p);
+      const layout::Geometry geo =
+          layout::make_geometry(desc, plan, attn::build_attention_groups(desc, plan));
+      DescriptorOptions d;
+      d.tp_rank = rank;
+      d.unsharded = unsharded;
+      return std::pair(desc, make_descriptor(desc, plan, geo, d));
+    };
+    const auto [whole, one] = describe(1, 0, nullptr);
+    const auto [sharded, two] = describe(2, 1, &whole);
+    int states = 0;
+    for (std::size_t l = 0; l < two.layers.size(); ++l) {
+      for (std::size_t t = 0; t < two.layers[l].state.size(); ++t) {
+        const StateTensorLayout& s = two.layers[l].state[t];
+        EXPECT_GE(s.split_dim, 0) << two.layers[l].name << " " << s.name;
+        EXPECT_EQ(whole_shape(s, 2), one.layers[l].state.at(t).shape)
+            << two.layers[l].name << " " << s.name;
+        ++states;
+      }
+    }
+    EXPECT_GT(states, 0);
+    EXPECT_NO_THROW(reconcile(one, two));
+    EXPECT_NO_THROW(reconcile(two, one));
+  }
 }
 
 TEST(Reconcile, RefusesAnotherStateLayout) {
