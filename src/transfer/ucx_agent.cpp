@@ -510,8 +510,11 @@ struct PrefillAgent::Impl {
     Clock::time_point lease_until;
     // Checksums of the request's whole units (ChecksumUnit::whole) by (layer, first token, end
     // token), computed once by the hashing thread right after the offer, so that a fetch need
-    // not hash on the pull's path; a fetch waits for them (`hashed`).
+    // not hash on the pull's path (`hashed`: all of them). A fetch that comes sooner takes those
+    // hashed so far and hashes the rest of its own units; the hashing thread then stops, so a
+    // pull that a decode-side prefix hit makes short never waits for the whole request's.
     bool hashed = false;
+    bool hash_abandoned = false;  // a fetch came first and hashed the rest itself
     std::map<std::tuple<int, std::int64_t, std::int64_t>, std::uint64_t> sums;
   };
   mutable std::mutex mutex;
@@ -542,24 +545,34 @@ struct PrefillAgent::Impl {
       const std::int64_t num_tokens = it->second.num_tokens;
       lock.unlock();
       std::map<std::tuple<int, std::int64_t, std::int64_t>, std::uint64_t> sums;
+      // Hands what is hashed to the offer, every 64 units; false once the offer is gone or a
+      // fetch took over (see answer_fetch).
+      const auto publish = [&] {
+        std::lock_guard relock(mutex);
+        const auto at = offers.find(request);
+        if (at == offers.end() || at->second.hash_abandoned) return false;
+        at->second.sums.merge(sums);
+        sums.clear();
+        return true;
+      };
+      bool going = true;
       try {
         const PullPlan self = plan_pull(layout, layout, blocks, blocks, {num_tokens, 0});
-        for (std::size_t u = 0; u < self.units.size(); ++u) {
+        for (std::size_t u = 0; u < self.units.size() && going; ++u) {
           const ChecksumUnit& unit = self.units[u];
           if (!unit.whole) continue;
           sums[{unit.layer, unit.first_token, unit.end_token}] =
               unit_checksum(self, u, endpoint->tensors, true);
+          if (sums.size() >= 64) going = publish();
         }
       } catch (const Error&) {
         // Blocks that do not hold the tokens: every fetch of it is refused by its own plan.
       }
+      if (going) going = publish();
       lock.lock();
       it = offers.find(request);
-      if (it == offers.end()) continue;
-      it->second.sums = std::move(sums);
+      if (!going || it == offers.end()) continue;
       it->second.hashed = true;
-      // A fetch that waits for these sums is answered at the worker thread's next turn.
-      if (options.peer_failure_detection) ucp_worker_signal(endpoint->worker);
     }
   }
 
@@ -736,7 +749,7 @@ struct PrefillAgent::Impl {
         return false;
       }
       Offered& o = it->second;
-      if (!o.hashed) return false;
+      if (options.checksums && !o.hashed) o.hash_abandoned = true;
       std::vector<std::uint64_t> sums;
       try {
         if (num_tokens > o.num_tokens) {

@@ -75,7 +75,7 @@ class PrefillAgent {
   // The request's KV is ready: `readers` decode ranks will pull it. Its blocks stay pinned until
   // every reader completed or failed, or its lease expired; then take_released() returns it.
   // With checksums, a thread of the agent hashes the request's pages from here on, so that a
-  // fetch finds them hashed; a fetch that comes sooner waits for them.
+  // fetch finds them hashed; a fetch that comes sooner hashes the pages still missing itself.
   void offer(std::int64_t request, RequestBlocks blocks, std::int64_t num_tokens, int readers = 1);
   // Whether the request is offered and its pages hashed (at once without checksums).
   bool offer_ready(std::int64_t request) const;
