@@ -1,7 +1,8 @@
 // AMX tile products of paged attention (see attention_amx.hpp). A task's groups hold m <= 16
 // columns each (query row x head, spread evenly over the groups). Tiles:
 //   0/3  K^T of one k-step: 16 pairs of head elements x 16 keys (a 32-bit transpose of
-//        the page's rows), by k-step parity; then V slices (p.V)                       16 x 64 B
+//        the page's rows, made once per tile for all groups), by k-step parity; then V
+//        slices (p.V)                                                                   16 x 64 B
 //   1    a query term as A: m columns x 16 bf16 pairs                                   m x 64 B
 //   2    scores, m columns x 16 keys: per k-step the hi, mid and lo terms, in order      m x 64 B
 //   4    p as A: [hi | mid] of the 16 keys of each column                                m x 64 B
@@ -142,13 +143,11 @@ namespace {
 // The tile intrinsics take register numbers as literals (they are pasted into the assembly), so
 // the two steps below are macros.
 //
-// One k-step s of q.k^T: K rows of the step into tile KK, the three query terms through tile 2
-// into the score tile 3.
+// One k-step s of q.k^T: the step's K^T (transpose_k) into tile KK, the three query terms
+// through tile 1 into the score tile 2.
 #define MIXKV_SCORE_STEP(KK, s)                            \
   do {                                                     \
-    transpose16(k + (s)*64, k_stride, kt[(s)&1]);          \
-    MIXKV_AMX_FENCE(kt[(s)&1]);                            \
-    _tile_loadd(KK, kt[(s)&1], 64);                        \
+    _tile_loadd(KK, kt + (s)*16 * 16, 64);                 \
     const std::uint32_t* qs = q + (s)*kTerms * 16 * kCols; \
     _tile_loadd(1, qs, 64);                                \
     _tile_dpbf16ps(2, 1, KK);                              \
@@ -171,10 +170,17 @@ namespace {
 
 }  // namespace
 
+MIXKV_AMX_TARGET void transpose_k(const std::byte* k, std::int64_t k_stride, std::int64_t d,
+                                  std::uint32_t* kt) {
+  for (std::int64_t s = 0; s < d / kStep; ++s)
+    transpose16(k + s * 64, k_stride, reinterpret_cast<float*>(kt + s * 16 * 16));
+  MIXKV_AMX_FENCE(kt);
+}
+
 MIXKV_AMX_TARGET void scores(const std::uint32_t* q, std::int64_t m, std::int64_t d,
-                             const std::byte* k, std::int64_t k_stride, float* out) {
+                             const std::uint32_t* kt, float* out) {
   (void)m;  // the configured rows of tiles 1 and 2
-  alignas(64) float kt[2][16 * 16];
+  MIXKV_AMX_FENCE(kt);
   _tile_zero(2);
   const std::int64_t steps = d / kStep;
   std::int64_t s = 0;
@@ -184,6 +190,7 @@ MIXKV_AMX_TARGET void scores(const std::uint32_t* q, std::int64_t m, std::int64_
   }
   if (s < steps) MIXKV_SCORE_STEP(0, s);
   _tile_stored(2, out, 64);
+  MIXKV_AMX_FENCE(out);
 }
 
 MIXKV_AMX_TARGET void relayout_v(const std::byte* v, std::int64_t v_stride, std::int64_t a,
@@ -220,16 +227,16 @@ MIXKV_AMX_TARGET void relayout_v(const std::byte* v, std::int64_t v_stride, std:
 }
 
 MIXKV_AMX_TARGET void pv(const float* probs, const float* rescale, std::int64_t cols,
-                         const std::uint32_t* vt, std::int64_t dv, float* acc,
+                         std::int64_t m, const std::uint32_t* vt, std::int64_t dv, float* acc,
                          std::int64_t acc_stride) {
-  alignas(64) std::uint16_t hm[kCols][32] = {};
-  alignas(64) std::uint16_t lo[kCols][32] = {};
-  for (std::int64_t c = 0; c < cols; ++c) {
-    __m256i h, md, l;
-    split16(_mm512_loadu_ps(probs + c * 16), h, md, l);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(hm[c]), h);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(hm[c] + 16), md);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(lo[c]), l);
+  // Only the m rows the tiles load are written (whole rows: no zeroing of the 2 KiB first).
+  alignas(64) std::uint16_t hm[kCols][32];
+  alignas(64) std::uint16_t lo[kCols][32];
+  for (std::int64_t c = 0; c < m; ++c) {
+    __m256i h = _mm256_setzero_si256(), md = h, l = h;
+    if (c < cols) split16(_mm512_loadu_ps(probs + c * 16), h, md, l);
+    _mm512_store_si512(hm[c], _mm512_inserti64x4(_mm512_castsi256_si512(h), md, 1));
+    _mm512_store_si512(lo[c], _mm512_zextsi256_si512(l));
   }
   MIXKV_AMX_FENCE(hm);
   MIXKV_AMX_FENCE(lo);
@@ -260,12 +267,12 @@ bool takes(const AttentionSpec&, const PageLayout&) { return false; }
 void prepare_q(const float* const*, std::int64_t, std::int64_t, std::int64_t, std::uint32_t*) {}
 void configure(std::int64_t) {}
 void release() {}
-void scores(const std::uint32_t*, std::int64_t, std::int64_t, const std::byte*, std::int64_t,
-            float*) {}
+void transpose_k(const std::byte*, std::int64_t, std::int64_t, std::uint32_t*) {}
+void scores(const std::uint32_t*, std::int64_t, std::int64_t, const std::uint32_t*, float*) {}
 void relayout_v(const std::byte*, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                 std::uint32_t*) {}
-void pv(const float*, const float*, std::int64_t, const std::uint32_t*, std::int64_t, float*,
-        std::int64_t) {}
+void pv(const float*, const float*, std::int64_t, std::int64_t, const std::uint32_t*, std::int64_t,
+        float*, std::int64_t) {}
 
 #endif
 

@@ -50,10 +50,18 @@ void prepare_q(const float* const* rows, std::int64_t cols, std::int64_t m, std:
 void configure(std::int64_t m);
 void release();
 
-// Raw q.k of the 16 keys at `k` (rows k_stride bytes apart, d bf16 each) for a group's m
-// columns (the configured m): out[col * 16 + key], m rows.
-void scores(const std::uint32_t* q, std::int64_t m, std::int64_t d, const std::byte* k,
-            std::int64_t k_stride, float* out);
+// Words of one tile's K^T: per k-step of 32 head elements, 16 pairs x 16 keys.
+inline std::int64_t kt_words(std::int64_t d) { return d / kStep * 16 * 16; }
+
+// The 16 K rows at `k` (k_stride bytes apart, d bf16 each) as K^T tiles in VNNI pairs of head
+// elements, one per k-step (a 32-bit transpose): made once per tile and KV head, shared by its
+// groups.
+void transpose_k(const std::byte* k, std::int64_t k_stride, std::int64_t d, std::uint32_t* kt);
+
+// Raw q.k of the 16 keys of `kt` (transpose_k) for a group's m columns (the configured m):
+// out[col * 16 + key], m rows.
+void scores(const std::uint32_t* q, std::int64_t m, std::int64_t d, const std::uint32_t* kt,
+            float* out);
 
 // The 16 V rows at `v` (v_stride bytes apart, dv bf16 each) in VNNI pairs of keys; keys outside
 // [a, b] are zero (their bytes are not read: beyond the context they may be anything, NaN too).
@@ -61,8 +69,9 @@ void relayout_v(const std::byte* v, std::int64_t v_stride, std::int64_t a, std::
                 std::int64_t dv, std::uint32_t* vt);
 
 // acc[col] = fma(acc[col], rescale[col], probs[col] . V) for the `cols` <= m columns of a group
-// (the configured m): probs [cols][16] floats, acc rows of dv floats acc_stride floats apart.
-void pv(const float* probs, const float* rescale, std::int64_t cols, const std::uint32_t* vt,
-        std::int64_t dv, float* acc, std::int64_t acc_stride);
+// (m: the configured rows): probs [cols][16] floats, acc rows of dv floats acc_stride floats
+// apart.
+void pv(const float* probs, const float* rescale, std::int64_t cols, std::int64_t m,
+        const std::uint32_t* vt, std::int64_t dv, float* acc, std::int64_t acc_stride);
 
 }  // namespace mixkv::kernels::detail::attn_amx

@@ -555,6 +555,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     grow(s.amx_acc, slots * dv);
     grow(s.amx_q, slots / attn_amx::kCols * q_words);
     grow(s.amx_v, attn_amx::v_words(dv));
+    grow(s.amx_kt, attn_amx::kt_words(d));
     grow(s.amx_scores, attn_amx::kCols * attn_amx::kKeys);
     grow(s.amx_probs, attn_amx::kCols * attn_amx::kKeys + attn_amx::kCols);
     const float* rows[attn_amx::kCols];
@@ -585,13 +586,14 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     amx_m = m;
     attn_amx::relayout_v(v_head, p.v_token_bytes, std::max(vis_lo, t0) - t0,
                          std::min(vis_hi, t0 + tile - 1) - t0, dv, s.amx_v.data());
+    attn_amx::transpose_k(k_head, p.k_token_bytes, d, s.amx_kt.data());
     float* sc = s.amx_scores.data();
     float* pr = s.amx_probs.data();
     float* factors = pr + attn_amx::kCols * attn_amx::kKeys;
     for (std::int64_t gi = 0; gi < groups; ++gi) {
       const std::int64_t cols = std::min(m, nq * g - gi * m);
-      attn_amx::scores(s.amx_q.data() + (col0 / attn_amx::kCols + gi) * q_words, m, d, k_head,
-                       p.k_token_bytes, sc);
+      attn_amx::scores(s.amx_q.data() + (col0 / attn_amx::kCols + gi) * q_words, m, d,
+                       s.amx_kt.data(), sc);
       for (std::int64_t j = 0; j < cols; ++j) {
         const std::int64_t c = gi * m + j;
         float* prow = pr + j * attn_amx::kKeys;
@@ -607,8 +609,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
         softmax_step(ts, sc + j * attn_amx::kKeys, a, b, s.amx_max[slot], s.amx_sum[slot], prow,
                      factors[j]);
       }
-      attn_amx::pv(pr, factors, cols, s.amx_v.data(), dv, s.amx_acc.data() + (col0 + gi * m) * dv,
-                   dv);
+      attn_amx::pv(pr, factors, cols, m, s.amx_v.data(), dv,
+                   s.amx_acc.data() + (col0 + gi * m) * dv, dv);
     }
   };
   // The partial (max, sum, acc) of row i, head h for the chunk just done. The AMX accumulator
@@ -641,10 +643,6 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   // The bytes of a K (V) row this task reads: its KV heads only.
   const std::int64_t k_head_bytes = d * p.elem;
   const std::int64_t v_head_bytes = spec.mla ? 0 : dv * p.elem;
-  const std::int64_t k_first = hk_first * k_head_bytes;
-  const std::int64_t k_bytes = (hk_last + 1 - hk_first) * k_head_bytes;
-  const std::int64_t v_first = hk_first * v_head_bytes;
-  const std::int64_t v_bytes = (hk_last + 1 - hk_first) * v_head_bytes;
   const auto page_base = [&](std::int64_t t) {
     return call.cache + p.offset +
            seq.kernel_pages[static_cast<std::size_t>(t / p.kernel_tokens)] * p.stride;
@@ -682,21 +680,31 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       const std::byte* base = page_base(t0);
       const std::byte* k_src = base + in_page * p.k_token_bytes;
       const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
-      if (t0 + tile <= task_hi) {
-        // The next tile may sit on another page anywhere in the tensor: ask for it now, so its
-        // bytes arrive while this one is computed.
+      // The next tile may sit on another page anywhere in the tensor: the float paths ask for
+      // it now, head by head, just before the same head of this tile is computed (a whole
+      // tile's rows at once, 64 KiB for 8 KV heads of 128, filled the line-fill buffers and the
+      // prefetches stalled the core until the lines came). The AMX path prefetches nothing: with
+      // software prefetches (whole tile or head by head, one or two tiles ahead) its decode took
+      // 5-12% more CPU time than with the hardware prefetchers alone, which follow a page's rows
+      // (contiguous runs); the float paths gain from them (docs/kernels.md, issue 14 figures).
+      const std::byte* next_k = nullptr;
+      const std::byte* next_v = nullptr;
+      std::int64_t next_tile = 0;
+      if (!call.amx && t0 + tile <= task_hi) {
         const std::int64_t next = t0 + tile;
         const std::byte* next_base = page_base(next);
         const std::int64_t next_in = next % p.kernel_tokens;
-        const std::int64_t next_tile = tile_at(next, task_hi);
-        prefetch_rows(next_base + next_in * p.k_token_bytes + k_first, next_tile, p.k_token_bytes,
-                      k_bytes);
-        prefetch_rows(next_base + p.v_offset + next_in * p.v_token_bytes + v_first, next_tile,
-                      p.v_token_bytes, v_bytes);
+        next_tile = tile_at(next, task_hi);
+        next_k = next_base + next_in * p.k_token_bytes;
+        next_v = next_base + p.v_offset + next_in * p.v_token_bytes;
       }
       for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
         const std::byte* k_head = k_src + hk * k_head_bytes;
         const std::byte* v_head = v_src + hk * v_head_bytes;
+        if (next_k != nullptr) {
+          prefetch_rows(next_k + hk * k_head_bytes, next_tile, p.k_token_bytes, k_head_bytes);
+          prefetch_rows(next_v + hk * v_head_bytes, next_tile, p.v_token_bytes, v_head_bytes);
+        }
         if (call.amx) {
           amx_tile(hk, k_head, v_head, t0, tile, lo, hi);
           continue;

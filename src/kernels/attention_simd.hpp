@@ -103,7 +103,7 @@ struct AttendScratch {
   // AMX path: per column (query row x head) slot its softmax state and accumulator; the
   // queries' and one tile's V in tile form.
   std::vector<float> amx_max, amx_sum, amx_acc, amx_scores, amx_probs;
-  std::vector<std::uint32_t> amx_q, amx_v;
+  std::vector<std::uint32_t> amx_q, amx_v, amx_kt;
   std::vector<std::int64_t> amx_col0;  // per KV head of the task: its first slot
 };
 

@@ -16,31 +16,14 @@
 #include "mixkv/kernels/thread_pool.hpp"
 
 namespace mixkv::kernels {
-namespace attention_amx_test {  // named: its Layer meets other files' in a unity batch
+namespace attention_amx_test {  // named: its helpers meet other files' in a unity batch
 namespace {
 
-struct Layer {
-  AttentionSpec spec;
-  layout::LayerGeometry geometry;
-  std::vector<std::byte> cache;
-};
+using testing::Layer;
+using testing::same_bits;
 
-// NHD pages of `page_tokens` (K then V), every byte 0xFF (NaN) until written.
 Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages, std::int64_t page_tokens) {
-  Layer l;
-  l.spec = spec;
-  auto& g = l.geometry;
-  g.layer = "amx";
-  g.kernel_tokens = page_tokens;
-  g.block_tokens = page_tokens;
-  const std::int64_t elem = element_bytes(spec.params.kv_dtype);
-  g.k_token_bytes = k_row_elements(spec) * elem;
-  g.v_token_bytes = v_row_elements(spec) * elem;
-  g.kernel_page_bytes = g.kernel_tokens * (g.k_token_bytes + g.v_token_bytes);
-  g.kernel_page_stride = g.kernel_page_bytes;
-  g.v_offset = g.kernel_tokens * g.k_token_bytes;
-  l.cache.assign(static_cast<std::size_t>(num_pages * g.kernel_page_stride), std::byte{0xFF});
-  return l;
+  return testing::make_layer(spec, num_pages, page_tokens, "amx");
 }
 
 // A Llama-style layer: 32 query heads over 8 KV heads of 128 (the benchmarks' shape).
@@ -65,10 +48,6 @@ std::vector<float> attend(const Layer& l, std::span<const std::int64_t> pages, s
   inputs.pool = pool;
   paged_attention(l.spec, l.geometry, inputs, out);
   return out;
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST(AttentionAmx, TheLayerShapeAloneChoosesThePath) {

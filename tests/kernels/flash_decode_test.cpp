@@ -72,27 +72,11 @@ std::vector<Case> cases() {
           {"bf16 non-causal block", block, 16}};
 }
 
-struct Layer {
-  AttentionSpec spec;
-  layout::LayerGeometry geometry;
-  std::vector<std::byte> cache;
-};
+using testing::Layer;
+using testing::same_bits;
 
 Layer make_layer(const Case& c, std::int64_t num_pages) {
-  Layer l;
-  l.spec = c.spec;
-  auto& g = l.geometry;
-  g.layer = "flash";
-  g.kernel_tokens = c.page_tokens;
-  g.block_tokens = c.page_tokens;
-  const std::int64_t elem = element_bytes(c.spec.params.kv_dtype);
-  g.k_token_bytes = k_row_elements(c.spec) * elem;
-  g.v_token_bytes = v_row_elements(c.spec) * elem;
-  g.kernel_page_bytes = g.kernel_tokens * (g.k_token_bytes + g.v_token_bytes);
-  g.kernel_page_stride = g.kernel_page_bytes;
-  g.v_offset = g.kernel_tokens * g.k_token_bytes;
-  l.cache.assign(static_cast<std::size_t>(num_pages * g.kernel_page_stride), std::byte{0xFF});
-  return l;
+  return testing::make_layer(c.spec, num_pages, c.page_tokens, "flash");
 }
 
 // Attention of queries `q` (rows of num_q_heads * head_size) as one request with `kv_len`
@@ -114,10 +98,6 @@ std::vector<float> attend(const Layer& l, const std::vector<std::int64_t>& pages
   paged_attention(l.spec, l.geometry, inputs, out);
   return {out.end() - static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rows) * out_row),
           out.end()};
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 constexpr std::int64_t kContext = 2 * kSplitTokens + 300;  // three chunks

@@ -73,6 +73,37 @@ inline Request make_request(const AttentionSpec& spec, const layout::LayerGeomet
   return r;
 }
 
+// A layer over `num_pages` kernel pages of `page_tokens` tokens, laid out like make_geometry's
+// (NHD, K then V in each page, uniform stride), every byte 0xFF (NaN in every dtype) until
+// written, so a read of anything a test did not write shows up as NaN.
+struct Layer {
+  AttentionSpec spec;
+  layout::LayerGeometry geometry;
+  std::vector<std::byte> cache;
+};
+
+inline Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages, std::int64_t page_tokens,
+                        std::string name) {
+  Layer l;
+  l.spec = spec;
+  auto& g = l.geometry;
+  g.layer = std::move(name);
+  g.kernel_tokens = page_tokens;
+  g.block_tokens = page_tokens;
+  const std::int64_t elem = element_bytes(spec.params.kv_dtype);
+  g.k_token_bytes = k_row_elements(spec) * elem;
+  g.v_token_bytes = v_row_elements(spec) * elem;
+  g.kernel_page_bytes = g.kernel_tokens * (g.k_token_bytes + g.v_token_bytes);
+  g.kernel_page_stride = g.kernel_page_bytes;
+  g.v_offset = g.kernel_tokens * g.k_token_bytes;
+  l.cache.assign(static_cast<std::size_t>(num_pages * g.kernel_page_stride), std::byte{0xFF});
+  return l;
+}
+
+inline bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
 using Comparison = kernels::Comparison;
 
 // Runs the paged kernel over `requests` (block tables from `tables`, normally the requests' own

@@ -25,6 +25,7 @@
 #include "test_support.hpp"
 
 namespace mixkv::kernels {
+namespace simd_threads_test {  // named: its helpers meet other files' in a unity batch
 namespace {
 
 TEST(ThreadPool, RunsEveryTaskOnceOnEveryWorker) {
@@ -119,29 +120,10 @@ TEST(ThreadPool, RefusesZeroWorkers) {
                                {"thread pool", "at least 1"});
 }
 
-// A layer geometry like make_geometry's (NHD, K then V per 16-token kernel page) over
-// `num_pages` pages, every byte 0xFF (NaN) until written.
-struct Layer {
-  AttentionSpec spec;
-  layout::LayerGeometry geometry;
-  std::vector<std::byte> cache;
-};
+using testing::Layer;
 
 Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages, std::int64_t page_tokens = 16) {
-  Layer l;
-  l.spec = spec;
-  auto& g = l.geometry;
-  g.layer = "threads";
-  g.kernel_tokens = page_tokens;
-  g.block_tokens = page_tokens;
-  const std::int64_t elem = element_bytes(spec.params.kv_dtype);
-  g.k_token_bytes = k_row_elements(spec) * elem;
-  g.v_token_bytes = v_row_elements(spec) * elem;
-  g.kernel_page_bytes = g.kernel_tokens * (g.k_token_bytes + g.v_token_bytes);
-  g.kernel_page_stride = g.kernel_page_bytes;
-  g.v_offset = g.kernel_tokens * g.k_token_bytes;
-  l.cache.assign(static_cast<std::size_t>(num_pages * g.kernel_page_stride), std::byte{0xFF});
-  return l;
+  return testing::make_layer(spec, num_pages, page_tokens, "threads");
 }
 
 // Runs `requests` (indices into `all`) as one batch; returns the output rows of each request.
@@ -168,10 +150,6 @@ std::vector<std::vector<float>> run_batch(const Layer& l, const std::vector<test
     at += n;
   }
   return per_request;
-}
-
-bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // One key per request: the softmax weight is exactly 1, so the output is the V row the kernel
@@ -324,7 +302,7 @@ TEST(PagedAttentionThreads, OutputsAreBitIdenticalWhateverTheWorkerCount) {
       ThreadPool pool(workers);
       const auto threaded = run_batch(l, all, everyone, sinks, &pool);
       for (std::size_t r = 0; r < everyone.size(); ++r) {
-        EXPECT_TRUE(bit_identical(serial[r], threaded[r]))
+        EXPECT_TRUE(testing::same_bits(serial[r], threaded[r]))
             << c.name << ": request " << r << " with " << workers << " workers";
       }
     }
@@ -348,8 +326,8 @@ TEST(PagedAttentionThreads, ARequestAloneMatchesItselfInsideAnyBatch) {
       std::vector<std::size_t> batch = {(r + 1) % all.size(), r, (r + 2) % all.size(),
                                         (r + 3) % all.size()};
       const auto inside = run_batch(l, all, batch, sinks, &pool);
-      EXPECT_TRUE(bit_identical(alone[0], inside[1])) << c.name << ": request " << r;
-      EXPECT_TRUE(bit_identical(alone[0], alone_serial[0])) << c.name << ": request " << r;
+      EXPECT_TRUE(testing::same_bits(alone[0], inside[1])) << c.name << ": request " << r;
+      EXPECT_TRUE(testing::same_bits(alone[0], alone_serial[0])) << c.name << ": request " << r;
     }
   }
 }
@@ -429,7 +407,7 @@ TEST(PagedAttentionRows, EachRowOfAVerifyMatchesItsOwnDecode) {
           const std::vector<float> mine(
               together.begin() + static_cast<std::ptrdiff_t>(i * q_row),
               together.begin() + static_cast<std::ptrdiff_t>((i + 1) * q_row));
-          EXPECT_TRUE(bit_identical(mine, alone))
+          EXPECT_TRUE(testing::same_bits(mine, alone))
               << c.name << ": row " << i << " of " << rows << (p ? ", 2 threads" : "");
           for (float x : mine) ASSERT_TRUE(std::isfinite(x)) << c.name;
         }
@@ -439,4 +417,5 @@ TEST(PagedAttentionRows, EachRowOfAVerifyMatchesItsOwnDecode) {
 }
 
 }  // namespace
+}  // namespace simd_threads_test
 }  // namespace mixkv::kernels
