@@ -59,6 +59,11 @@ struct QuantizedX {
   std::vector<std::int32_t> c64;
   // The kBlockSum order's q8_0 / q4_0 weights: each block's sum of codes ([n][blocks]).
   std::vector<std::int32_t> sum;
+  // For the AMX-INT8 path (matmul_amx.hpp, int8_panels): per group of up to 8 rows (m rows,
+  // from row 8g at byte 8g * pairs * 128), per pair q of blocks, a tile of 2m rows of 64 codes:
+  // row h m + i holds x row 8g + i's codes of block 2q + h in bytes 32h .. 32h + 31, zeros
+  // elsewhere (and for a missing last block).
+  std::vector<std::int8_t> a16;
 };
 
 // kBlockSum's packed layout (pack_weight): panels of this many W rows, one VNNI lane each.
@@ -1243,7 +1248,7 @@ std::int64_t check_product(const WeightView& w, std::int64_t xs, std::size_t ys,
 
 // The block formats' x (QuantizedX) for weights of `type` read in `order`: n rows of cols floats.
 void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int64_t n,
-                std::int64_t cols, bool vnni, detail::QuantizedX& qx) {
+                std::int64_t cols, bool vnni, bool int8_tiles, detail::QuantizedX& qx) {
   const bool sums = type == WeightType::kQ4_1;
   const bool block_sum = order == ReductionOrder::kBlockSum;
   qx.blocks = cols / 32;
@@ -1258,6 +1263,18 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
     std::int32_t sum = 0;
     for (std::size_t e = 0; e < 32; ++e) sum += qx.q[32 * b + e];
     qx.sum[b] = sum;
+  }
+  // The AMX-INT8 path's tiles of the same codes (see QuantizedX).
+  const std::int64_t pairs = (qx.blocks + 1) / 2;
+  qx.a16.assign(int8_tiles ? static_cast<std::size_t>(n * pairs * 128) : 0, 0);
+  for (std::int64_t i = 0; int8_tiles && i < n; ++i) {
+    const std::int64_t g0 = i / 8 * 8, m = std::min<std::int64_t>(8, n - g0);
+    std::int8_t* group = qx.a16.data() + g0 * pairs * 128;
+    for (std::int64_t b = 0; b < qx.blocks; ++b) {
+      const std::int64_t h = b % 2;
+      std::memcpy(group + (b / 2) * (2 * m * 64) + (h * m + i - g0) * 64 + 32 * h,
+                  qx.q.data() + (i * qx.blocks + b) * 32, 32);
+    }
   }
   // The VNNI path's layout of the same codes (see QuantizedX), where that path may run (the
   // ggml order's; the blocksum order broadcasts x's codes from q).
@@ -1278,6 +1295,20 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
       }
     }
   }
+}
+
+// Whether the packed blocksum order of a `type` weight takes AMX-INT8 tiles for n rows of x (the
+// same bits as the VNNI path: the same integers, the same float steps; docs/kernels.md), from
+// the row count where they were measured to cost less than the VNNI passes.
+bool int8_tiles_for(WeightType type, ReductionOrder order, std::int64_t n) {
+#ifdef MIXKV_MATMUL_AMX
+  const std::int64_t min_rows = type == WeightType::kQ8_0 ? 2 : 5;
+  return order == ReductionOrder::kBlockSum && quantizes_x(type) && n >= min_rows &&
+         detail::amx::int8_available();
+#else
+  (void)type, (void)order, (void)n;
+  return false;
+#endif
 }
 
 #ifdef MIXKV_MATMUL_AMX
@@ -1362,7 +1393,10 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
                    : type == WeightType::kQ4_0 ? 1
                                                : 2) +
                   (order == ReductionOrder::kBlockSum ? 3 : 0);
-    if (!done[k]) quantize_x(type, order, x.data(), n, cols, vnni, quantized[k]);
+    if (!done[k]) {
+      quantize_x(type, order, x.data(), n, cols, vnni, int8_tiles_for(type, order, n),
+                 quantized[k]);
+    }
     done[k] = true;
     return &quantized[k];
   };
@@ -1371,19 +1405,8 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   const auto tile_rows = [](const detail::MatmulCall& c) {
     return c.packed != nullptr ? detail::kPanelRows : detail::kTileW;
   };
-  // The packed blocksum order takes AMX-INT8 tiles from a few rows of x on (the same bits as the
-  // VNNI path: the same integers, the same float steps; docs/kernels.md). Measured: q8_0's tiles
-  // read B straight from the panel and win from 2 rows; q4's nibbles are spread to bytes first,
-  // which one VNNI pass does not need, so from 5.
   const auto int8_tiles = [](const detail::MatmulCall& c) {
-#ifdef MIXKV_MATMUL_AMX
-    const std::int64_t min_rows = c.type == WeightType::kQ8_0 ? 2 : 5;
-    return c.packed != nullptr && c.order == ReductionOrder::kBlockSum && c.n >= min_rows &&
-           detail::amx::int8_available();
-#else
-    (void)c;
-    return false;
-#endif
+    return c.packed != nullptr && int8_tiles_for(c.type, c.order, c.n);
   };
   // One call per product; AMX products run on their own (their x has its own tile form), the
   // others in one parallel region below.
