@@ -281,36 +281,22 @@ struct Int8Scratch {
 };
 using Int8Sums = std::int32_t[kInt8Panels][2 * kInt8Rows][16];
 
-// pack_weight's layout of a block format, per panel and block.
-template <WeightType kT>
-struct Int8Format {
-  static constexpr std::int64_t kBlockBytes = kT == WeightType::kQ8_0   ? 34
-                                              : kT == WeightType::kQ4_0 ? 18
-                                                                        : 20;
-  static constexpr std::int64_t kBytes = kPanelRows * kBlockBytes;  // one block of a panel
-  static constexpr std::int64_t kHeader = kT == WeightType::kQ4_1 ? 64 : 32;  // d (and m)
-  // The integer sums' start, times x's code sum (the codes are unsigned in the panel).
-  static constexpr int kFactor = kT == WeightType::kQ8_0 ? -128 : kT == WeightType::kQ4_0 ? -8 : 0;
-};
-
-// Rows 8h .. 8h + 7 of a B tile from a panel's block `blk`, asking for its bytes a little
-// ahead: q8_0's codes copied, q4's nibbles spread to bytes (rows 0-3 the low nibbles, codes
+// Rows 8h .. 8h + 7 of a B tile from one block's codes in a panel, asking for the bytes a
+// little ahead: q8_0's copied, q4's nibbles spread to bytes (rows 0-3 the low nibbles, codes
 // 4v..4v+3, rows 4-7 the high ones, codes 16 + 4v..).
 template <WeightType kT>
-MIXKV_AMX_INT8_TARGET inline void int8_b(const std::byte* blk, std::uint8_t (*out)[64]) {
-  using F = Int8Format<kT>;
+MIXKV_AMX_INT8_TARGET inline void int8_b(const std::byte* codes, std::uint8_t (*out)[64]) {
+  constexpr PanelFormat kF = panel_format(kT);
   constexpr std::int64_t kAhead = 4096;
-  for (std::int64_t o = 0; o < F::kBytes; o += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + o), _MM_HINT_T0);
+  for (std::int64_t o = 0; o < kF.codes; o += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(codes + kAhead + o), _MM_HINT_T0);
   }
   if constexpr (kT == WeightType::kQ8_0) {
-    for (int v = 0; v < 8; ++v) {
-      _mm512_store_si512(out[v], _mm512_loadu_si512(blk + F::kHeader + 64 * v));
-    }
+    for (int v = 0; v < 8; ++v) _mm512_store_si512(out[v], _mm512_loadu_si512(codes + 64 * v));
   } else {
     const __m512i low4 = _mm512_set1_epi8(15);
     for (int v = 0; v < 4; ++v) {
-      const __m512i w = _mm512_loadu_si512(blk + F::kHeader + 64 * v);
+      const __m512i w = _mm512_loadu_si512(codes + 64 * v);
       _mm512_store_si512(out[v], _mm512_and_si512(w, low4));
       _mm512_store_si512(out[4 + v], _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
     }
@@ -325,11 +311,12 @@ MIXKV_AMX_INT8_TARGET inline void int8_finish(const QuantizedX& qx,
                                               const std::byte* const (&pw)[kG], std::int64_t b,
                                               std::int64_t i0, const Int8Sums& sums, int r0,
                                               __m512 (&y)[kM][kG]) {
-  using F = Int8Format<kT>;
+  constexpr PanelFormat kF = panel_format(kT);
+  constexpr int kFactor = panel_factor(kT);
   __m512 dw[kG];
   [[maybe_unused]] __m512 mw[kG];
   for (int g = 0; g < kG; ++g) {
-    const std::byte* blk = pw[g] + b * F::kBytes;
+    const std::byte* blk = pw[g] + b * kF.header;
     dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
     if constexpr (kT == WeightType::kQ4_1) {
       mw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
@@ -340,11 +327,11 @@ MIXKV_AMX_INT8_TARGET inline void int8_finish(const QuantizedX& qx,
     const __m512 dx = _mm512_set1_ps(qx.d[at]);
     [[maybe_unused]] __m512i start;
     [[maybe_unused]] __m512 sx;
-    if constexpr (F::kFactor != 0) start = _mm512_set1_epi32(F::kFactor * qx.sum[at]);
+    if constexpr (kFactor != 0) start = _mm512_set1_epi32(kFactor * qx.sum[at]);
     if constexpr (kT == WeightType::kQ4_1) sx = _mm512_set1_ps(qx.s[at]);
     for (int g = 0; g < kG; ++g) {
       __m512i sum = _mm512_load_si512(sums[g][r0 + i]);
-      if constexpr (F::kFactor != 0) sum = _mm512_add_epi32(sum, start);
+      if constexpr (kFactor != 0) sum = _mm512_add_epi32(sum, start);
       y[i][g] = _mm512_fmadd_ps(_mm512_mul_ps(dw[g], dx), _mm512_cvtepi32_ps(sum), y[i][g]);
       if constexpr (kT == WeightType::kQ4_1) y[i][g] = _mm512_fmadd_ps(mw[g], sx, y[i][g]);
     }
@@ -361,21 +348,36 @@ MIXKV_AMX_INT8_TARGET inline void int8_finish(const QuantizedX& qx,
 template <WeightType kT, int kM, int kG>
 MIXKV_AMX_INT8_TARGET inline void int8_panels(const MatmulCall& c, std::int64_t p, std::int64_t i0,
                                               Int8Scratch& s) {
-  using F = Int8Format<kT>;
+  constexpr PanelFormat kF = panel_format(kT);
   static_assert(kG == 1 || kG == 2);
   const QuantizedX& qx = *c.qx;
   const std::int64_t blocks = qx.blocks, pairs = (blocks + 1) / 2;
-  const std::byte* pw[kG];
-  for (int g = 0; g < kG; ++g) pw[g] = c.packed + (p + g) * blocks * F::kBytes;
+  const std::byte* pw[kG];  // the panels' scales
+  const std::byte* pc[kG];  // their codes
+  for (int g = 0; g < kG; ++g) {
+    pw[g] = c.packed + (p + g) * kF.bytes(blocks);
+    pc[g] = pw[g] + kF.codes_at(blocks, 0);
+  }
   const std::int8_t* xa = qx.a16.data() + i0 * pairs * 128;
   __m512 y[kM][kG];
   for (int i = 0; i < kM; ++i)
     for (int g = 0; g < kG; ++g) y[i][g] = _mm512_setzero_ps();
-  // Pair q's B tiles into s.b[set]; its float steps from s.c[set].
+  // Pair q's B tiles (q8_0's whole pairs straight from the panel, whose two blocks' codes are
+  // the tile's 16 rows; the rest through s.b[set]); its float steps from s.c[set].
+  const void* src[2][kG];
   const auto make_b = [&](std::int64_t q, int set) MIXKV_AMX_INT8_TARGET {
     for (int g = 0; g < kG; ++g) {
-      int8_b<kT>(pw[g] + 2 * q * F::kBytes, s.b[set][g]);
-      if (2 * q + 1 < blocks) int8_b<kT>(pw[g] + (2 * q + 1) * F::kBytes, s.b[set][g] + 8);
+      const std::byte* codes = pc[g] + 2 * q * kF.codes;
+      if (kT == WeightType::kQ8_0 && 2 * q + 1 < blocks) {
+        for (std::int64_t o = 0; o < 2 * kF.codes; o += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(codes + 4096 + o), _MM_HINT_T0);
+        }
+        src[set][g] = codes;
+        continue;
+      }
+      int8_b<kT>(codes, s.b[set][g]);
+      if (2 * q + 1 < blocks) int8_b<kT>(codes + kF.codes, s.b[set][g] + 8);
+      src[set][g] = s.b[set][g];
     }
   };
   const auto finish = [&](std::int64_t q, int set) MIXKV_AMX_INT8_TARGET {
@@ -389,11 +391,11 @@ MIXKV_AMX_INT8_TARGET inline void int8_panels(const MatmulCall& c, std::int64_t 
   do {                                                                                   \
     __asm__ volatile("" ::: "memory"); /* B's bytes are stored before tiles load them */ \
     _tile_loadd(a, xa + q * (2 * kM * 64), 64);                                          \
-    _tile_loadd(b0, s.b[set][0], 64);                                                    \
+    _tile_loadd(b0, src[set][0], 64);                                                    \
     _tile_zero(c0);                                                                      \
     _tile_dpbsud(c0, a, b0);                                                             \
     if constexpr (kG == 2) {                                                             \
-      _tile_loadd(b1, s.b[set][kG - 1], 64);                                             \
+      _tile_loadd(b1, src[set][kG - 1], 64);                                             \
       _tile_zero(c1);                                                                    \
       _tile_dpbsud(c1, a, b1);                                                           \
     }                                                                                    \

@@ -515,9 +515,10 @@ float blocksum_emulated(WeightType type, const std::vector<std::byte>& w, std::i
 }
 
 // Shapes: one panel of 16 W rows exactly, partial last panels (37, 17, 1 rows), several panels
-// per task; one block, odd block counts, a long row.
+// per task; one block, odd block counts (the AMX-INT8 path's last block without a pair), an
+// even one (4), a long row.
 constexpr std::pair<std::int64_t, std::int64_t> kBlockSumShapes[] = {
-    {37, 1056}, {16, 96}, {17, 32}, {1, 160}, {48, 288}};
+    {37, 1056}, {16, 128}, {17, 32}, {1, 160}, {48, 288}};
 
 // Every way of computing the blocksum order this machine has: packed (read by the VNNI path
 // where it runs) or not, VNNI on or off, each instruction set; `check` sees each result.
