@@ -29,41 +29,25 @@ void MatmulRows(const float* a, const float* b, float* c, std::int64_t r0, std::
     for (std::int64_t j = 0; j < n; j += 2 * w) {
       for (std::int64_t i = r0; i < r1; i += kRows) {
         float* ci = c + i * n + j;
-        auto c00 = hn::LoadU(df, ci), c01 = hn::LoadU(df, ci + w);
-        auto c10 = hn::LoadU(df, ci + n), c11 = hn::LoadU(df, ci + n + w);
-        auto c20 = hn::LoadU(df, ci + 2 * n), c21 = hn::LoadU(df, ci + 2 * n + w);
-        auto c30 = hn::LoadU(df, ci + 3 * n), c31 = hn::LoadU(df, ci + 3 * n + w);
-        auto c40 = hn::LoadU(df, ci + 4 * n), c41 = hn::LoadU(df, ci + 4 * n + w);
-        auto c50 = hn::LoadU(df, ci + 5 * n), c51 = hn::LoadU(df, ci + 5 * n + w);
+        hn::Vec<DF> c0[kRows], c1[kRows];  // row r of the tile: columns j.. and j + w..
+        for (std::int64_t r = 0; r < kRows; ++r) {
+          c0[r] = hn::LoadU(df, ci + r * n);
+          c1[r] = hn::LoadU(df, ci + r * n + w);
+        }
         const float* ai = a + i * k;
         for (std::int64_t p = k0; p < k1; ++p) {
           const auto b0 = hn::LoadU(df, b + p * n + j);
           const auto b1 = hn::LoadU(df, b + p * n + j + w);
-          auto x = hn::Set(df, ai[p]);
-          c00 = hn::MulAdd(x, b0, c00);
-          c01 = hn::MulAdd(x, b1, c01);
-          x = hn::Set(df, ai[k + p]);
-          c10 = hn::MulAdd(x, b0, c10);
-          c11 = hn::MulAdd(x, b1, c11);
-          x = hn::Set(df, ai[2 * k + p]);
-          c20 = hn::MulAdd(x, b0, c20);
-          c21 = hn::MulAdd(x, b1, c21);
-          x = hn::Set(df, ai[3 * k + p]);
-          c30 = hn::MulAdd(x, b0, c30);
-          c31 = hn::MulAdd(x, b1, c31);
-          x = hn::Set(df, ai[4 * k + p]);
-          c40 = hn::MulAdd(x, b0, c40);
-          c41 = hn::MulAdd(x, b1, c41);
-          x = hn::Set(df, ai[5 * k + p]);
-          c50 = hn::MulAdd(x, b0, c50);
-          c51 = hn::MulAdd(x, b1, c51);
+          for (std::int64_t r = 0; r < kRows; ++r) {
+            const auto x = hn::Set(df, ai[r * k + p]);
+            c0[r] = hn::MulAdd(x, b0, c0[r]);
+            c1[r] = hn::MulAdd(x, b1, c1[r]);
+          }
         }
-        hn::StoreU(c00, df, ci), hn::StoreU(c01, df, ci + w);
-        hn::StoreU(c10, df, ci + n), hn::StoreU(c11, df, ci + n + w);
-        hn::StoreU(c20, df, ci + 2 * n), hn::StoreU(c21, df, ci + 2 * n + w);
-        hn::StoreU(c30, df, ci + 3 * n), hn::StoreU(c31, df, ci + 3 * n + w);
-        hn::StoreU(c40, df, ci + 4 * n), hn::StoreU(c41, df, ci + 4 * n + w);
-        hn::StoreU(c50, df, ci + 5 * n), hn::StoreU(c51, df, ci + 5 * n + w);
+        for (std::int64_t r = 0; r < kRows; ++r) {
+          hn::StoreU(c0[r], df, ci + r * n);
+          hn::StoreU(c1[r], df, ci + r * n + w);
+        }
       }
     }
   }

@@ -59,10 +59,36 @@ struct QuantizedX {
   std::vector<std::int32_t> c64;
   // The kBlockSum order's q8_0 / q4_0 weights: each block's sum of codes ([n][blocks]).
   std::vector<std::int32_t> sum;
+  // For the AMX-INT8 path (matmul_amx.hpp, int8_panels): per group of up to 8 rows (m rows,
+  // from row 8g at byte 8g * pairs * 128), per pair q of blocks, a tile of 2m rows of 64 codes:
+  // row h m + i holds x row 8g + i's codes of block 2q + h in bytes 32h .. 32h + 31, zeros
+  // elsewhere (and for a missing last block).
+  std::vector<std::int8_t> a16;
 };
 
 // kBlockSum's packed layout (pack_weight): panels of this many W rows, one VNNI lane each.
 constexpr std::int64_t kPanelRows = 16;
+
+// One panel of pack_weight's layout for a block format: first every block's scales (`header`
+// bytes: the 16 rows' fp16 d, q4_1 then their 16 m), then every block's codes (`codes` bytes),
+// so the codes of consecutive blocks are contiguous (an AMX B tile of two blocks is one load).
+struct PanelFormat {
+  std::int64_t header = 0, codes = 0;
+  std::int64_t bytes(std::int64_t blocks) const { return blocks * (header + codes); }
+  std::int64_t codes_at(std::int64_t blocks, std::int64_t b) const {
+    return blocks * header + b * codes;
+  }
+};
+constexpr PanelFormat panel_format(WeightType t) {
+  return t == WeightType::kQ8_0   ? PanelFormat{32, 512}
+         : t == WeightType::kQ4_0 ? PanelFormat{32, 256}
+                                  : PanelFormat{64, 256};
+}
+// The integer sums' start, times x's code sum: the packed codes are unsigned (q8_0 plus 128,
+// q4_0 as stored, 8 above its values).
+constexpr int panel_factor(WeightType t) {
+  return t == WeightType::kQ8_0 ? -128 : t == WeightType::kQ4_0 ? -8 : 0;
+}
 
 // Everything one matmul call fixes; checked before any task runs.
 struct MatmulCall {
@@ -729,11 +755,14 @@ template <WeightType kT, int kX, int kG>
 MIXKV_VNNI_ATTR HWY_NOINLINE void ptile(const MatmulCall& c, std::int64_t p0, std::int64_t i0) {
   const QuantizedX& qx = *c.qx;
   const std::int64_t blocks = qx.blocks;
-  constexpr std::int64_t kPB = kPanelRows * kBlockBytes<kT>;  // one block of a panel
-  constexpr std::int64_t kHeader = kT == WeightType::kQ4_1 ? 64 : 32;
-  constexpr int kFactor = kT == WeightType::kQ8_0 ? -128 : kT == WeightType::kQ4_0 ? -8 : 0;
-  const std::byte* pw[kG];
-  for (int g = 0; g < kG; ++g) pw[g] = c.packed + (p0 + g) * blocks * kPB;
+  constexpr PanelFormat kF = panel_format(kT);
+  constexpr int kFactor = panel_factor(kT);
+  const std::byte* pw[kG];  // the panels' scales
+  const std::byte* pc[kG];  // their codes
+  for (int g = 0; g < kG; ++g) {
+    pw[g] = c.packed + (p0 + g) * kF.bytes(blocks);
+    pc[g] = pw[g] + kF.codes_at(blocks, 0);
+  }
   const std::int8_t* xq[kX];
   const float* xd[kX];
   [[maybe_unused]] const float* xs[kX];
@@ -753,8 +782,10 @@ MIXKV_VNNI_ATTR HWY_NOINLINE void ptile(const MatmulCall& c, std::int64_t p0, st
     __m512 dw[kG];
     [[maybe_unused]] __m512 mw[kG];
     for (int g = 0; g < kG; ++g) {
-      const std::byte* blk = pw[g] + b * kPB;
-      for (std::int64_t o = 0; o < kPB; o += 64) hwy::Prefetch(blk + kAhead + o);
+      const std::byte* blk = pw[g] + b * kF.header;
+      const std::byte* codes = pc[g] + b * kF.codes;
+      for (std::int64_t o = 0; o < kF.codes; o += 64) hwy::Prefetch(codes + kAhead + o);
+      hwy::Prefetch(blk + kAhead / 8);
       dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
       if constexpr (kT == WeightType::kQ4_1)
         mw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
@@ -772,7 +803,7 @@ MIXKV_VNNI_ATTR HWY_NOINLINE void ptile(const MatmulCall& c, std::int64_t p0, st
     };
     for (int v = 0; v < (kT == WeightType::kQ8_0 ? 8 : 4); ++v) {
       for (int g = 0; g < kG; ++g) {
-        const __m512i wv = _mm512_loadu_si512(pw[g] + b * kPB + kHeader + 64 * v);
+        const __m512i wv = _mm512_loadu_si512(pc[g] + b * kF.codes + 64 * v);
         if constexpr (kT == WeightType::kQ8_0) {
           for (int i = 0; i < kX; ++i)
             sums[i][g] = _mm512_dpbusd_epi32(sums[i][g], wv, x4(i, 4 * v));
@@ -1185,34 +1216,36 @@ PackedWeight pack_weight(const WeightView& w) {
   if (w.data == nullptr) throw_invalid("pack_weight: the weight has no data");
   const std::int64_t blocks = w.cols / 32, bb = block_bytes(w.dtype);
   const std::int64_t panels = ceil_div(w.rows, detail::kPanelRows);
-  const std::int64_t pb = detail::kPanelRows * bb;  // one block of one panel
-  const std::int64_t bytes = checked_product({panels, blocks, pb}, "pack_weight");
+  const detail::PanelFormat f = detail::panel_format(w.dtype);
+  const std::int64_t bytes = checked_product({panels, blocks, f.header + f.codes}, "pack_weight");
   const std::int64_t row_bytes = blocks * bb;
   PackedWeight out;
   out.data_.reset(static_cast<std::byte*>(
       std::aligned_alloc(64, static_cast<std::size_t>(ceil_div(bytes, 64) * 64))));
   if (out.data_ == nullptr) throw std::bad_alloc();  // as a vector of that size would
   out.bytes_ = bytes;
-  std::byte* base = out.data_.get();
   const bool q8 = w.dtype == WeightType::kQ8_0, q41 = w.dtype == WeightType::kQ4_1;
-  const std::int64_t header = q41 ? 64 : 32;  // 16 d (and 16 m) as fp16
-  const std::int64_t code_bytes = bb - (q41 ? 4 : 2);
+  const std::int64_t code_bytes = bb - (q41 ? 4 : 2);  // one row's codes of one block
   for (std::int64_t p = 0; p < panels; ++p) {
+    std::byte* panel = out.data_.get() + p * f.bytes(blocks);
+    // Padding rows: zero scales and codes (q8_0's codes 0 + 128).
+    std::memset(panel, 0, static_cast<std::size_t>(f.bytes(blocks)));
+    if (q8) {
+      std::memset(panel + f.codes_at(blocks, 0), 0x80, static_cast<std::size_t>(blocks * f.codes));
+    }
     for (std::int64_t b = 0; b < blocks; ++b) {
-      std::byte* dst = base + (p * blocks + b) * pb;
-      // Padding rows: zero scales and codes (q8_0's codes 0 + 128).
-      std::memset(dst, 0, static_cast<std::size_t>(pb));
-      if (q8) std::memset(dst + header, 0x80, static_cast<std::size_t>(pb - header));
+      std::byte* scales = panel + b * f.header;
+      std::byte* dst = panel + f.codes_at(blocks, b);
       for (std::int64_t j = 0; j < detail::kPanelRows && p * detail::kPanelRows + j < w.rows; ++j) {
         const std::byte* src = w.data + (p * detail::kPanelRows + j) * row_bytes + b * bb;
-        std::memcpy(dst + 2 * j, src, 2);
-        if (q41) std::memcpy(dst + 32 + 2 * j, src + 2, 2);
+        std::memcpy(scales + 2 * j, src, 2);
+        if (q41) std::memcpy(scales + 32 + 2 * j, src + 2, 2);
         const std::byte* codes = src + (bb - code_bytes);
         // Vector v, lane j: four bytes of row j (q8_0 made unsigned by adding 128).
         for (std::int64_t v = 0; v < code_bytes / 4; ++v) {
           for (std::int64_t t = 0; t < 4; ++t) {
             const std::byte c = codes[4 * v + t];
-            dst[header + 64 * v + 4 * j + t] = q8 ? (c ^ std::byte{0x80}) : c;
+            dst[64 * v + 4 * j + t] = q8 ? (c ^ std::byte{0x80}) : c;
           }
         }
       }
@@ -1243,7 +1276,7 @@ std::int64_t check_product(const WeightView& w, std::int64_t xs, std::size_t ys,
 
 // The block formats' x (QuantizedX) for weights of `type` read in `order`: n rows of cols floats.
 void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int64_t n,
-                std::int64_t cols, bool vnni, detail::QuantizedX& qx) {
+                std::int64_t cols, bool vnni, bool int8_tiles, detail::QuantizedX& qx) {
   const bool sums = type == WeightType::kQ4_1;
   const bool block_sum = order == ReductionOrder::kBlockSum;
   qx.blocks = cols / 32;
@@ -1258,6 +1291,18 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
     std::int32_t sum = 0;
     for (std::size_t e = 0; e < 32; ++e) sum += qx.q[32 * b + e];
     qx.sum[b] = sum;
+  }
+  // The AMX-INT8 path's tiles of the same codes (see QuantizedX).
+  const std::int64_t pairs = (qx.blocks + 1) / 2;
+  qx.a16.assign(int8_tiles ? static_cast<std::size_t>(n * pairs * 128) : 0, 0);
+  for (std::int64_t i = 0; int8_tiles && i < n; ++i) {
+    const std::int64_t g0 = i / 8 * 8, m = std::min<std::int64_t>(8, n - g0);
+    std::int8_t* group = qx.a16.data() + g0 * pairs * 128;
+    for (std::int64_t b = 0; b < qx.blocks; ++b) {
+      const std::int64_t h = b % 2;
+      std::memcpy(group + (b / 2) * (2 * m * 64) + (h * m + i - g0) * 64 + 32 * h,
+                  qx.q.data() + (i * qx.blocks + b) * 32, 32);
+    }
   }
   // The VNNI path's layout of the same codes (see QuantizedX), where that path may run (the
   // ggml order's; the blocksum order broadcasts x's codes from q).
@@ -1278,6 +1323,22 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
       }
     }
   }
+}
+
+// Whether the packed blocksum order of a `type` weight takes AMX-INT8 tiles for n rows of x (the
+// same bits as the VNNI path: the same integers, the same float steps; docs/kernels.md), from
+// the row count where they were measured to cost less than the VNNI passes (W in L2, one
+// thread: the tiles cost about the same for 1-8 rows, 1.6-2.4 ms per 4096 x 14336; VNNI grows
+// by ~0.25 ms per row from 0.5 (q4_1) or 1.3 ms (q8_0)).
+bool int8_tiles_for(WeightType type, ReductionOrder order, std::int64_t n) {
+#ifdef MIXKV_MATMUL_AMX
+  const std::int64_t min_rows = type == WeightType::kQ8_0 ? 6 : 5;
+  return order == ReductionOrder::kBlockSum && quantizes_x(type) && n >= min_rows &&
+         detail::amx::int8_available();
+#else
+  (void)type, (void)order, (void)n;
+  return false;
+#endif
 }
 
 #ifdef MIXKV_MATMUL_AMX
@@ -1362,7 +1423,10 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
                    : type == WeightType::kQ4_0 ? 1
                                                : 2) +
                   (order == ReductionOrder::kBlockSum ? 3 : 0);
-    if (!done[k]) quantize_x(type, order, x.data(), n, cols, vnni, quantized[k]);
+    if (!done[k]) {
+      quantize_x(type, order, x.data(), n, cols, vnni, int8_tiles_for(type, order, n),
+                 quantized[k]);
+    }
     done[k] = true;
     return &quantized[k];
   };
@@ -1371,19 +1435,8 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   const auto tile_rows = [](const detail::MatmulCall& c) {
     return c.packed != nullptr ? detail::kPanelRows : detail::kTileW;
   };
-  // The packed blocksum order takes AMX-INT8 tiles from a few rows of x on (the same bits as the
-  // VNNI path: the same integers, the same float steps; docs/kernels.md). Measured: q8_0's tiles
-  // read B straight from the panel and win from 2 rows; q4's nibbles are spread to bytes first,
-  // which one VNNI pass does not need, so from 5.
   const auto int8_tiles = [](const detail::MatmulCall& c) {
-#ifdef MIXKV_MATMUL_AMX
-    const std::int64_t min_rows = c.type == WeightType::kQ8_0 ? 2 : 5;
-    return c.packed != nullptr && c.order == ReductionOrder::kBlockSum && c.n >= min_rows &&
-           detail::amx::int8_available();
-#else
-    (void)c;
-    return false;
-#endif
+    return c.packed != nullptr && int8_tiles_for(c.type, c.order, c.n);
   };
   // One call per product; AMX products run on their own (their x has its own tile form), the
   // others in one parallel region below.

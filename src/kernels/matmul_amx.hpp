@@ -221,15 +221,20 @@ MIXKV_AMX_TARGET inline void run_rows(const MatmulCall& c, const XTiles& xt, std
 
 // ---- The block formats in the kBlockSum order on AMX-INT8 (TDPBSUD) ----
 //
-// The integer block sums I_b of up to 16 x rows against a panel of 16 W rows are one tile
+// The integer block sums I_b of up to 8 x rows against a panel of 16 W rows are one tile
 // product per block: A = the x rows' 32 codes of block b (signed, straight from QuantizedX: the
 // row stride is the x row), B = the panel's block in pack_weight's layout (8 rows of 64 bytes,
 // row k holding each W row's codes 4k..4k+3, unsigned: q8_0 plus 128, q4 as stored, whose
 // nibbles are first spread to bytes), C[i][j] = I for x row i and W row j, exact in int32 (plus
 // the same -128 / -8 times x's code sum as the VNNI path). Row i of C is then the 16 lanes the
 // VNNI path holds for x row i, and the float steps are the same ones lane for lane, so both
-// paths give the same bits (whichever the row count picks). Two tile sets alternate, so one
-// block's tile product runs while the previous block's float steps do.
+// paths give the same bits (whichever the row count picks).
+//
+// Software-pipelined by one block: the tiles go through memory twice (q4's spread bytes into
+// the B tile, the C tile out to the float steps), and a load right after the store that feeds
+// it waits for the store to drain (measured: half the kernel's time sat behind those two
+// loads). So block b's tile products run while block b + 1's nibbles are spread and block
+// b - 1's sums take their float steps, each from scratch written one block earlier.
 #define MIXKV_AMX_INT8_TARGET \
   __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
 
@@ -252,188 +257,165 @@ inline bool int8_available() {
   return ok && switched_on().load(std::memory_order_relaxed);
 }
 
-// Tiles 0, 1: C (m x 16 int32); 2, 3: A (m x 32 codes); 4, 5: B (8 x 64 bytes).
+// x rows per group of tiles and panels per group (two tile products in flight per pair).
+constexpr int kInt8Rows = 8;
+constexpr int kInt8Panels = 2;
+
+// Two tile sets, by pair parity (tile registers are not renamed: a tile written again waits for
+// every reader of its last value, so pair q + 1's products would queue behind pair q's stores):
+// tiles 0-1 and 2-3 C (2m x 16 int32), one per panel; 4 and 5 A (2m x 64 codes); 6-7 B (16 x 64
+// bytes), one per panel (with one panel, 6 and 7 by parity).
 MIXKV_AMX_INT8_TARGET inline void configure_int8(std::int64_t m) {
   TileConfig cfg;
-  const auto rows = static_cast<std::uint8_t>(m);
-  for (int t : {0, 1}) cfg.rows[t] = rows, cfg.colsb[t] = 64;
-  for (int t : {2, 3}) cfg.rows[t] = rows, cfg.colsb[t] = 32;
-  for (int t : {4, 5}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
+  const auto rows = static_cast<std::uint8_t>(2 * m);
+  for (int t : {0, 1, 2, 3, 4, 5}) cfg.rows[t] = rows, cfg.colsb[t] = 64;
+  for (int t : {6, 7}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
 }
 
+// The two pairs in flight, by parity: each panel's C as stored (row h m + i: x row i, block
+// 2q + h; column j: W row j), and its B tiles (the pair's codes as bytes).
 struct Int8Scratch {
-  alignas(64) std::int32_t c[3][kTileRows][16];
-  alignas(64) std::uint8_t b[3][8][64];
+  alignas(64) std::int32_t c[2][kInt8Panels][2 * kInt8Rows][16];
+  alignas(64) std::uint8_t b[2][kInt8Panels][16][64];
 };
+using Int8Sums = std::int32_t[kInt8Panels][2 * kInt8Rows][16];
 
-// kM x rows from i0 against panel p, every block, into y (the partial last panel's padding rows
-// are not stored).
-template <WeightType kT, int kM>
-MIXKV_AMX_INT8_TARGET inline void int8_panel(const MatmulCall& c, std::int64_t p, std::int64_t i0,
-                                             Int8Scratch& s) {
-  const QuantizedX& qx = *c.qx;
-  const std::int64_t blocks = qx.blocks;
-  constexpr std::int64_t kBB = kT == WeightType::kQ8_0 ? 34 : kT == WeightType::kQ4_0 ? 18 : 20;
-  constexpr std::int64_t kPB = kPanelRows * kBB;
-  constexpr std::int64_t kHeader = kT == WeightType::kQ4_1 ? 64 : 32;
-  constexpr int kFactor = kT == WeightType::kQ8_0 ? -128 : kT == WeightType::kQ4_0 ? -8 : 0;
-  constexpr std::int64_t kAhead = 2048;  // bytes ahead of the loads that the panel is asked for
-  const std::byte* pw = c.packed + p * blocks * kPB;
-  const std::int8_t* xa = qx.q.data() + i0 * blocks * 32;
-  const auto xstride = static_cast<long>(blocks * 32);
-  __m512 y[kM];
-  for (int i = 0; i < kM; ++i) y[i] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(15);
-  // B of block b: q8_0 straight from the panel; q4 with its nibbles spread to bytes.
-  const auto b_tile = [&](std::int64_t b, int set) MIXKV_AMX_INT8_TARGET -> const void* {
-    const std::byte* blk = pw + b * kPB;
-    for (std::int64_t o = 0; o < kPB; o += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + o), _MM_HINT_T0);
-    }
-    if constexpr (kT == WeightType::kQ8_0) {
-      return blk + kHeader;
-    } else {
-      for (int v = 0; v < 4; ++v) {
-        const __m512i w = _mm512_loadu_si512(blk + kHeader + 64 * v);
-        _mm512_store_si512(s.b[set][v], _mm512_and_si512(w, low4));
-        _mm512_store_si512(s.b[set][4 + v], _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
-      }
-      __asm__ volatile("" ::: "memory");  // the stores above before the tile load reads them
-      return s.b[set];
-    }
-  };
-  const auto finish = [&](std::int64_t b, int set) MIXKV_AMX_INT8_TARGET {
-    const std::byte* blk = pw + b * kPB;
-    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-    [[maybe_unused]] __m512 mw;
-    if constexpr (kT == WeightType::kQ4_1) {
-      mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-    }
-    for (int i = 0; i < kM; ++i) {
-      const std::int64_t at = (i0 + i) * blocks + b;
-      __m512i sum = _mm512_load_si512(s.c[set][i]);
-      if constexpr (kFactor != 0) {
-        sum = _mm512_add_epi32(sum,
-                               _mm512_set1_epi32(kFactor * qx.sum[static_cast<std::size_t>(at)]));
-      }
-      const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[static_cast<std::size_t>(at)]));
-      y[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), y[i]);
-      if constexpr (kT == WeightType::kQ4_1) {
-        y[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(qx.s[static_cast<std::size_t>(at)]), y[i]);
-      }
-    }
-  };
-  std::int64_t b = 0;
-  for (; b + 2 <= blocks; b += 2) {
-    _tile_loadd(2, xa + b * 32, xstride);
-    _tile_loadd(4, b_tile(b, 0), 64);
-    _tile_zero(0);
-    _tile_dpbsud(0, 2, 4);
-    _tile_stored(0, s.c[0], 64);
-    _tile_loadd(3, xa + (b + 1) * 32, xstride);
-    _tile_loadd(5, b_tile(b + 1, 1), 64);
-    _tile_zero(1);
-    _tile_dpbsud(1, 3, 5);
-    _tile_stored(1, s.c[1], 64);
-    finish(b, 0);
-    finish(b + 1, 1);
+// Rows 8h .. 8h + 7 of a B tile from one block's codes in a panel, asking for the bytes a
+// little ahead: q8_0's copied, q4's nibbles spread to bytes (rows 0-3 the low nibbles, codes
+// 4v..4v+3, rows 4-7 the high ones, codes 16 + 4v..).
+template <WeightType kT>
+MIXKV_AMX_INT8_TARGET inline void int8_b(const std::byte* codes, std::uint8_t (*out)[64]) {
+  constexpr PanelFormat kF = panel_format(kT);
+  constexpr std::int64_t kAhead = 4096;
+  for (std::int64_t o = 0; o < kF.codes; o += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(codes + kAhead + o), _MM_HINT_T0);
   }
-  if (b < blocks) {
-    _tile_loadd(2, xa + b * 32, xstride);
-    _tile_loadd(4, b_tile(b, 0), 64);
-    _tile_zero(0);
-    _tile_dpbsud(0, 2, 4);
-    _tile_stored(0, s.c[0], 64);
-    finish(b, 0);
-  }
-  const std::int64_t r0 = p * kPanelRows, left = c.rows - r0;
-  for (int i = 0; i < kM; ++i) {
-    float* out = c.y + (i0 + i) * c.rows + r0;
-    if (left >= kPanelRows) {
-      _mm512_storeu_ps(out, y[i]);
-    } else {
-      _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << left) - 1), y[i]);
+  if constexpr (kT == WeightType::kQ8_0) {
+    for (int v = 0; v < 8; ++v) _mm512_store_si512(out[v], _mm512_loadu_si512(codes + 64 * v));
+  } else {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    for (int v = 0; v < 4; ++v) {
+      const __m512i w = _mm512_loadu_si512(codes + 64 * v);
+      _mm512_store_si512(out[v], _mm512_and_si512(w, low4));
+      _mm512_store_si512(out[4 + v], _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
     }
   }
 }
 
-// Three panels (from p) at once against kM <= 8 x rows: one A tile of x codes per block meets
-// three B tiles into three C tiles (tiles 0-2 C, 3 A, 4-6 B; configured by configure_int8x3),
-// so three tile products are in flight while the float steps of the last block run.
-template <WeightType kT, int kM>
-MIXKV_AMX_INT8_TARGET inline void int8_panels3(const MatmulCall& c, std::int64_t p, std::int64_t i0,
-                                               Int8Scratch& s) {
-  const QuantizedX& qx = *c.qx;
-  const std::int64_t blocks = qx.blocks;
-  constexpr std::int64_t kBB = kT == WeightType::kQ8_0 ? 34 : kT == WeightType::kQ4_0 ? 18 : 20;
-  constexpr std::int64_t kPB = kPanelRows * kBB;
-  constexpr std::int64_t kHeader = kT == WeightType::kQ4_1 ? 64 : 32;
-  constexpr int kFactor = kT == WeightType::kQ8_0 ? -128 : kT == WeightType::kQ4_0 ? -8 : 0;
-  constexpr std::int64_t kAhead = 2048;
-  const std::byte* pw[3];
-  for (int g = 0; g < 3; ++g) pw[g] = c.packed + (p + g) * blocks * kPB;
-  const std::int8_t* xa = qx.q.data() + i0 * blocks * 32;
-  const auto xstride = static_cast<long>(blocks * 32);
-  __m512 y[kM][3];
-  for (int i = 0; i < kM; ++i)
-    for (int g = 0; g < 3; ++g) y[i][g] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(15);
-  const auto b_tile = [&](std::int64_t b, int g) MIXKV_AMX_INT8_TARGET -> const void* {
-    const std::byte* blk = pw[g] + b * kPB;
-    for (std::int64_t o = 0; o < kPB; o += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(blk + kAhead + o), _MM_HINT_T0);
-    }
-    if constexpr (kT == WeightType::kQ8_0) {
-      return blk + kHeader;
-    } else {
-      for (int v = 0; v < 4; ++v) {
-        const __m512i w = _mm512_loadu_si512(blk + kHeader + 64 * v);
-        _mm512_store_si512(s.b[g][v], _mm512_and_si512(w, low4));
-        _mm512_store_si512(s.b[g][4 + v], _mm512_and_si512(_mm512_srli_epi16(w, 4), low4));
-      }
-      __asm__ volatile("" ::: "memory");
-      return s.b[g];
-    }
-  };
-  for (std::int64_t b = 0; b < blocks; ++b) {
-    _tile_loadd(3, xa + b * 32, xstride);
-    _tile_loadd(4, b_tile(b, 0), 64);
-    _tile_loadd(5, b_tile(b, 1), 64);
-    _tile_loadd(6, b_tile(b, 2), 64);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_dpbsud(0, 3, 4);
-    _tile_dpbsud(1, 3, 5);
-    _tile_dpbsud(2, 3, 6);
-    _tile_stored(0, s.c[0], 64);
-    _tile_stored(1, s.c[1], 64);
-    _tile_stored(2, s.c[2], 64);
-    for (int g = 0; g < 3; ++g) {
-      const std::byte* blk = pw[g] + b * kPB;
-      const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
-      [[maybe_unused]] __m512 mw;
-      if constexpr (kT == WeightType::kQ4_1) {
-        mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
-      }
-      for (int i = 0; i < kM; ++i) {
-        const std::int64_t at = (i0 + i) * blocks + b;
-        __m512i sum = _mm512_load_si512(s.c[g][i]);
-        if constexpr (kFactor != 0) {
-          sum = _mm512_add_epi32(sum,
-                                 _mm512_set1_epi32(kFactor * qx.sum[static_cast<std::size_t>(at)]));
-        }
-        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(qx.d[static_cast<std::size_t>(at)]));
-        y[i][g] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sum), y[i][g]);
-        if constexpr (kT == WeightType::kQ4_1) {
-          y[i][g] =
-              _mm512_fmadd_ps(mw, _mm512_set1_ps(qx.s[static_cast<std::size_t>(at)]), y[i][g]);
-        }
-      }
+// The float steps of block b for kM x rows (from i0; C rows r0 + i) and kG panels (`pw`), lane
+// j the panel's W row j: I = C (+ the start), y = fma(d_w * d_x, float(I), y), q4_1 then
+// y = fma(m_w, s_x, y): the VNNI path's steps, lane for lane.
+template <WeightType kT, int kM, int kG>
+MIXKV_AMX_INT8_TARGET inline void int8_finish(const QuantizedX& qx,
+                                              const std::byte* const (&pw)[kG], std::int64_t b,
+                                              std::int64_t i0, const Int8Sums& sums, int r0,
+                                              __m512 (&y)[kM][kG]) {
+  constexpr PanelFormat kF = panel_format(kT);
+  constexpr int kFactor = panel_factor(kT);
+  __m512 dw[kG];
+  [[maybe_unused]] __m512 mw[kG];
+  for (int g = 0; g < kG; ++g) {
+    const std::byte* blk = pw[g] + b * kF.header;
+    dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
+    if constexpr (kT == WeightType::kQ4_1) {
+      mw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     }
   }
-  for (int g = 0; g < 3; ++g) {
+  for (int i = 0; i < kM; ++i) {
+    const auto at = static_cast<std::size_t>((i0 + i) * qx.blocks + b);
+    const __m512 dx = _mm512_set1_ps(qx.d[at]);
+    [[maybe_unused]] __m512i start;
+    [[maybe_unused]] __m512 sx;
+    if constexpr (kFactor != 0) start = _mm512_set1_epi32(kFactor * qx.sum[at]);
+    if constexpr (kT == WeightType::kQ4_1) sx = _mm512_set1_ps(qx.s[at]);
+    for (int g = 0; g < kG; ++g) {
+      __m512i sum = _mm512_load_si512(sums[g][r0 + i]);
+      if constexpr (kFactor != 0) sum = _mm512_add_epi32(sum, start);
+      y[i][g] = _mm512_fmadd_ps(_mm512_mul_ps(dw[g], dx), _mm512_cvtepi32_ps(sum), y[i][g]);
+      if constexpr (kT == WeightType::kQ4_1) y[i][g] = _mm512_fmadd_ps(mw[g], sx, y[i][g]);
+    }
+  }
+}
+
+// kG (1 or 2) panels from p against kM <= 8 x rows from i0, every block, into y (a partial
+// last panel's padding rows are not stored). Blocks go in pairs: one tile product per panel
+// and pair, A = QuantizedX::a16 (x row i's codes of block 2q + h in row h kM + i, columns
+// 32h .. 32h + 31, zeros elsewhere), B = the pair's codes (rows 0-7 block 2q, 8-15 block
+// 2q + 1), so C row h kM + i sums block 2q + h alone: a full-size tile product for 2 x 8 rows
+// where one block would fill a quarter of one, and half the tile instructions. An odd last
+// block leaves B's rows 8-15 as they were: A's zeros meet them. Tiles as configure_int8 sets.
+template <WeightType kT, int kM, int kG>
+MIXKV_AMX_INT8_TARGET inline void int8_panels(const MatmulCall& c, std::int64_t p, std::int64_t i0,
+                                              Int8Scratch& s) {
+  constexpr PanelFormat kF = panel_format(kT);
+  static_assert(kG == 1 || kG == 2);
+  const QuantizedX& qx = *c.qx;
+  const std::int64_t blocks = qx.blocks, pairs = (blocks + 1) / 2;
+  const std::byte* pw[kG];  // the panels' scales
+  const std::byte* pc[kG];  // their codes
+  for (int g = 0; g < kG; ++g) {
+    pw[g] = c.packed + (p + g) * kF.bytes(blocks);
+    pc[g] = pw[g] + kF.codes_at(blocks, 0);
+  }
+  const std::int8_t* xa = qx.a16.data() + i0 * pairs * 128;
+  __m512 y[kM][kG];
+  for (int i = 0; i < kM; ++i)
+    for (int g = 0; g < kG; ++g) y[i][g] = _mm512_setzero_ps();
+  // Pair q's B tiles (q8_0's whole pairs straight from the panel, whose two blocks' codes are
+  // the tile's 16 rows; the rest through s.b[set]); its float steps from s.c[set].
+  const void* src[2][kG];
+  const auto make_b = [&](std::int64_t q, int set) MIXKV_AMX_INT8_TARGET {
+    for (int g = 0; g < kG; ++g) {
+      const std::byte* codes = pc[g] + 2 * q * kF.codes;
+      if (kT == WeightType::kQ8_0 && 2 * q + 1 < blocks) {
+        for (std::int64_t o = 0; o < 2 * kF.codes; o += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(codes + 4096 + o), _MM_HINT_T0);
+        }
+        src[set][g] = codes;
+        continue;
+      }
+      int8_b<kT>(codes, s.b[set][g]);
+      if (2 * q + 1 < blocks) int8_b<kT>(codes + kF.codes, s.b[set][g] + 8);
+      src[set][g] = s.b[set][g];
+    }
+  };
+  const auto finish = [&](std::int64_t q, int set) MIXKV_AMX_INT8_TARGET {
+    int8_finish<kT, kM, kG>(qx, pw, 2 * q, i0, s.c[set], 0, y);
+    if (2 * q + 1 < blocks) int8_finish<kT, kM, kG>(qx, pw, 2 * q + 1, i0, s.c[set], kM, y);
+  };
+  make_b(0, 0);
+  // Pair q on tile set `set` (tile numbers are literals in the instructions, hence a macro):
+  // its products into scratch, then pair q + 1's B tiles made, then pair q - 1's float steps.
+#define MIXKV_INT8_PAIR(set, c0, c1, a, b0, b1)                                          \
+  do {                                                                                   \
+    __asm__ volatile("" ::: "memory"); /* B's bytes are stored before tiles load them */ \
+    _tile_loadd(a, xa + q * (2 * kM * 64), 64);                                          \
+    _tile_loadd(b0, src[set][0], 64);                                                    \
+    _tile_zero(c0);                                                                      \
+    _tile_dpbsud(c0, a, b0);                                                             \
+    if constexpr (kG == 2) {                                                             \
+      _tile_loadd(b1, src[set][kG - 1], 64);                                             \
+      _tile_zero(c1);                                                                    \
+      _tile_dpbsud(c1, a, b1);                                                           \
+    }                                                                                    \
+    _tile_stored(c0, s.c[set][0], 64);                                                   \
+    if constexpr (kG == 2) _tile_stored(c1, s.c[set][kG - 1], 64);                       \
+    if (q + 1 < pairs) make_b(q + 1, (set) ^ 1);                                         \
+    if (q > 0) finish(q - 1, (set) ^ 1);                                                 \
+  } while (false)
+  for (std::int64_t q = 0; q < pairs; ++q) {
+    MIXKV_INT8_PAIR(0, 0, 1, 4, 6, 7);
+    if (++q == pairs) break;
+    if constexpr (kG == 2) {
+      MIXKV_INT8_PAIR(1, 2, 3, 5, 6, 7);
+    } else {
+      MIXKV_INT8_PAIR(1, 2, 3, 5, 7, 7);
+    }
+  }
+#undef MIXKV_INT8_PAIR
+  finish(pairs - 1, static_cast<int>((pairs - 1) & 1));
+  for (int g = 0; g < kG; ++g) {
     const std::int64_t r0 = (p + g) * kPanelRows, left = c.rows - r0;
     for (int i = 0; i < kM; ++i) {
       float* out = c.y + (i0 + i) * c.rows + r0;
@@ -446,61 +428,37 @@ MIXKV_AMX_INT8_TARGET inline void int8_panels3(const MatmulCall& c, std::int64_t
   }
 }
 
-// Tiles 0-2: C (m x 16 int32); 3: A (m x 32 codes); 4-6: B (8 x 64 bytes).
-MIXKV_AMX_INT8_TARGET inline void configure_int8x3(std::int64_t m) {
-  TileConfig cfg;
-  const auto rows = static_cast<std::uint8_t>(m);
-  for (int t : {0, 1, 2}) cfg.rows[t] = rows, cfg.colsb[t] = 64;
-  cfg.rows[3] = rows, cfg.colsb[3] = 32;
-  for (int t : {4, 5, 6}) cfg.rows[t] = 8, cfg.colsb[t] = 64;
-  _tile_loadconfig(&cfg);
-}
-
 template <WeightType kT, int kM = 1>
-MIXKV_AMX_INT8_TARGET inline void int8_group3(const MatmulCall& c, std::int64_t p, std::int64_t i0,
-                                              std::int64_t m, Int8Scratch& s) {
-  if constexpr (kM < 8) {
-    if (m > kM) return int8_group3<kT, kM + 1>(c, p, i0, m, s);
+MIXKV_AMX_INT8_TARGET inline void int8_group(const MatmulCall& c, std::int64_t p, int panels,
+                                             std::int64_t i0, std::int64_t m, Int8Scratch& s) {
+  if constexpr (kM < kInt8Rows) {
+    if (m > kM) return int8_group<kT, kM + 1>(c, p, panels, i0, m, s);
   }
-  int8_panels3<kT, kM>(c, p, i0, s);
+  if (panels == kInt8Panels) {
+    int8_panels<kT, kM, kInt8Panels>(c, p, i0, s);
+  } else {
+    int8_panels<kT, kM, 1>(c, p, i0, s);
+  }
 }
 
-template <WeightType kT, int kM = 1>
-MIXKV_AMX_INT8_TARGET inline void int8_group(const MatmulCall& c, std::int64_t p, std::int64_t i0,
-                                             std::int64_t m, Int8Scratch& s) {
-  if constexpr (kM < kTileRows) {
-    if (m > kM) return int8_group<kT, kM + 1>(c, p, i0, m, s);
-  }
-  int8_panel<kT, kM>(c, p, i0, s);
-}
-
-// W rows [r0, r1) (whole panels but the last) against every x row, panel by panel: each panel
-// meets every group of 16 x rows while it is in cache.
+// W rows [r0, r1) (whole panels but the last) against every x row: two panels at a time (one
+// at a time for the last one or two), each group meeting every group of 8 x rows while its
+// panels are in cache.
 template <WeightType kT>
 MIXKV_AMX_INT8_TARGET inline void int8_rows_of(const MatmulCall& c, std::int64_t r0,
                                                std::int64_t r1) {
-  Int8Scratch s;
+  Int8Scratch s{};  // zeros: an odd last block's B rows 8-15 are read before any pair wrote them
   std::int64_t shape = -1;
-  std::int64_t p = r0 / kPanelRows;
   const std::int64_t p_end = (r1 + kPanelRows - 1) / kPanelRows;
-  // Three panels at a time, against groups of up to 8 x rows (their 3 x 8 accumulators fill
-  // the registers); a last one or two panels against groups of up to 16.
-  for (; p + 3 <= p_end; p += 3) {
-    for (std::int64_t i0 = 0; i0 < c.n; i0 += 8) {
-      const std::int64_t m = std::min<std::int64_t>(8, c.n - i0);
-      if (m != shape) configure_int8x3(m);
-      shape = m;
-      int8_group3<kT>(c, p, i0, m, s);
-    }
-  }
-  shape = -1;  // the other tile shapes
-  for (; p < p_end; ++p) {
-    for (std::int64_t i0 = 0; i0 < c.n; i0 += kTileRows) {
-      const std::int64_t m = std::min<std::int64_t>(kTileRows, c.n - i0);
+  for (std::int64_t p = r0 / kPanelRows; p < p_end;) {
+    const int panels = p + kInt8Panels <= p_end ? kInt8Panels : 1;
+    for (std::int64_t i0 = 0; i0 < c.n; i0 += kInt8Rows) {
+      const std::int64_t m = std::min<std::int64_t>(kInt8Rows, c.n - i0);
       if (m != shape) configure_int8(m);
       shape = m;
-      int8_group<kT>(c, p, i0, m, s);
+      int8_group<kT>(c, p, panels, i0, m, s);
     }
+    p += panels;
   }
   _tile_release();
 }

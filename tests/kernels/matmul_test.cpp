@@ -149,6 +149,15 @@ XBlock reference_quantize(const float* x) {
   return out;
 }
 
+// Code e of a block-format weight block as the products use it: q8_0 signed, q4_0 as q - 8,
+// q4_1 as stored.
+int weight_code(WeightType type, const std::byte* block, std::int64_t e) {
+  if (type == WeightType::kQ8_0) return static_cast<std::int8_t>(block[2 + e]);
+  const bool q41 = type == WeightType::kQ4_1;
+  const auto byte = static_cast<std::uint8_t>(block[(q41 ? 4 : 2) + e % 16]);
+  return (e < 16 ? byte & 15 : byte >> 4) - (q41 ? 0 : 8);
+}
+
 // The product of W's row r and x's row `xr` (cols floats), in double: for float types over the
 // exact values; for the block formats as ggml defines its dot, sum over blocks of
 // d_w d_x sum(q_w q_x) (+ m_w s_x for q4_1), q_w as stored (q4_0: q - 8), over quantised x.
@@ -173,15 +182,7 @@ double reference_product(WeightType type, const std::vector<std::byte>& w, std::
     const double dw = fp16_to_float(u16(block));
     double dot = 0, dot_mag = 0;
     for (std::int64_t e = 0; e < 32; ++e) {
-      // reference_element is q_w d_w (+ m_w): take the code back out of it exactly.
-      int q = 0;
-      if (type == WeightType::kQ8_0) {
-        q = static_cast<std::int8_t>(block[2 + e]);
-      } else {
-        const bool q41 = type == WeightType::kQ4_1;
-        const auto byte = static_cast<std::uint8_t>(block[(q41 ? 4 : 2) + e % 16]);
-        q = (e < 16 ? byte & 15 : byte >> 4) - (q41 ? 0 : 8);
-      }
+      const int q = weight_code(type, block, e);
       dot += q * xb.q[e];
       dot_mag += std::abs(q * xb.q[e]);
     }
@@ -495,14 +496,7 @@ float blocksum_emulated(WeightType type, const std::vector<std::byte>& w, std::i
     const std::byte* block = row + b * block_bytes;
     std::int32_t sum = 0;
     for (int e = 0; e < 32; ++e) {
-      int q = 0;
-      if (type == WeightType::kQ8_0) {
-        q = static_cast<std::int8_t>(block[2 + e]);
-      } else {
-        const bool q41 = type == WeightType::kQ4_1;
-        const auto byte = static_cast<std::uint8_t>(block[(q41 ? 4 : 2) + e % 16]);
-        q = (e < 16 ? byte & 15 : byte >> 4) - (q41 ? 0 : 8);
-      }
+      const int q = weight_code(type, block, e);
       sum += q * xb.q[e];
     }
     const float d = fp16_to_float(u16(block)) * static_cast<float>(xb.d);
@@ -515,9 +509,10 @@ float blocksum_emulated(WeightType type, const std::vector<std::byte>& w, std::i
 }
 
 // Shapes: one panel of 16 W rows exactly, partial last panels (37, 17, 1 rows), several panels
-// per task; one block, odd block counts, a long row.
+// per task; one block, odd block counts (the AMX-INT8 path's last block without a pair), an
+// even one (4), a long row.
 constexpr std::pair<std::int64_t, std::int64_t> kBlockSumShapes[] = {
-    {37, 1056}, {16, 96}, {17, 32}, {1, 160}, {48, 288}};
+    {37, 1056}, {16, 128}, {17, 32}, {1, 160}, {48, 288}};
 
 // Every way of computing the blocksum order this machine has: packed (read by the VNNI path
 // where it runs) or not, VNNI on or off, each instruction set; `check` sees each result.

@@ -66,13 +66,13 @@ struct WeightView {
   const std::byte* packed = nullptr;
 };
 
-// A block-format weight laid out for the kBlockSum VNNI path, made once (at load): per panel of
-// 16 W rows (the last one padded with zero rows) and per block of 32 columns, the 16 rows' fp16
-// d (q4_1: then their 16 m), then the codes as vectors of 16 lanes, lane j holding four bytes of
-// row j (q8_0: codes 4k..4k+3 plus 128, k = 0..7; q4_0/q4_1: bytes 4v..4v+3 of the row's block,
-// i.e. codes 4v.. in the low and 16 + 4v.. in the high nibbles, v = 0..3). About the bytes of the
-// original (plus the padding rows): once packed, a caller that only multiplies may let the
-// original's pages go.
+// A block-format weight laid out for the kBlockSum VNNI and AMX-INT8 paths, made once (at
+// load): per panel of 16 W rows (the last one padded with zero rows), first every block's
+// scales (the 16 rows' fp16 d, q4_1 then their 16 m), then every block's codes as vectors of 16
+// lanes, lane j holding four bytes of row j (q8_0: codes 4k..4k+3 plus 128, k = 0..7;
+// q4_0/q4_1: bytes 4v..4v+3 of the row's block, i.e. codes 4v.. in the low and 16 + 4v.. in the
+// high nibbles, v = 0..3). About the bytes of the original (plus the padding rows): once packed,
+// a caller that only multiplies may let the original's pages go.
 class PackedWeight {
  public:
   PackedWeight() = default;
