@@ -61,7 +61,7 @@ Action add_generate_command(CLI::App& app) {
     std::string model;
     std::string draft;
     std::optional<int> draft_layers;  // --draft self
-    std::string weight_order = "ggml";
+    std::string weight_order = kDefaultWeightOrder;
     int num_spec_tokens = 3;
     std::string prompt;
     std::vector<engine::TokenId> prompt_ids;

@@ -76,9 +76,9 @@ Loaded load_model(const std::string& ref) {
 
 void add_weight_order_option(CLI::App& cmd, std::string& order) {
   cmd.add_option("--weight-order", order,
-                 "Reduction order of the q8_0/q4_0/q4_1 weight products: ggml (llama.cpp's bits) "
-                 "or blocksum (packed weights; verify and batched rows cost little more than one "
-                 "row; docs/kernels.md)")
+                 "Reduction order of the q8_0/q4_0/q4_1 weight products: blocksum (packed "
+                 "weights; verify and batched rows cost little more than one row) or ggml "
+                 "(llama.cpp's bits); docs/kernels.md")
       ->capture_default_str()
       ->check(CLI::IsMember({"ggml", "blocksum"}));
 }

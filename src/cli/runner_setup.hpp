@@ -55,11 +55,12 @@ std::vector<tokenizer::TokenId> end_of_generation_ids(const tokenizer::Tokenizer
 bool is_directory(const std::string& ref);
 
 // --weight-order TEXT of generate, bench-generate and serve: the reduction order of the block-
-// format weight products (q8_0, q4_0, q4_1; docs/kernels.md). "ggml" (the default: llama.cpp's
-// bits) or "blocksum" (one integer sum per block over packed weights: several token rows at little
-// more than one row's cost, rounded otherwise than llama.cpp). `order` holds the text (default
-// "ggml"); anything else is refused by the option, and by parse_weight_order with an Error naming
-// the flag.
+// format weight products (q8_0, q4_0, q4_1; docs/kernels.md). "blocksum" (the default: one
+// integer sum per block over packed weights, so plain decoding outruns llama.cpp and several token
+// rows cost little more than one; rounded otherwise than llama.cpp) or "ggml" (llama.cpp's bits,
+// for agreement with it). `order` holds the text (kDefaultWeightOrder); anything else is refused
+// by the option, and by parse_weight_order with an Error naming the flag.
+inline constexpr const char* kDefaultWeightOrder = "blocksum";
 void add_weight_order_option(CLI::App& cmd, std::string& order);
 kernels::ReductionOrder parse_weight_order(const std::string& text);
 

@@ -34,7 +34,7 @@ Action add_serve_command(CLI::App& app) {
     int threads = 0;
     std::int64_t block_size = 16;
     std::string policy = "mixkv";
-    std::string weight_order = "ggml";
+    std::string weight_order = kDefaultWeightOrder;
     std::string kv_role, kv_load_failure = "recompute";
     double kv_timeout = 10, kv_lease = 5;
     server::ServeOptions serve;

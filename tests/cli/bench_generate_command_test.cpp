@@ -26,10 +26,14 @@ TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCount
   ASSERT_EQ(j["categories"].size(), 2u);  // copy and novel prompts
   for (const auto& c : j["categories"]) {
     EXPECT_GT(c["plain_tokens_per_second"].get<double>(), 0) << c;
+    // Decoding alone (after each request's first token), beside the whole request's rate.
+    EXPECT_GT(c["plain_decode_tokens_per_second"].get<double>(), 0) << c;
     for (const char* d : {"ngram", "oracle"}) {
       ASSERT_TRUE(c.contains(d)) << c;
       const auto& s = c[d];
       EXPECT_GT(s["tokens_per_second"].get<double>(), 0);
+      EXPECT_GT(s["decode_tokens_per_second"].get<double>(), 0) << s;
+      EXPECT_GT(s["decode_ratio_to_plain"].get<double>(), 0) << s;
       EXPECT_GE(s["acceptance_rate"].get<double>(), 0);
       EXPECT_LE(s["acceptance_rate"].get<double>(), 1);
       const auto drafted = s["drafted_per_position"].get<std::vector<std::int64_t>>();
