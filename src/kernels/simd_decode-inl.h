@@ -59,13 +59,8 @@ HWY_INLINE hn::Vec<hn::ScalableTag<float>> decode(const std::byte* row, std::int
         // e4m3fn has no infinities; 0x7F is NaN.
         const auto nan = hn::Eq(hn::And(h, hn::Set(d16, 0x3F80)), hn::Set(d16, 0x3F80));
         h = hn::IfThenElse(nan, hn::Set(d16, 0x7E00), h);
-        // One multiply by 256 * scale: the fp16 value times 256 is exact, so rounding once after
-        // the folded product gives the bits of the two multiplies (256 * scale is exact unless
-        // it overflows, when the two multiplies stay).
-        const float scale256 = scale * 256.0f;
-        const auto f = hn::PromoteTo(df, hn::BitCast(dh, h));
-        if (scale256 <= std::numeric_limits<float>::max()) return hn::Mul(f, hn::Set(df, scale256));
-        return hn::Mul(hn::Mul(f, hn::Set(df, 256.0f)), hn::Set(df, scale));
+        return hn::Mul(hn::Mul(hn::PromoteTo(df, hn::BitCast(dh, h)), hn::Set(df, 256.0f)),
+                       hn::Set(df, scale));
       }
     }
   }
