@@ -43,20 +43,21 @@ HWY_INLINE hn::Vec<hn::ScalableTag<float>> decode(const std::byte* row, std::int
       return hn::PromoteTo(
           df, hn::BitCast(dh, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + j)));
     } else {
-      const hn::Rebind<std::uint8_t, DF> d8;
-      const auto u =
-          hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(row) + j));
       if constexpr (kT == DType::kFp8E5m2) {
+        const hn::Rebind<std::uint8_t, DF> d8;
+        const auto u =
+            hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const std::uint8_t*>(row) + j));
         return hn::Mul(hn::PromoteTo(df, hn::BitCast(dh, hn::ShiftLeft<8>(u))), hn::Set(df, scale));
       } else {
-        const hn::RebindToSigned<decltype(d16)> di16;
-        // sign to bit 15, exponent and mantissa to bits 13..7 (the arithmetic shift copies the
-        // sign into bit 14, which the mask clears).
-        auto h =
-            hn::And(hn::BitCast(d16, hn::ShiftRight<1>(hn::BitCast(di16, hn::ShiftLeft<8>(u)))),
-                    hn::Set(d16, 0xBFFF));
+        // The code sign-extended to 16 bits and shifted left by 7: the sign lands in bit 15 (and
+        // a copy in bit 14, which the mask clears), exponent and mantissa in bits 13..7.
+        const hn::Rebind<std::int8_t, DF> d8s;
+        const hn::Rebind<std::int16_t, DF> d16s;
+        const auto c =
+            hn::PromoteTo(d16s, hn::LoadU(d8s, reinterpret_cast<const std::int8_t*>(row) + j));
+        auto h = hn::And(hn::BitCast(d16, hn::ShiftLeft<7>(c)), hn::Set(d16, 0xBFFF));
         // e4m3fn has no infinities; 0x7F is NaN.
-        const auto nan = hn::Eq(hn::And(u, hn::Set(d16, 0x7F)), hn::Set(d16, 0x7F));
+        const auto nan = hn::Eq(hn::And(h, hn::Set(d16, 0x3F80)), hn::Set(d16, 0x3F80));
         h = hn::IfThenElse(nan, hn::Set(d16, 0x7E00), h);
         return hn::Mul(hn::Mul(hn::PromoteTo(df, hn::BitCast(dh, h)), hn::Set(df, 256.0f)),
                        hn::Set(df, scale));
