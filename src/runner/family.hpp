@@ -66,7 +66,8 @@ Block llama_layer(Assembler& a, const model::LayerDesc& l, const std::string& pr
 // The attention mixer's weights of layer `l` (q, k, v, o, sinks, q/k norms), in that order.
 std::unique_ptr<Attention> attention_mixer(Assembler& a, const model::LayerDesc& l,
                                            const std::string& prefix, LlamaLayerOptions options);
-// Numerics::kGgml for a layer read from a GGUF file whose attention ggml_attention serves.
+// Numerics::kGgml for a layer read from a GGUF file in the kGgml weight order whose attention
+// ggml_attention serves; kMixkv otherwise (the one place this choice is made).
 Numerics numerics_of(const Assembler& a, const model::LayerDesc& l);
 // A SwiGLU or GELU-tanh gated MLP of the architecture's intermediate size.
 std::unique_ptr<Mlp> gated_mlp(Assembler& a, const std::string& prefix, Mlp::Activation act);

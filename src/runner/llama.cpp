@@ -52,12 +52,18 @@ std::unique_ptr<Attention> attention_mixer(Assembler& a, const model::LayerDesc&
                                      numerics_of(a, l));
 }
 
-// llama.cpp is the reference for a GGUF file: its numerics wherever its attention kernel can
-// serve the layer's cache (an f16 cache, llama.cpp's own default); mixkv's otherwise.
+// llama.cpp is the reference for a GGUF file read in its reduction order (kGgml): its numerics
+// wherever its attention kernel can serve the layer's cache (an f16 cache, llama.cpp's own
+// default), so the run is bit-exact with llama.cpp. The kBlockSum order's products already differ
+// from llama.cpp's in the last bits, so keeping llama.cpp's attention (one task per query row and
+// KV head, re-decoding the f16 cache for every row) would buy no bits and cost the multi-row
+// steps of speculative verify and batching their speed: that order, and every other case, gets
+// mixkv's numerics (paged_attention reads each page once per KV head for all rows; docs/runner.md).
 Numerics numerics_of(const Assembler& a, const model::LayerDesc& l) {
-  const bool gguf = a.weights.naming() == WeightNaming::kGguf;
-  return gguf && kernels::ggml_attention_serves(a.attention_spec(l)) ? Numerics::kGgml
-                                                                     : Numerics::kMixkv;
+  const bool ggml_bits = a.weights.naming() == WeightNaming::kGguf &&
+                         a.weights.weight_order() == kernels::ReductionOrder::kGgml;
+  return ggml_bits && kernels::ggml_attention_serves(a.attention_spec(l)) ? Numerics::kGgml
+                                                                          : Numerics::kMixkv;
 }
 
 std::unique_ptr<Mlp> gated_mlp(Assembler& a, const std::string& p, Mlp::Activation act) {

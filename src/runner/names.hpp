@@ -119,6 +119,7 @@ class WeightSource {
 
   // Block-format matrices handed out from now on reduce in `order` (packed where that pays).
   void set_weight_order(kernels::ReductionOrder order) { order_ = order; }
+  kernels::ReductionOrder weight_order() const { return order_; }
 
   const ShapeList& requested() const { return requested_; }
   const NameTable& names() const { return names_; }

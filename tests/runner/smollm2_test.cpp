@@ -150,12 +150,15 @@ TEST(SmolLm2LongAgreement, TeacherForcedTopOneAgreesWithLlamaCppExceptOnNearTies
   EXPECT_LT(a.max_margin, 0.5);
 }
 
-// The blocksum order rounds each product differently from llama.cpp (docs/kernels.md), so more
-// near-ties go the other way; the figures are printed for the choice of the engine's default.
+// The blocksum order rounds each product differently from llama.cpp (docs/kernels.md), and with
+// it the runner takes mixkv's own attention, RoPE and SiLU (numerics_of in runner/llama.cpp), so
+// more near-ties go the other way; the figures are printed for the choice of the engine's default.
 TEST(SmolLm2LongAgreement, BlockSumOrderAgreesWithLlamaCppExceptOnNearTies) {
   MIXKV_SMOLLM2_OR_SKIP(path);
   const Agreement a = teacher_forced_agreement(path, kernels::ReductionOrder::kBlockSum);
-  EXPECT_GE(a.rate, 0.96);  // measured 96.79% (1,208 of 1,248); the ggml order 97.60%
+  // Measured 96.79% (1,208 of 1,248; largest llama.cpp margin where they differ 0.253) both with
+  // llama.cpp's attention numerics and with mixkv's; the ggml order gives 100%.
+  EXPECT_GE(a.rate, 0.96);
   EXPECT_LT(a.max_margin, 0.5);
 }
 
