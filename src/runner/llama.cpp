@@ -58,7 +58,7 @@ std::unique_ptr<Attention> attention_mixer(Assembler& a, const model::LayerDesc&
 // from llama.cpp's in the last bits, so keeping llama.cpp's attention (one task per query row and
 // KV head, re-decoding the f16 cache for every row) would buy no bits and cost the multi-row
 // steps of speculative verify and batching their speed: that order, and every other case, gets
-// mixkv's numerics (paged_attention reads each page once per KV head for all rows; docs/runner.md).
+// mixkv's numerics (paged_attention reads each page once per KV head for all rows; docs/engine.md).
 Numerics numerics_of(const Assembler& a, const model::LayerDesc& l) {
   const bool ggml_bits = a.weights.naming() == WeightNaming::kGguf &&
                          a.weights.weight_order() == kernels::ReductionOrder::kGgml;
