@@ -3,6 +3,7 @@
 // allocates what cannot be allocated or ends in an internal error.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,11 +15,13 @@
 namespace mixkv::cli {
 namespace {
 
-// A file under a directory of its own, named per test run.
+// A file under a directory of its own, named by the process and the test: ctest runs the tests
+// as parallel processes, and gtest's time-based random seed (the name used before) could be the
+// same for two of them, one removing the other's files.
 std::filesystem::path scratch(const std::string& name) {
-  const auto dir =
-      std::filesystem::temp_directory_path() /
-      ("mixkv_bad_input_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("mixkv_bad_input_" + std::to_string(::getpid()) + "_" +
+                    ::testing::UnitTest::GetInstance()->current_test_info()->name());
   std::filesystem::create_directories(dir);
   return dir / name;
 }
