@@ -104,6 +104,9 @@ RunnerSetup prepare_runner(const std::string& model, const std::string& draft, i
                            std::optional<int> draft_layers) {
   Loaded loaded = load_model(model);
   runner::RunnerOptions ro;
+  // The CLI's order, not the library's (ggml): every runner made here (generate, serve, the
+  // Python package's stream) computes the same tokens as the commands' default.
+  ro.weight_order = parse_weight_order(kDefaultWeightOrder);
   ro.memory_bytes = memory_bytes;
   ro.num_spec_tokens = draft.empty() ? 0 : num_spec_tokens;
   ro.threads = threads;
