@@ -308,12 +308,20 @@ void accumulate4(float* const* o, const bool* rescale, const float* c, const flo
   }
 }
 
-void prefetch_rows(const std::byte* first, std::int64_t rows, std::int64_t stride,
-                   std::int64_t bytes) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t i = 0; i < bytes; i += 64) hwy::Prefetch(first + r * stride + i);
+// The next tile's K and V rows of one KV head, asked for a few rows at a time while this tile's
+// scores are computed (upto), the rest after them: asked for all at once (64 lines for a head of
+// 128 in fp8), they filled the line-fill buffers and the core stalled on the prefetches.
+struct NextRows {
+  const std::byte* k = nullptr;
+  const std::byte* v = nullptr;
+  std::int64_t rows = 0, done = 0, k_stride = 0, v_stride = 0, k_bytes = 0, v_bytes = 0;
+  HWY_INLINE void upto(std::int64_t r) {
+    for (; done < std::min(r, rows); ++done) {
+      for (std::int64_t i = 0; i < k_bytes; i += 64) hwy::Prefetch(k + done * k_stride + i);
+      for (std::int64_t i = 0; i < v_bytes; i += 64) hwy::Prefetch(v + done * v_stride + i);
+    }
   }
-}
+};
 
 template <class V>
 void grow(V& v, std::int64_t n) {
@@ -328,6 +336,7 @@ struct TaskState {
   std::int64_t first_pos, nq, nh, group, dp, dvp, tile_pad;
   float scale, cap;
   bool capped;
+  NextRows* next;  // this head's rows of the next tile, to prefetch
 };
 
 // The online-softmax step of one (query, head) over tile keys [a, b]: logits from the raw dots
@@ -401,6 +410,7 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       float* sc = s.scores.data();
       std::int64_t t = a;
       for (; t + 1 <= b; t += 2) {
+        ts.next->upto(t + 2);
         if (heads == 4)
           dots<4, 2>(q, k, t, k_len, sc);
         else
@@ -412,6 +422,7 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
         else
           dots<1, 1>(q, k, t, k_len, sc);
       }
+      ts.next->upto(ts.next->rows);
       float* o[4];
       bool rescale[4];
       float c[4];
@@ -529,6 +540,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   ts.capped = params.soft_cap.has_value();
   ts.cap = ts.capped ? static_cast<float>(*params.soft_cap) : 1.0f;
   ts.first_pos = seq.kv_len - seq.num_queries;
+  NextRows next;
+  ts.next = &next;
   const std::int64_t nq = ts.nq, nh = ts.nh, dp = ts.dp, dvp = ts.dvp;
   const std::int64_t hk_first = task.h_begin / ts.group;
   const std::int64_t hk_last = (task.h_end - 1) / ts.group;
@@ -740,8 +753,16 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
         const std::byte* k_head = k_src + hk * k_head_bytes;
         const std::byte* v_head = v_src + hk * v_head_bytes;
         if (next_k != nullptr) {
-          prefetch_rows(next_k + hk * k_head_bytes, next_tile, p.k_token_bytes, k_head_bytes);
-          prefetch_rows(next_v + hk * v_head_bytes, next_tile, p.v_token_bytes, v_head_bytes);
+          next = NextRows{next_k + hk * k_head_bytes,
+                          next_v + hk * v_head_bytes,
+                          next_tile,
+                          0,
+                          p.k_token_bytes,
+                          p.v_token_bytes,
+                          k_head_bytes,
+                          v_head_bytes};
+        } else {
+          next = NextRows{};
         }
         if (call.amx) {
           amx_tile(hk, k_head, v_head, t0, tile, lo, hi);
@@ -767,6 +788,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           }
           continue;
         }
+        next.upto(next.rows);  // the scratch path converts the whole tile first
         convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, s.k.data(), dp);
         // MLA: the value is the latent's first dv elements.
         FloatRows v{s.k.data(), dp};
