@@ -635,9 +635,12 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     const std::int64_t col0 = s.amx_col0[static_cast<std::size_t>(hk - hk_first)];
     if (m != amx_m) attn_amx::configure(m);
     amx_m = m;
+    next.upto(next.rows / 4);
     attn_amx::relayout_v(v_head, p.v_token_bytes, std::max(vis_lo, t0) - t0,
                          std::min(vis_hi, t0 + tile - 1) - t0, dv, s.amx_v.data());
+    next.upto(next.rows / 2);
     attn_amx::transpose_k(k_head, p.k_token_bytes, d, s.amx_kt.data());
+    next.upto(3 * next.rows / 4);
     float* sc = s.amx_scores.data();
     float* pr = s.amx_probs.data();
     float* factors = pr + attn_amx::kCols * attn_amx::kKeys;
@@ -663,6 +666,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       attn_amx::pv(pr, factors, cols, m, s.amx_v.data(), dv,
                    s.amx_acc.data() + (col0 + gi * m) * dv, dv);
     }
+    next.upto(next.rows);
   };
   // The partial (max, sum, acc) of row i, head h for the chunk just done. The AMX accumulator
   // is made +0 where it is a zero: a column beside others adds their keys' 0 x V products, whose
@@ -741,7 +745,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       const std::byte* next_k = nullptr;
       const std::byte* next_v = nullptr;
       std::int64_t next_tile = 0;
-      if (!call.amx && t0 + tile <= task_hi) {
+      if (t0 + tile <= task_hi) {
         const std::int64_t next = t0 + tile;
         const std::byte* next_base = page_base(next);
         const std::int64_t next_in = next % p.kernel_tokens;
