@@ -792,7 +792,6 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           }
           continue;
         }
-        next.upto(next.rows);  // the scratch path converts the whole tile first
         convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, s.k.data(), dp);
         // MLA: the value is the latent's first dv elements.
         FloatRows v{s.k.data(), dp};
