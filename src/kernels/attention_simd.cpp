@@ -315,6 +315,7 @@ struct NextRows {
   const std::byte* k = nullptr;
   const std::byte* v = nullptr;
   std::int64_t rows = 0, done = 0, k_stride = 0, v_stride = 0, k_bytes = 0, v_bytes = 0;
+  HWY_INLINE void more(std::int64_t r) { upto(done + r); }
   HWY_INLINE void upto(std::int64_t r) {
     for (; done < std::min(r, rows); ++done) {
       for (std::int64_t i = 0; i < k_bytes; i += 64) hwy::Prefetch(k + done * k_stride + i);
@@ -635,12 +636,12 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     const std::int64_t col0 = s.amx_col0[static_cast<std::size_t>(hk - hk_first)];
     if (m != amx_m) attn_amx::configure(m);
     amx_m = m;
-    next.upto(next.rows / 4);
+    next.more(2);
     attn_amx::relayout_v(v_head, p.v_token_bytes, std::max(vis_lo, t0) - t0,
                          std::min(vis_hi, t0 + tile - 1) - t0, dv, s.amx_v.data());
-    next.upto(next.rows / 2);
+    next.more(2);
     attn_amx::transpose_k(k_head, p.k_token_bytes, d, s.amx_kt.data());
-    next.upto(3 * next.rows / 4);
+    next.more(2);
     float* sc = s.amx_scores.data();
     float* pr = s.amx_probs.data();
     float* factors = pr + attn_amx::kCols * attn_amx::kKeys;
@@ -648,7 +649,9 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       const std::int64_t cols = std::min(m, nq * g - gi * m);
       attn_amx::scores(s.amx_q.data() + (col0 / attn_amx::kCols + gi) * q_words, m, d,
                        s.amx_kt.data(), sc);
+      next.more(2);
       for (std::int64_t j = 0; j < cols; ++j) {
+        next.more(1);
         const std::int64_t c = gi * m + j;
         float* prow = pr + j * attn_amx::kKeys;
         factors[j] = 1.0f;
