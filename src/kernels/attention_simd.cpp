@@ -738,13 +738,11 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       const std::byte* base = page_base(t0);
       const std::byte* k_src = base + in_page * p.k_token_bytes;
       const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
-      // The next tile may sit on another page anywhere in the tensor: the float paths ask for
-      // it now, head by head, just before the same head of this tile is computed (a whole
-      // tile's rows at once, 64 KiB for 8 KV heads of 128, filled the line-fill buffers and the
-      // prefetches stalled the core until the lines came). The AMX path prefetches nothing: with
-      // software prefetches (whole tile or head by head, one or two tiles ahead) its decode took
-      // 5-12% more CPU time than with the hardware prefetchers alone, which follow a page's rows
-      // (contiguous runs); the float paths gain from them (docs/kernels.md, issue 14 figures).
+      // The next tile may sit on another page anywhere in the tensor: every path asks for it
+      // while this tile is computed, head by head, a row or two at a time (NextRows). Bursts (a
+      // whole tile's rows at once, 64 KiB for 8 KV heads of 128, or a head's at once) filled
+      // the line-fill buffers and stalled the core until the lines came; on the AMX path they
+      // cost more than no software prefetch at all (docs/kernels.md, issue 14 figures).
       const std::byte* next_k = nullptr;
       const std::byte* next_v = nullptr;
       std::int64_t next_tile = 0;
