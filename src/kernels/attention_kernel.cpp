@@ -30,6 +30,13 @@ void check_scales(const AttentionSpec& spec, KvScales scales, const std::string&
           "{}: a {} cache takes no KV scale (got {}); per-tensor scales are for fp8 caches", where,
           to_string(spec.params.kv_dtype), s));
     }
+    // The kernel multiplies the scale by 2^8 once (e4m3 is read as value / 256, simd_decode-inl.h):
+    // bounded far below where that could overflow (an fp8 scale is about amax / 448).
+    if (s > 0x1p64f) {
+      throw_invalid(fmt::format(
+          "{}: KV scale {} is above 2^64; fp8 scales are about the tensor's max |value| / 448",
+          where, s));
+    }
   }
 }
 

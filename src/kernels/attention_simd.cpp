@@ -33,11 +33,11 @@ using DF = hn::ScalableTag<float>;
 std::int64_t round_up(std::int64_t x, std::int64_t n) { return (x + n - 1) / n * n; }
 
 // Decodes `rows` rows of `count` elements (`src_stride` bytes apart) into floats `dst_stride`
-// apart; the tail beyond whole vectors element by element.
+// apart, in units of code_unit (the scales are applied to the logits and outputs); the tail
+// beyond whole vectors element by element.
 template <DType kT>
 void convert_rows_t(const float* table, const std::byte* src, std::int64_t src_stride,
-                    std::int64_t rows, std::int64_t count, float scale, float* dst,
-                    std::int64_t dst_stride) {
+                    std::int64_t rows, std::int64_t count, float* dst, std::int64_t dst_stride) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   const std::int64_t elem = element_bytes(kT);
@@ -45,30 +45,30 @@ void convert_rows_t(const float* table, const std::byte* src, std::int64_t src_s
     const std::byte* row = src + r * src_stride;
     float* o = dst + r * dst_stride;
     std::int64_t i = 0;
-    for (; i + n <= count; i += n) hn::StoreU(decode<kT>(row, i, scale), df, o + i);
-    load_row(kT, table, row + i * elem, static_cast<std::size_t>(count - i), scale, o + i);
+    for (; i + 2 * n <= count; i += 2 * n) {
+      hn::Vec<DF> lo, hi;
+      decode_units2<kT>(row, i, lo, hi);
+      hn::StoreU(lo, df, o + i);
+      hn::StoreU(hi, df, o + i + n);
+    }
+    for (; i + n <= count; i += n) hn::StoreU(decode_units<kT>(row, i), df, o + i);
+    load_row(kT, table, row + i * elem, static_cast<std::size_t>(count - i), code_unit(kT), o + i);
   }
 }
 
 void convert_rows(DType dtype, const float* table, const std::byte* src, std::int64_t src_stride,
-                  std::int64_t rows, std::int64_t count, float scale, float* dst,
-                  std::int64_t dst_stride) {
+                  std::int64_t rows, std::int64_t count, float* dst, std::int64_t dst_stride) {
   switch (dtype) {
     case DType::kFloat32:
-      return convert_rows_t<DType::kFloat32>(table, src, src_stride, rows, count, scale, dst,
-                                             dst_stride);
+      return convert_rows_t<DType::kFloat32>(table, src, src_stride, rows, count, dst, dst_stride);
     case DType::kBfloat16:
-      return convert_rows_t<DType::kBfloat16>(table, src, src_stride, rows, count, scale, dst,
-                                              dst_stride);
+      return convert_rows_t<DType::kBfloat16>(table, src, src_stride, rows, count, dst, dst_stride);
     case DType::kFloat16:
-      return convert_rows_t<DType::kFloat16>(table, src, src_stride, rows, count, scale, dst,
-                                             dst_stride);
+      return convert_rows_t<DType::kFloat16>(table, src, src_stride, rows, count, dst, dst_stride);
     case DType::kFp8E4m3:
-      return convert_rows_t<DType::kFp8E4m3>(table, src, src_stride, rows, count, scale, dst,
-                                             dst_stride);
+      return convert_rows_t<DType::kFp8E4m3>(table, src, src_stride, rows, count, dst, dst_stride);
     default:
-      return convert_rows_t<DType::kFp8E5m2>(table, src, src_stride, rows, count, scale, dst,
-                                             dst_stride);
+      return convert_rows_t<DType::kFp8E5m2>(table, src, src_stride, rows, count, dst, dst_stride);
   }
 }
 
@@ -76,19 +76,28 @@ void convert_rows(DType dtype, const float* table, const std::byte* src, std::in
 // head sizes), or the cache's own bytes decoded in registers (decode: each row is used once, so
 // a round trip through memory would only cost).
 struct FloatRows {
+  static constexpr bool kPairs = false;
   const float* base;
   std::int64_t stride;  // floats
   HWY_INLINE hn::Vec<DF> load(std::int64_t t, std::int64_t j) const {
     return hn::LoadU(DF(), base + t * stride + j);
   }
+  HWY_INLINE void load2(std::int64_t t, std::int64_t j, hn::Vec<DF>& lo, hn::Vec<DF>& hi) const {
+    lo = load(t, j);
+    hi = load(t, j + static_cast<std::int64_t>(hn::Lanes(DF())));
+  }
 };
+// In units of code_unit, like convert_rows.
 template <DType kT>
 struct CacheRows {
+  static constexpr bool kPairs = kPairedDecode<kT>;
   const std::byte* base;
   std::int64_t stride;  // bytes
-  float scale;
   HWY_INLINE hn::Vec<DF> load(std::int64_t t, std::int64_t j) const {
-    return decode<kT>(base + t * stride, j, scale);
+    return decode_units<kT>(base + t * stride, j);
+  }
+  HWY_INLINE void load2(std::int64_t t, std::int64_t j, hn::Vec<DF>& lo, hn::Vec<DF>& hi) const {
+    decode_units2<kT>(base + t * stride, j, lo, hi);
   }
 };
 
@@ -138,8 +147,8 @@ HWY_INLINE void dots(const float* const* q, const Rows& k, std::int64_t t, std::
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
   auto b0 = hn::Zero(df), b1 = hn::Zero(df), b2 = hn::Zero(df), b3 = hn::Zero(df);
-  for (std::int64_t j = 0; j < len; j += n) {
-    const auto x = k.load(t, j);
+  // Elements j.. of key t (x) and key t + 1 (y, kKeys 2) into the sums.
+  const auto step = [&](std::int64_t j, hn::Vec<DF> x, hn::Vec<DF> y) HWY_ATTR {
     const auto q0 = hn::LoadU(df, q[0] + j);
     a0 = hn::MulAdd(q0, x, a0);
     if constexpr (kHeads == 4) {
@@ -150,15 +159,32 @@ HWY_INLINE void dots(const float* const* q, const Rows& k, std::int64_t t, std::
       a2 = hn::MulAdd(q2, x, a2);
       a3 = hn::MulAdd(q3, x, a3);
       if constexpr (kKeys == 2) {
-        const auto y = k.load(t + 1, j);
         b0 = hn::MulAdd(q0, y, b0);
         b1 = hn::MulAdd(q1, y, b1);
         b2 = hn::MulAdd(q2, y, b2);
         b3 = hn::MulAdd(q3, y, b3);
       }
     } else if constexpr (kKeys == 2) {
-      b0 = hn::MulAdd(q0, k.load(t + 1, j), b0);
+      b0 = hn::MulAdd(q0, y, b0);
     }
+  };
+  std::int64_t j = 0;
+  if constexpr (Rows::kPairs) {  // two vectors widened at once, used in the same order
+    for (; j + 2 * n <= len; j += 2 * n) {
+      hn::Vec<DF> x0, x1, y0, y1;
+      k.load2(t, j, x0, x1);
+      if constexpr (kKeys == 2) {
+        k.load2(t + 1, j, y0, y1);
+      } else {
+        y0 = x0, y1 = x1;
+      }
+      step(j, x0, y0);
+      step(j + n, x1, y1);
+    }
+  }
+  for (; j < len; j += n) {
+    const auto x = k.load(t, j);
+    step(j, x, kKeys == 2 ? k.load(t + 1, j) : x);
   }
   float r[4];
   reduce4(a0, a1, a2, a3, r);
@@ -198,14 +224,19 @@ void accumulate(float* o, bool rescale, float c, const float* p, std::int64_t a,
     auto a4 = start(j + 4 * n), a5 = start(j + 5 * n), a6 = start(j + 6 * n), a7 = start(j + 7 * n);
     for (std::int64_t t = a; t <= b; ++t) {
       const auto w = hn::Set(df, p[t]);
-      a0 = hn::MulAdd(w, v.load(t, j), a0);
-      a1 = hn::MulAdd(w, v.load(t, j + n), a1);
-      a2 = hn::MulAdd(w, v.load(t, j + 2 * n), a2);
-      a3 = hn::MulAdd(w, v.load(t, j + 3 * n), a3);
-      a4 = hn::MulAdd(w, v.load(t, j + 4 * n), a4);
-      a5 = hn::MulAdd(w, v.load(t, j + 5 * n), a5);
-      a6 = hn::MulAdd(w, v.load(t, j + 6 * n), a6);
-      a7 = hn::MulAdd(w, v.load(t, j + 7 * n), a7);
+      hn::Vec<DF> x0, x1, x2, x3, x4, x5, x6, x7;
+      v.load2(t, j, x0, x1);
+      v.load2(t, j + 2 * n, x2, x3);
+      v.load2(t, j + 4 * n, x4, x5);
+      v.load2(t, j + 6 * n, x6, x7);
+      a0 = hn::MulAdd(w, x0, a0);
+      a1 = hn::MulAdd(w, x1, a1);
+      a2 = hn::MulAdd(w, x2, a2);
+      a3 = hn::MulAdd(w, x3, a3);
+      a4 = hn::MulAdd(w, x4, a4);
+      a5 = hn::MulAdd(w, x5, a5);
+      a6 = hn::MulAdd(w, x6, a6);
+      a7 = hn::MulAdd(w, x7, a7);
     }
     hn::StoreU(a0, df, o + j);
     hn::StoreU(a1, df, o + j + n);
@@ -243,8 +274,8 @@ void accumulate4(float* const* o, const bool* rescale, const float* c, const flo
     auto a0 = start(0, j), b0 = start(0, j + n), a1 = start(1, j), b1 = start(1, j + n);
     auto a2 = start(2, j), b2 = start(2, j + n), a3 = start(3, j), b3 = start(3, j + n);
     for (std::int64_t t = a; t <= b; ++t) {
-      const auto x = v.load(t, j);
-      const auto y = v.load(t, j + n);
+      hn::Vec<DF> x, y;
+      v.load2(t, j, x, y);
       const auto w0 = hn::Set(df, p0[t]), w1 = hn::Set(df, p1[t]);
       const auto w2 = hn::Set(df, p2[t]), w3 = hn::Set(df, p3[t]);
       a0 = hn::MulAdd(w0, x, a0);
@@ -277,12 +308,21 @@ void accumulate4(float* const* o, const bool* rescale, const float* c, const flo
   }
 }
 
-void prefetch_rows(const std::byte* first, std::int64_t rows, std::int64_t stride,
-                   std::int64_t bytes) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    for (std::int64_t i = 0; i < bytes; i += 64) hwy::Prefetch(first + r * stride + i);
+// The next tile's K and V rows of one KV head, asked for a few rows at a time while this tile's
+// scores are computed (upto), the rest after them: asked for all at once (64 lines for a head of
+// 128 in fp8), they filled the line-fill buffers and the core stalled on the prefetches.
+struct NextRows {
+  const std::byte* k = nullptr;
+  const std::byte* v = nullptr;
+  std::int64_t rows = 0, done = 0, k_stride = 0, v_stride = 0, k_bytes = 0, v_bytes = 0;
+  HWY_INLINE void more(std::int64_t r) { upto(done + r); }
+  HWY_INLINE void upto(std::int64_t r) {
+    for (; done < std::min(r, rows); ++done) {
+      for (std::int64_t i = 0; i < k_bytes; i += 64) hwy::Prefetch(k + done * k_stride + i);
+      for (std::int64_t i = 0; i < v_bytes; i += 64) hwy::Prefetch(v + done * v_stride + i);
+    }
   }
-}
+};
 
 template <class V>
 void grow(V& v, std::int64_t n) {
@@ -297,6 +337,7 @@ struct TaskState {
   std::int64_t first_pos, nq, nh, group, dp, dvp, tile_pad;
   float scale, cap;
   bool capped;
+  NextRows* next;  // this head's rows of the next tile, to prefetch
 };
 
 // The online-softmax step of one (query, head) over tile keys [a, b]: logits from the raw dots
@@ -370,6 +411,7 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       float* sc = s.scores.data();
       std::int64_t t = a;
       for (; t + 1 <= b; t += 2) {
+        ts.next->upto(t + 2);
         if (heads == 4)
           dots<4, 2>(q, k, t, k_len, sc);
         else
@@ -381,6 +423,7 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
         else
           dots<1, 1>(q, k, t, k_len, sc);
       }
+      ts.next->upto(ts.next->rows);
       float* o[4];
       bool rescale[4];
       float c[4];
@@ -401,12 +444,11 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
 
 template <DType kT>
 void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::byte* v_src,
-                       const PageLayout& p, KvScales scales, std::int64_t t0, std::int64_t tile,
-                       std::int64_t hk) {
+                       const PageLayout& p, std::int64_t t0, std::int64_t tile, std::int64_t hk) {
   const AttentionSpec& spec = *ts.spec;
-  const CacheRows<kT> k{k_src, p.k_token_bytes, scales.k};
+  const CacheRows<kT> k{k_src, p.k_token_bytes};
   // MLA: the value is the latent's first dv elements.
-  const CacheRows<kT> v = spec.mla ? k : CacheRows<kT>{v_src, p.v_token_bytes, scales.v};
+  const CacheRows<kT> v = spec.mla ? k : CacheRows<kT>{v_src, p.v_token_bytes};
   attend_tile(ts, k, v, spec.head_size, spec.head_size_v, t0, tile, hk);
 }
 
@@ -454,11 +496,17 @@ HWY_NOINLINE void fold(float& max, float& sum, float* acc, const Partial& c, std
   }
 }
 
-// out = acc / sum over the first dv elements.
-HWY_INLINE void finish(const float* acc, float sum, std::int64_t dv, float* dst) {
+// What V's accumulated units are multiplied by (MLA: V is part of the latent, K's scale).
+HWY_INLINE float v_factor(const AttentionSpec& spec, KvScales scales) {
+  return (spec.mla ? scales.k : scales.v) / code_unit(spec.params.kv_dtype);
+}
+
+// out = acc x (v_factor / sum) over the first dv elements: v_factor turns the accumulated
+// units (code_unit) into values with V's per-tensor scale (exactly 1 for bf16, f16 and f32).
+HWY_INLINE void finish(const float* acc, float sum, float v_factor, std::int64_t dv, float* dst) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
-  const float inv = 1.0f / sum;
+  const float inv = v_factor / sum;
   std::int64_t e = 0;
   for (; e + n <= dv; e += n)
     hn::StoreU(hn::Mul(hn::LoadU(df, acc + e), hn::Set(df, inv)), df, dst + e);
@@ -487,10 +535,14 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   ts.tile_pad = round_up(kTileTokens, n);
   ts.nq = task.q_end - task.q_begin;
   ts.nh = task.h_end - task.h_begin;
-  ts.scale = static_cast<float>(params.scale);
+  // The cache is read in units of code_unit, unscaled: K's scale and unit meet the logit scale
+  // here, once (exact factors of 1 for bf16, f16 and f32), V's in finish.
+  ts.scale = static_cast<float>(params.scale) * (call.scales.k / code_unit(p.dtype));
   ts.capped = params.soft_cap.has_value();
   ts.cap = ts.capped ? static_cast<float>(*params.soft_cap) : 1.0f;
   ts.first_pos = seq.kv_len - seq.num_queries;
+  NextRows next;
+  ts.next = &next;
   const std::int64_t nq = ts.nq, nh = ts.nh, dp = ts.dp, dvp = ts.dvp;
   const std::int64_t hk_first = task.h_begin / ts.group;
   const std::int64_t hk_last = (task.h_end - 1) / ts.group;
@@ -584,9 +636,12 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     const std::int64_t col0 = s.amx_col0[static_cast<std::size_t>(hk - hk_first)];
     if (m != amx_m) attn_amx::configure(m);
     amx_m = m;
+    next.more(2);
     attn_amx::relayout_v(v_head, p.v_token_bytes, std::max(vis_lo, t0) - t0,
                          std::min(vis_hi, t0 + tile - 1) - t0, dv, s.amx_v.data());
+    next.more(2);
     attn_amx::transpose_k(k_head, p.k_token_bytes, d, s.amx_kt.data());
+    next.more(2);
     float* sc = s.amx_scores.data();
     float* pr = s.amx_probs.data();
     float* factors = pr + attn_amx::kCols * attn_amx::kKeys;
@@ -594,7 +649,9 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       const std::int64_t cols = std::min(m, nq * g - gi * m);
       attn_amx::scores(s.amx_q.data() + (col0 / attn_amx::kCols + gi) * q_words, m, d,
                        s.amx_kt.data(), sc);
+      next.more(2);
       for (std::int64_t j = 0; j < cols; ++j) {
+        next.more(1);
         const std::int64_t c = gi * m + j;
         float* prow = pr + j * attn_amx::kKeys;
         factors[j] = 1.0f;
@@ -612,6 +669,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       attn_amx::pv(pr, factors, cols, m, s.amx_v.data(), dv,
                    s.amx_acc.data() + (col0 + gi * m) * dv, dv);
     }
+    next.upto(next.rows);
   };
   // The partial (max, sum, acc) of row i, head h for the chunk just done. The AMX accumulator
   // is made +0 where it is a zero: a column beside others adds their keys' 0 x V products, whose
@@ -680,17 +738,15 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       const std::byte* base = page_base(t0);
       const std::byte* k_src = base + in_page * p.k_token_bytes;
       const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
-      // The next tile may sit on another page anywhere in the tensor: the float paths ask for
-      // it now, head by head, just before the same head of this tile is computed (a whole
-      // tile's rows at once, 64 KiB for 8 KV heads of 128, filled the line-fill buffers and the
-      // prefetches stalled the core until the lines came). The AMX path prefetches nothing: with
-      // software prefetches (whole tile or head by head, one or two tiles ahead) its decode took
-      // 5-12% more CPU time than with the hardware prefetchers alone, which follow a page's rows
-      // (contiguous runs); the float paths gain from them (docs/kernels.md, issue 14 figures).
+      // The next tile may sit on another page anywhere in the tensor: every path asks for it
+      // while this tile is computed, head by head, a row or two at a time (NextRows). Bursts (a
+      // whole tile's rows at once, 64 KiB for 8 KV heads of 128, or a head's at once) filled
+      // the line-fill buffers and stalled the core until the lines came; on the AMX path they
+      // cost more than no software prefetch at all (docs/kernels.md, issue 14 figures).
       const std::byte* next_k = nullptr;
       const std::byte* next_v = nullptr;
       std::int64_t next_tile = 0;
-      if (!call.amx && t0 + tile <= task_hi) {
+      if (t0 + tile <= task_hi) {
         const std::int64_t next = t0 + tile;
         const std::byte* next_base = page_base(next);
         const std::int64_t next_in = next % p.kernel_tokens;
@@ -702,8 +758,16 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
         const std::byte* k_head = k_src + hk * k_head_bytes;
         const std::byte* v_head = v_src + hk * v_head_bytes;
         if (next_k != nullptr) {
-          prefetch_rows(next_k + hk * k_head_bytes, next_tile, p.k_token_bytes, k_head_bytes);
-          prefetch_rows(next_v + hk * v_head_bytes, next_tile, p.v_token_bytes, v_head_bytes);
+          next = NextRows{next_k + hk * k_head_bytes,
+                          next_v + hk * v_head_bytes,
+                          next_tile,
+                          0,
+                          p.k_token_bytes,
+                          p.v_token_bytes,
+                          k_head_bytes,
+                          v_head_bytes};
+        } else {
+          next = NextRows{};
         }
         if (call.amx) {
           amx_tile(hk, k_head, v_head, t0, tile, lo, hi);
@@ -712,30 +776,28 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
         if (in_registers) {
           switch (p.dtype) {
             case DType::kFloat32:
-              attend_tile_cache<DType::kFloat32>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              attend_tile_cache<DType::kFloat32>(ts, k_head, v_head, p, t0, tile, hk);
               break;
             case DType::kBfloat16:
-              attend_tile_cache<DType::kBfloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              attend_tile_cache<DType::kBfloat16>(ts, k_head, v_head, p, t0, tile, hk);
               break;
             case DType::kFloat16:
-              attend_tile_cache<DType::kFloat16>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              attend_tile_cache<DType::kFloat16>(ts, k_head, v_head, p, t0, tile, hk);
               break;
             case DType::kFp8E4m3:
-              attend_tile_cache<DType::kFp8E4m3>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              attend_tile_cache<DType::kFp8E4m3>(ts, k_head, v_head, p, t0, tile, hk);
               break;
             default:
-              attend_tile_cache<DType::kFp8E5m2>(ts, k_head, v_head, p, call.scales, t0, tile, hk);
+              attend_tile_cache<DType::kFp8E5m2>(ts, k_head, v_head, p, t0, tile, hk);
               break;
           }
           continue;
         }
-        convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, call.scales.k, s.k.data(),
-                     dp);
+        convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, s.k.data(), dp);
         // MLA: the value is the latent's first dv elements.
         FloatRows v{s.k.data(), dp};
         if (!spec.mla) {
-          convert_rows(p.dtype, table, v_head, p.v_token_bytes, tile, dv, call.scales.v, s.v.data(),
-                       dvp);
+          convert_rows(p.dtype, table, v_head, p.v_token_bytes, tile, dv, s.v.data(), dvp);
           v = FloatRows{s.v.data(), dvp};
         }
         attend_tile(ts, FloatRows{s.k.data(), dp}, v, dp, dvp, t0, tile, hk);
@@ -769,7 +831,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   for (std::int64_t i = 0; i < nq; ++i) {
     for (std::int64_t h = 0; h < nh; ++h) {
       const std::int64_t state = i * nh + h;
-      finish(s.run_acc.data() + state * dvp, s.run_sum[static_cast<std::size_t>(state)], dv,
+      finish(s.run_acc.data() + state * dvp, s.run_sum[static_cast<std::size_t>(state)],
+             v_factor(spec, call.scales), dv,
              call.out + ((task.row0 + task.q_begin + i) * hq + task.h_begin + h) * dv);
     }
   }
@@ -794,7 +857,8 @@ void ReducePartialsImpl(const AttendCall& call, const SplitBlock& b, std::int64_
         const float* rec = b.partials + ((c * nq + i) * hq + h) * (dvp + 2);
         fold(max, sum, acc.data(), Partial{rec[0], rec[1], rec + 2}, dvp);
       }
-      finish(acc.data(), sum, dv, call.out + ((b.row0 + b.q_begin + i) * hq + h) * dv);
+      finish(acc.data(), sum, v_factor(spec, call.scales), dv,
+             call.out + ((b.row0 + b.q_begin + i) * hq + h) * dv);
     }
   }
 }

@@ -340,6 +340,14 @@ TEST(SlotWrite, RejectsSlotsOutsideTheCacheAndWrongShapes) {
         write_kv(spec, s.layer, KvScales{2.0f, 1.0f}, s.cache, ok, k, v);
       },
       ErrorCode::kInvalidInput, {"fp8"});
+  // An fp8 scale the kernel's exact x 2^8 could overflow.
+  const AttentionSpec fp8 = make_spec(DType::kFp8E4m3, 2, 2, 4);
+  Synthetic s8 = make_synthetic(fp8, {16, 1, 0, 0}, 2);
+  mixkv::testing::expect_error(
+      [&] {
+        write_kv(fp8, s8.layer, KvScales{1.0f, 0x1p70f}, s8.cache, ok, k, v);
+      },
+      ErrorCode::kInvalidInput, {"above 2^64"});
 }
 
 TEST(PagedAttention, RejectsInputsThatDoNotMatch) {
