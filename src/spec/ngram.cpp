@@ -13,13 +13,13 @@ namespace {
 // (rows; 0: a copy resumed after a one-token edit) and its position in the proposal (columns),
 // given the drafts before it were accepted. Measured on SmolLM2-135M's greedy answers to
 // bench-generate's prompt set, then smoothed (docs/spec.md): a one- or two-token match is
-// mostly chance, from three tokens on a match is mostly a copy, and once a draft passed the
-// next one mostly does.
+// mostly chance (and a draft after it that passed is still often the last), from three tokens
+// on a match is mostly a copy.
 constexpr std::array<std::array<double, NgramDrafter::kPositions>, NgramDrafter::kLengths> kPrior =
-    {{{0.30, 0.45, 0.55, 0.60},
-      {0.17, 0.60, 0.65, 0.70},
-      {0.35, 0.65, 0.70, 0.75},
-      {0.75, 0.75, 0.75, 0.80},
+    {{{0.30, 0.40, 0.45, 0.50},
+      {0.17, 0.45, 0.50, 0.55},
+      {0.35, 0.50, 0.55, 0.60},
+      {0.70, 0.65, 0.70, 0.75},
       {0.78, 0.75, 0.85, 0.85},
       {0.78, 0.78, 0.85, 0.85},
       {0.88, 0.88, 0.90, 0.90},
