@@ -106,13 +106,12 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
       for (std::int64_t j = 0; j + 1 < shift && followed; ++j) {
         followed = token(p.at + j) == p.drafts[static_cast<std::size_t>(j)];
       }
-      // An edit is told from a chance match by the length of the copy it interrupts.
-      if (followed && p.source + shift < p.at &&
-          (token(size - 1) == p.drafts[static_cast<std::size_t>(shift - 1)] ||
-           p.length + shift - 1 >= kMinEditedCopy)) {
-        if (token(size - 1) == p.drafts[static_cast<std::size_t>(shift - 1)]) {
+      const bool kept = token(size - 1) == p.drafts[static_cast<std::size_t>(shift - 1)];
+      if (followed && p.source + shift < p.at) {
+        if (kept) {
           follow = p.source + shift;
-        } else {
+        } else if (p.length + shift - 1 >= kMinEditedCopy) {
+          // An edit is told from a chance match by the length of the copy it interrupts.
           resume = p.source + shift;
         }
       }
