@@ -319,11 +319,17 @@ int Scheduler::draft_limit(const Req& r) const {
 
 std::vector<int> Scheduler::draft_lengths(std::span<const spec::DraftContext> ctxs,
                                           std::span<const int> available, std::int64_t fixed_rows,
-                                          bool charge_drafter) {
+                                          bool charge_drafter, const spec::Drafter* drafter) {
   std::vector<DraftCandidate> candidates;
   candidates.reserve(ctxs.size());
   for (std::size_t c = 0; c < ctxs.size(); ++c) {
     const Req& r = reqs_[ctxs[c].request];
+    const std::span<const double> own =
+        drafter != nullptr ? drafter->confidence(ctxs[c].request) : std::span<const double>{};
+    if (!own.empty()) {
+      candidates.push_back({std::min(available[c], static_cast<int>(std::ssize(own))), own, 0});
+      continue;
+    }
     const int probe = r.plain_steps >= kPlainStepsBeforeProbe ? 1 : 0;
     candidates.push_back({available[c], r.acceptance.conditional(), probe});
   }
@@ -419,7 +425,7 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
       cost_->observe_draft(longest, std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (adaptive && free) {
-      const std::vector<int> lengths = draft_lengths(ctxs, available, fixed_rows, false);
+      const std::vector<int> lengths = draft_lengths(ctxs, available, fixed_rows, false, drafter);
       for (std::size_t c = 0; c < ctxs.size(); ++c) available[c] = lengths[c];
     }
     const std::int64_t vocab = model.vocab_size();

@@ -201,6 +201,47 @@ TEST(Scheduler, ARequestWhoseDraftsFailFallsBackToPlainDecoding) {
   }
 }
 
+// A drafter that drafts for free and gives its own estimate per draft: the policy reads that,
+// not the request's record, and sends no probes. Sure of wrong drafts, they are all verified
+// (and fail); doubtful of right ones, none is.
+class ConfidentDrafter final : public spec::Drafter {
+ public:
+  ConfidentDrafter(bool right, double confidence) : right_(right), confidence_(8, confidence) {}
+  std::string name() const override { return "confident"; }
+  bool drafts_for_free() const override { return true; }
+  std::vector<TokenId> propose(const spec::DraftContext& ctx, int k) override {
+    std::vector<TokenId> out;
+    for (int t = 0; t < std::min(k, ctx.max_drafts); ++t) {
+      out.push_back(right_ ? truth(ctx.request, ctx.num_computed + 1 + t) : 7);
+    }
+    return out;
+  }
+  std::span<const double> confidence(std::size_t /*request*/) const override { return confidence_; }
+
+ private:
+  bool right_;
+  std::vector<double> confidence_;
+};
+
+TEST(Scheduler, ADrafterThatEstimatesItsDraftsIsJudgedByItsEstimates) {
+  const auto plan = small_plan(256 * kMiB, 4);
+  const Outcome plain = run(plan, 0, nullptr);
+  SchedulerOptions o;
+  o.step_cost = std::make_shared<LinearStepCost>(1.0, 0.25);
+  ConfidentDrafter doubtful(/*right=*/true, 0.1);
+  const Outcome none = run(plan, 4, &doubtful, o);
+  EXPECT_EQ(none.outputs, plain.outputs);
+  // (A draft at 0.1 pays only beside a prefill chunk, whose rows make one more row cheap.)
+  EXPECT_LE(none.counters.drafted_tokens, none.counters.decode_steps / 20);
+  ConfidentDrafter sure(/*right=*/false, 0.95);
+  const Outcome all = run(plan, 4, &sure, o);
+  EXPECT_EQ(all.outputs, plain.outputs);
+  EXPECT_EQ(all.counters.accepted_tokens, 0);
+  // Well above the probes a request's own record of failures allows (4 + a quarter of a draft a
+  // step: ARequestWhoseDraftsFailFallsBackToPlainDecoding).
+  for (const RequestStats& s : all.stats) EXPECT_GE(s.drafted_tokens, 2 * s.decode_steps);
+}
+
 // A weight pass shared by up to 16 rows, then rows that cost a whole step each: with 8 requests
 // decoding, the policy drafts no more than the 8 rows the pass has left, where alone each would
 // draft 4; an explicit per-step cap holds too.

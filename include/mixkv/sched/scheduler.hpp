@@ -257,10 +257,12 @@ class Scheduler {
   int draft_limit(const Req& r) const;
   // The policy's draft lengths for the step's decoding requests (ctxs), each at most
   // available[c]; a request refused drafts for kPlainStepsBeforeProbe steps gets one (a probe:
-  // its text may have changed).
+  // its text may have changed). With `drafter` (its drafts made), a request the drafter gives
+  // its own confidence for is judged by that, and needs no probe (the drafter learns from the
+  // tokens that follow, verified or not).
   std::vector<int> draft_lengths(std::span<const spec::DraftContext> ctxs,
                                  std::span<const int> available, std::int64_t fixed_rows,
-                                 bool charge_drafter);
+                                 bool charge_drafter, const spec::Drafter* drafter = nullptr);
 
   cache::KvCacheManager& manager_;
   std::vector<bool> recurrent_;  // per KV-cache group

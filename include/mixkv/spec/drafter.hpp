@@ -49,6 +49,10 @@ class Drafter {
   // tokens.size() - 1). May return fewer than k tokens. Drafts may be written into the
   // request's look-ahead slots: the block tables hold num_computed + 1 + k positions.
   virtual std::vector<TokenId> propose(const DraftContext& ctx, int k) = 0;
+  // The drafter's own estimate for the drafts its last proposal gave `request`: per draft j, the
+  // probability that it is accepted given that drafts 0..j-1 were. Empty: it has none, and the
+  // scheduler's record of the request's acceptance per position serves (docs/sched.md).
+  virtual std::span<const double> confidence(std::size_t /*request*/) const { return {}; }
   // Every decoding request of a step at once, in order. A drafter whose forward serves a batch
   // overrides it; by default each request is proposed for alone.
   virtual std::vector<std::vector<TokenId>> propose_batch(std::span<const DraftContext> ctxs,

@@ -2,31 +2,61 @@
 // over the prompt and the generated text, find the earlier occurrence that matches the longest
 // suffix of the tokens (at least min_n, at most max_n; the most recent among equally long ones)
 // and propose what followed it, read on through its own proposal so a repeating cycle yields k
-// tokens. No weights: answers that copy the prompt, and greedy output that repeats itself (as
-// small models' does), are predicted well, anything else not at all.
+// tokens. A copy in progress is followed across steps, and across a one-token edit (a renamed
+// variable, a corrected word). Each draft comes with the drafter's own estimate that it is
+// accepted, learned from how its earlier proposals fared against the tokens that followed, by
+// the length of the match it extends: the scheduler verifies only the drafts that pay.
 #pragma once
+
+#include <array>
+#include <cstdint>
+#include <unordered_map>
 
 #include "mixkv/spec/drafter.hpp"
 
 namespace mixkv::spec {
 
-// Default match lengths, tuned on SmolLM2 over bench-generate's prompt set (docs/spec.md):
-// matches of 1 or 2 tokens (" the", ",\n") are mostly chance on new text, and each failed draft
-// costs a verify row; from 3 tokens on they are mostly copies. Longer matches win over shorter
-// ones (a copy in progress beats a phrase that recurs), up to kNgramMaxMatch.
-inline constexpr int kNgramMinMatch = 3;
+// Default match lengths. A one-token match (" the") is chance on new text, right about one time
+// in six on SmolLM2's answers, and proposing it often displaced a longer match's resumption; from
+// two tokens on the estimates (below) decide what is worth verifying. Longer matches win over
+// shorter ones (a copy in progress beats a phrase that recurs), up to kNgramMaxMatch.
+inline constexpr int kNgramMinMatch = 2;
 inline constexpr int kNgramMaxMatch = 32;
 
 class NgramDrafter final : public Drafter {
  public:
+  // The estimates are kept by the length of the proposal's match, 0 (a proposal that resumes a
+  // copy after a one-token edit) to kLengths - 1 (and longer), and by the draft's position in
+  // the proposal (kPositions - 1 and later share one).
+  static constexpr int kLengths = 8;
+  static constexpr int kPositions = 4;
+
   NgramDrafter(int min_n = kNgramMinMatch, int max_n = kNgramMaxMatch);
   std::string name() const override { return "ngram"; }
   bool drafts_for_free() const override { return true; }
   std::vector<TokenId> propose(const DraftContext& ctx, int k) override;
+  std::span<const double> confidence(std::size_t request) const override;
+  void forget(std::size_t request) override;
+
+  // P(draft `position` of a proposal whose match is `length` tokens long is accepted, given that
+  // the drafts before it were): the prior, moved by every outcome seen so far.
+  double estimate(int length, int position) const;
 
  private:
+  // A request's last proposal, scored against the tokens that follow it at its next propose().
+  struct Pending {
+    std::int64_t at = 0;      // the text's length when proposed: drafts[j] predicts tokens[at + j]
+    std::int64_t source = 0;  // where drafts[0] was read from (tokens[source])
+    int length = 0;           // the match's length (bucketed)
+    std::vector<TokenId> drafts;
+    std::vector<double> confidence;
+  };
+  void score(const Pending& p, std::span<const TokenId> tokens);
   int min_n_;
   int max_n_;
+  std::unordered_map<std::size_t, Pending> pending_;
+  std::array<std::array<double, kPositions>, kLengths> hits_{};
+  std::array<std::array<double, kPositions>, kLengths> trials_{};
 };
 
 }  // namespace mixkv::spec

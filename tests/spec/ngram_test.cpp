@@ -1,0 +1,117 @@
+// Prompt lookup's rules on hand-written token sequences: which occurrence it copies, how it
+// follows a copy across steps and across a one-token edit, and the estimates it gives the
+// scheduler for its drafts.
+#include "mixkv/spec/ngram.hpp"
+
+#include <gtest/gtest.h>
+
+#include "mixkv/core/error.hpp"
+
+namespace mixkv::spec {
+namespace {
+
+using Tokens = std::vector<TokenId>;
+
+DraftContext at(const Tokens& tokens, std::size_t request = 0) {
+  return {request, tokens, static_cast<std::int64_t>(tokens.size()) - 1, {}};
+}
+
+TEST(NgramDrafter, CopiesTheLongestMatchTheLatestOnTiesUpToMaxN) {
+  const Tokens tokens = {1, 2, 3, 1, 2};
+  EXPECT_EQ(NgramDrafter(1, 3).propose(at(tokens), 3), (Tokens{3, 1, 2}));
+  // The default lookup wants 2 matching tokens: one is chance on new text.
+  EXPECT_TRUE(NgramDrafter().propose(at({4, 5, 6, 4}), 3).empty());
+  EXPECT_EQ(NgramDrafter().propose(at({4, 5, 6, 4, 5}), 3), (Tokens{6, 4, 5}));
+  // A cycle is read on through the proposal itself; never more than the scheduler verifies.
+  const Tokens cycle = {4, 1, 2, 3, 1, 2, 3};
+  EXPECT_EQ(NgramDrafter().propose(at(cycle), 4), (Tokens{1, 2, 3, 1}));
+  EXPECT_EQ(NgramDrafter().propose({0, cycle, 6, {}, 2}, 4), (Tokens{1, 2}));
+  // The longest match wins over a later, shorter one: "5 1 2 3" occurred once (followed by 8),
+  // "1 2 3" last before 9.
+  const Tokens copy = {5, 1, 2, 3, 8, 7, 1, 2, 3, 9, 5, 1, 2, 3};
+  EXPECT_EQ(NgramDrafter().propose(at(copy), 2), (Tokens{8, 7}));
+  // On equally long matches, the latest.
+  const Tokens twice = {1, 2, 3, 8, 1, 2, 3, 9, 1, 2, 3};
+  EXPECT_EQ(NgramDrafter().propose(at(twice), 1), (Tokens{9}));
+  // At most max_n tokens are compared: beyond, the latest of the long matches.
+  const Tokens longer = {6, 1, 2, 3, 8, 0, 1, 2, 3, 9, 6, 1, 2, 3};
+  EXPECT_EQ(NgramDrafter(3, 3).propose(at(longer), 1), (Tokens{9}));
+  EXPECT_EQ(NgramDrafter(3, 4).propose(at(longer), 1), (Tokens{8}));
+  EXPECT_THROW(NgramDrafter(0, 2), Error);
+  EXPECT_THROW(NgramDrafter(3, 2), Error);
+}
+
+TEST(NgramDrafter, FollowsTheSpanItCopiesOverALaterEquallyLongMatch) {
+  // "5 6" occurs once, before "7 8": that span is copied. Once the text took its 7, "6 7"
+  // matches there and, later, before 9 (both 2 long at max_n 2): the followed span goes on.
+  Tokens text = {5, 6, 7, 8, 0, 6, 7, 9, 0, 5, 6};
+  NgramDrafter d(2, 2);
+  EXPECT_EQ(d.propose(at(text), 2), (Tokens{7, 8}));
+  text.push_back(7);
+  EXPECT_EQ(d.propose(at(text), 2), (Tokens{8, 0}));
+  // A fresh drafter has no span to follow: the latest match.
+  EXPECT_EQ(NgramDrafter(2, 2).propose(at(text), 2), (Tokens{9, 0}));
+  // Nor has another request.
+  EXPECT_EQ(d.propose(at(text, 1), 2), (Tokens{9, 0}));
+}
+
+TEST(NgramDrafter, ResumesACopyAfterAOneTokenEdit) {
+  // The prompt's "10 .. 17", copied with 14 replaced by 99 (a renamed variable).
+  const Tokens prompt = {10, 11, 12, 13, 14, 15, 16, 17, 1};
+  Tokens text = prompt;
+  text.insert(text.end(), {10, 11, 12});
+  NgramDrafter d;
+  EXPECT_EQ(d.propose(at(text), 3), (Tokens{13, 14, 15}));
+  text.insert(text.end(), {13, 99});  // 13 accepted, then the edit
+  // "99" occurs nowhere: the copy resumes after the token it replaced.
+  EXPECT_EQ(d.propose(at(text), 3), (Tokens{15, 16, 17}));
+  // Without the followed copy (a fresh drafter) there is nothing to propose.
+  EXPECT_TRUE(NgramDrafter().propose(at(text), 3).empty());
+
+  // A short chance match that the next token leaves is no copy: nothing resumes.
+  Tokens chance = {20, 21, 22, 23, 24, 2, 20, 21};
+  NgramDrafter c;
+  EXPECT_EQ(c.propose(at(chance), 2), (Tokens{22, 23}));
+  chance.push_back(98);
+  EXPECT_TRUE(c.propose(at(chance), 2).empty());
+}
+
+TEST(NgramDrafter, EstimatesLearnFromTheTokensThatFollowedItsProposals) {
+  NgramDrafter d;
+  // Each draft's estimate is the drafter's for its match length and position.
+  const Tokens text = {1, 2, 3, 9, 1, 2};
+  const Tokens drafts = d.propose(at(text), 3);
+  ASSERT_EQ(drafts, (Tokens{3, 9, 1}));
+  const std::span<const double> c = d.confidence(0);
+  ASSERT_EQ(c.size(), 3u);
+  for (int j = 0; j < 3; ++j) EXPECT_DOUBLE_EQ(c[static_cast<std::size_t>(j)], d.estimate(2, j));
+  EXPECT_TRUE(d.confidence(1).empty());
+  // A 2-token match keeps being wrong: its estimate falls, whether or not its drafts were
+  // verified (the text after them tells).
+  const double before = d.estimate(2, 0);
+  Tokens wrong = {1, 2, 3, 9, 1, 2};
+  for (TokenId t = 50; t < 56; ++t) {
+    wrong.push_back(t);  // never the proposed 3
+    wrong.insert(wrong.end(), {1, 2});
+    d.propose(at(wrong), 2);
+  }
+  EXPECT_LT(d.estimate(2, 0), before / 2);
+  // A long copy keeps being right: its estimates rise.
+  Tokens right(40);
+  for (std::size_t i = 0; i < right.size(); ++i) right[i] = static_cast<TokenId>(100 + i);
+  right.push_back(0);
+  const double long_before = d.estimate(NgramDrafter::kLengths - 1, 0);
+  Tokens copy = right;
+  copy.insert(copy.end(), right.begin(), right.begin() + 8);
+  for (std::size_t i = 8; i < 30; ++i) {
+    EXPECT_EQ(d.propose(at(copy, 2), 1), (Tokens{right[i]}));
+    copy.push_back(right[i]);
+  }
+  EXPECT_GT(d.estimate(NgramDrafter::kLengths - 1, 0), long_before);
+  // A request forgotten (finished, preempted) has no estimate left to give.
+  d.forget(2);
+  EXPECT_TRUE(d.confidence(2).empty());
+}
+
+}  // namespace
+}  // namespace mixkv::spec
