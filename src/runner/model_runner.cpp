@@ -174,6 +174,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weig
   // Recurrent layers' conv states keep num_spec_tokens extra rows, with or without a drafter.
   dopt.num_spec_tokens = options.num_spec_tokens;
   dopt.ssm_dtype = options.ssm_dtype;
+  dopt.kv_dtype = options.kv_dtype;
   if (options.draft) {
     draft_config = model::read_architecture(*options.draft);
     // The drafter's cache in its own dtype (its config's torch_dtype), not the target's.

@@ -209,7 +209,7 @@ std::vector<std::uint16_t> encoded_codes(DType dtype, const std::vector<float>& 
   return codes;
 }
 
-// The first index where `got` differs from `want` (-1: none), reported with its input.
+// A failure at the first index where `got` differs from `want`, with its input.
 void expect_same_codes(const std::vector<float>& xs, const std::vector<std::uint16_t>& got,
                        const std::vector<std::uint16_t>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
@@ -223,6 +223,18 @@ void expect_same_codes(const std::vector<float>& xs, const std::vector<std::uint
   }
 }
 
+// The scalar encode, then encode_row on every instruction set and at an odd offset, give `want`.
+void expect_encodes(DType dtype, std::uint16_t (*scalar)(float), const std::vector<float>& xs,
+                    const std::vector<std::uint16_t>& want) {
+  std::vector<std::uint16_t> codes(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) codes[i] = scalar(xs[i]);
+  expect_same_codes(xs, codes, want, "scalar encode");
+  for_each_simd_target([&](const std::string& target) {
+    expect_same_codes(xs, encoded_codes(dtype, xs, 0), want, "encode_row " + target);
+  });
+  expect_same_codes(xs, encoded_codes(dtype, xs, 1), want, "encode_row, odd offset");
+}
+
 TEST(Convert, Fp16EncodeEveryValueClassOnEveryTarget) {
   const std::vector<Fp16Case> cases = fp16_cases();
   std::vector<float> xs;
@@ -231,13 +243,7 @@ TEST(Convert, Fp16EncodeEveryValueClassOnEveryTarget) {
     xs.push_back(c.x);
     want.push_back(c.code);
   }
-  std::vector<std::uint16_t> scalar(xs.size());
-  for (std::size_t i = 0; i < xs.size(); ++i) scalar[i] = float_to_fp16(xs[i]);
-  expect_same_codes(xs, scalar, want, "float_to_fp16");
-  for_each_simd_target([&](const std::string& target) {
-    expect_same_codes(xs, encoded_codes(DType::kFloat16, xs, 0), want, "encode_row " + target);
-  });
-  expect_same_codes(xs, encoded_codes(DType::kFloat16, xs, 1), want, "encode_row, odd offset");
+  expect_encodes(DType::kFloat16, float_to_fp16, xs, want);
 }
 
 // bf16 likewise: each code, the midpoint to the next and its neighbours, NaNs of every code.
@@ -252,13 +258,7 @@ TEST(Convert, Bf16EncodeMatchesTheScalarOnEveryTarget) {
       want.push_back(static_cast<std::uint16_t>(finite ? c + up : float_to_bf16(xs.back())));
     }
   }
-  std::vector<std::uint16_t> scalar(xs.size());
-  for (std::size_t i = 0; i < xs.size(); ++i) scalar[i] = float_to_bf16(xs[i]);
-  expect_same_codes(xs, scalar, want, "float_to_bf16");
-  for_each_simd_target([&](const std::string& target) {
-    expect_same_codes(xs, encoded_codes(DType::kBfloat16, xs, 0), want, "encode_row " + target);
-  });
-  expect_same_codes(xs, encoded_codes(DType::kBfloat16, xs, 1), want, "encode_row, odd offset");
+  expect_encodes(DType::kBfloat16, float_to_bf16, xs, want);
 }
 
 TEST(Convert, Fp8RowsApplyThePerTensorScale) {
