@@ -30,6 +30,7 @@
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/gguf_model.hpp"
 #include "mixkv/weights/model_files.hpp"
+#include "model_options.hpp"
 #include "runner_setup.hpp"
 
 namespace mixkv::cli {
@@ -197,6 +198,7 @@ Action add_bench_generate_command(CLI::App& app) {
     bool fixed_draft = false;
     std::optional<double> step_cost_per_row;  // absent: measured
     std::string memory = "256MiB";
+    std::string kv_dtype = "auto";
     bool json = false;
   };
   auto args = std::make_shared<Args>();
@@ -242,6 +244,10 @@ Action add_bench_generate_command(CLI::App& app) {
                   "(default: measured online), so the drafting counts do not depend on the "
                   "machine's load");
   cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 256MiB)")->capture_default_str();
+  cmd->add_option("--kv-dtype", args->kv_dtype,
+                  "KV cache dtype of the attention layers: auto (the model's) or a dtype (e.g. "
+                  "bfloat16, float16, fp8_e4m3)")
+      ->capture_default_str();
   cmd->add_flag("--json", args->json, "One JSON object: per prompt and per category");
 
   return [args](std::ostream& out) {
@@ -292,6 +298,7 @@ Action add_bench_generate_command(CLI::App& app) {
     ro.num_spec_tokens = args->num_spec_tokens;
     ro.threads = args->threads;
     ro.weight_order = parse_weight_order(args->weight_order);
+    ro.kv_dtype = dtype_option("--kv-dtype", args->kv_dtype);
     if (gguf) ro.max_model_len = 2048;  // as generate: far more than a prompt and its answer
     if (self) {
       // The self drafter changes nothing of the plan (its layers' KV is the target's), so one
@@ -433,6 +440,7 @@ Action add_bench_generate_command(CLI::App& app) {
                           {"adaptive_draft", !args->fixed_draft},
                           {"runs", args->runs},
                           {"threads", args->threads},
+                          {"kv_dtype", args->kv_dtype},
                           {"max_tokens", args->max_tokens},
                           {"identical_to_plain", all_identical}};
       if (load) j["load_average"] = *load;

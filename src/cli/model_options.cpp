@@ -10,9 +10,6 @@
 #include "mixkv/weights/gguf_model.hpp"
 
 namespace mixkv::cli {
-namespace {
-
-// "auto" (or empty) -> nullopt; otherwise a dtype, or a clear error naming the option.
 std::optional<DType> dtype_option(std::string_view option, const std::string& text) {
   if (text.empty() || text == "auto") return std::nullopt;
   auto dtype = parse_dtype(text);
@@ -22,8 +19,6 @@ std::optional<DType> dtype_option(std::string_view option, const std::string& te
   }
   return dtype;
 }
-
-}  // namespace
 
 void add_model_options(CLI::App& cmd, ModelArgs& args) {
   cmd.add_option("model", args.model,

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mixkv/model/describe.hpp"
@@ -31,6 +32,10 @@ void add_model_options(CLI::App& cmd, ModelArgs& args);
 // The describe options of `args` (tp, speculative tokens, dtypes checked and parsed); the
 // Python binding uses it too, so both refuse a bad dtype with the same message.
 model::DescribeOptions describe_options_from_args(const ModelArgs& args);
+
+// A dtype flag's text: "auto" (or empty) -> nullopt; otherwise a dtype, or an Error naming
+// `option` and the dtypes.
+std::optional<DType> dtype_option(std::string_view option, const std::string& text);
 model::ModelDesc describe_from_args(const ModelArgs& args);
 
 // Plan options as `plan` reads them (memory, backend, block size, lengths, policy).

@@ -3,10 +3,12 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "kernels/convert_simd.hpp"
 #include "kernels/element_load.hpp"
 #include "mixkv/core/error.hpp"
 
@@ -116,7 +118,31 @@ std::uint16_t float_to_bf16(float x) {
 }
 float bf16_to_float(std::uint16_t bits) { return bf16_bits_to_float(bits); }
 
-std::uint16_t float_to_fp16(float x) { return static_cast<std::uint16_t>(encode_small(kFp16, x)); }
+// The same rounding as encode_small(kFp16, x) in integer steps on the float's bits (the KV cache
+// write and the block products' scales run it per element; convert_simd.cpp does these steps
+// per vector lane). Normal halves: the exponent rebiased by 127 - 15 (a subtraction from the
+// whole magnitude) and the 13 dropped mantissa bits rounded to nearest even; a carry moves into
+// the exponent, up to infinity at 65520. Subnormal halves: |x| + 0.5 lies in [0.5, 1), where a
+// float's unit in the last place is fp16's smallest subnormal 2^-24, so the float add rounds |x|
+// to a multiple of it (ties to even) and the mantissa bits above 0.5's are the code (0x400, the
+// smallest normal, when it rounds up).
+std::uint16_t float_to_fp16(float x) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  const std::uint32_t a = u & 0x7FFFFFFFu;
+  std::uint32_t code = 0;
+  if (a > 0x7F800000u) {
+    code = kFp16.nan;
+  } else if (a > 0x477FEFFFu) {  // at or above 65520, infinity included
+    code = kFp16.inf;
+  } else if (a < 0x38800000u) {  // below 2^-14
+    code = std::bit_cast<std::uint32_t>(std::bit_cast<float>(a) + 0.5f) - 0x3F000000u;
+  } else {
+    const std::uint32_t rebiased = a - 0x38000000u;
+    code = (rebiased + 0x0FFFu + ((a >> 13) & 1u)) >> 13;
+  }
+  return static_cast<std::uint16_t>(sign | code);
+}
 float fp16_to_float(std::uint16_t bits) { return fp16_bits_to_float(bits); }
 
 std::uint8_t float_to_fp8_e4m3(float x) {
@@ -200,6 +226,18 @@ void encode_row(DType dtype, std::span<const float> values, float scale,
                                values.size(), to_string(dtype)));
   }
   std::byte* out = bytes.data();
+  // 16-bit rows through the vector encoders (the same bits; a row at an odd address, which no
+  // cache layout makes, element by element below).
+  const bool aligned = reinterpret_cast<std::uintptr_t>(out) % alignof(std::uint16_t) == 0;
+  if (aligned && (dtype == DType::kFloat16 || dtype == DType::kBfloat16)) {
+    auto* out16 = reinterpret_cast<std::uint16_t*>(out);
+    if (dtype == DType::kFloat16) {
+      detail::encode_fp16_row(values.data(), values.size(), out16);
+    } else {
+      detail::encode_bf16_row(values.data(), values.size(), out16);
+    }
+    return;
+  }
   for (std::size_t i = 0; i < values.size(); ++i) {
     const float x = values[i];
     switch (dtype) {

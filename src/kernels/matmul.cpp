@@ -1329,10 +1329,13 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
 // same bits as the VNNI path: the same integers, the same float steps; docs/kernels.md), from
 // the row count where they were measured to cost less than the VNNI passes (W in L2, one
 // thread: the tiles cost about the same for 1-8 rows, 1.6-2.4 ms per 4096 x 14336; VNNI grows
-// by ~0.25 ms per row from 0.5 (q4_1) or 1.3 ms (q8_0)).
+// by ~0.25 ms per row from 0.5 (q4_1) or 1.3 ms (q8_0)). At 5 rows (a k = 4 verify step) VNNI
+// is still the cheaper one for q4_1: 1.5 ms there, and on SmolLM2-135M's weights (576 x 1536,
+// 1536 x 576, 576 x 576) 5-8% below the tiles (minimum of 400 one-thread calls); the tiles
+// lead from 7 rows (issue 15).
 bool int8_tiles_for(WeightType type, ReductionOrder order, std::int64_t n) {
 #ifdef MIXKV_MATMUL_AMX
-  const std::int64_t min_rows = type == WeightType::kQ8_0 ? 6 : 5;
+  const std::int64_t min_rows = 6;
   return order == ReductionOrder::kBlockSum && quantizes_x(type) && n >= min_rows &&
          detail::amx::int8_available();
 #else

@@ -37,13 +37,29 @@ Attention::Attention(std::string name, kernels::AttentionSpec spec, layout::Laye
       eps_(eps),
       numerics_(numerics) {}
 
-void Attention::rotate(float* x, std::int64_t heads, std::int64_t position) const {
-  if (rope_ == Rope::kHalves) ops::rope(x, heads, spec_.head_size, position, rope_theta_);
-  if (rope_ == Rope::kPairs && numerics_ == Numerics::kGgml) {
-    ops::rope_pairs_ggml(x, heads, spec_.head_size, position, rope_theta_);
-  } else if (rope_ == Rope::kPairs) {
-    ops::rope_pairs(x, heads, spec_.head_size, position, rope_theta_);
+ops::RopeMode Attention::rope_mode() const {
+  if (rope_ == Rope::kHalves) return ops::RopeMode::kHalves;
+  return numerics_ == Numerics::kGgml ? ops::RopeMode::kPairsGgml : ops::RopeMode::kPairs;
+}
+
+const float* Attention::rope_angles(std::span<const std::int64_t> positions,
+                                    Scratch::RopeAngles& cache) const {
+  if (rope_ == Rope::kNone) return nullptr;
+  const ops::RopeMode mode = rope_mode();
+  const std::int64_t d = spec_.head_size;
+  if (cache.mode != mode || cache.d != d || cache.theta != rope_theta_ ||
+      !std::ranges::equal(cache.positions, positions)) {
+    cache.mode = mode;
+    cache.d = d;
+    cache.theta = rope_theta_;
+    cache.positions.assign(positions.begin(), positions.end());
+    cache.cs.resize(positions.size() * static_cast<std::size_t>(d));
+    for (std::size_t t = 0; t < positions.size(); ++t) {
+      ops::rope_angles(mode, d, positions[t], rope_theta_,
+                       cache.cs.data() + t * static_cast<std::size_t>(d));
+    }
   }
+  return cache.cs.data();
 }
 
 void Attention::project_kv(std::span<const float> normed, std::span<const std::int64_t> positions,
@@ -53,19 +69,22 @@ void Attention::project_kv(std::span<const float> normed, std::span<const std::i
   k.resize(static_cast<std::size_t>(total * kernels::k_row_elements(spec_)));
   v.resize(static_cast<std::size_t>(total * kernels::v_row_elements(spec_)));
   ops::matmul_many({{&w_.k, k.data()}, {&w_.v, v.data()}}, normed.data(), total, pool);
-  finish_k(positions, k);
+  Scratch::RopeAngles angles;
+  finish_k(positions, rope_angles(positions, angles), k);
 }
 
 // k_norm and RoPE over each K row.
-void Attention::finish_k(std::span<const std::int64_t> positions, std::vector<float>& k) const {
+void Attention::finish_k(std::span<const std::int64_t> positions, const float* angles,
+                         std::vector<float>& k) const {
   const auto total = static_cast<std::int64_t>(positions.size());
   const std::int64_t kw = kernels::k_row_elements(spec_);
+  const std::int64_t d = spec_.head_size;
   for (std::int64_t t = 0; t < total; ++t) {
     float* kt = k.data() + t * kw;
-    if (!w_.k_norm.empty()) {
-      ops::norm_heads(kt, spec_.params.num_kv_heads, spec_.head_size, w_.k_norm, eps_);
+    if (!w_.k_norm.empty()) ops::norm_heads(kt, spec_.params.num_kv_heads, d, w_.k_norm, eps_);
+    if (angles != nullptr) {
+      ops::rope_rotate(rope_mode(), kt, spec_.params.num_kv_heads, d, angles + t * d);
     }
-    rotate(kt, spec_.params.num_kv_heads, positions[static_cast<std::size_t>(t)]);
   }
 }
 
@@ -103,12 +122,15 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   reuse(v, total, kernels::v_row_elements(spec_));
   ops::matmul_many({{&w_.q, q.data()}, {&w_.k, k.data()}, {&w_.v, v.data()}}, normed.data(), total,
                    step.pool);
+  const float* angles = rope_angles(step.positions, scratch.rope);
   for (std::int64_t t = 0; t < total; ++t) {
     float* qt = q.data() + t * qw;
     if (!w_.q_norm.empty()) ops::norm_heads(qt, hq, spec_.head_size, w_.q_norm, eps_);
-    rotate(qt, hq, step.positions[static_cast<std::size_t>(t)]);
+    if (angles != nullptr) {
+      ops::rope_rotate(rope_mode(), qt, hq, spec_.head_size, angles + t * spec_.head_size);
+    }
   }
-  finish_k(step.positions, k);
+  finish_k(step.positions, angles, k);
   write_kv(step, k, v);
 
   // The attention metadata of the layer's group. Causal: one query per kernel sequence (its

@@ -27,6 +27,15 @@ struct Scratch {
   std::vector<float> q, k, v, attn;  // Attention::run
   std::vector<float> gate, up;       // Mlp::run
   std::vector<kernels::PagedSequence> seqs;
+  // RoPE's (cos, sin) pairs of every row of the forward and what they were computed for: the
+  // attention layers share them (ops::rope_angles depends on the position, theta and d alone).
+  struct RopeAngles {
+    ops::RopeMode mode = ops::RopeMode::kHalves;
+    std::int64_t d = 0;
+    double theta = 0;
+    std::vector<std::int64_t> positions;
+    std::vector<float> cs;  // [rows, d]
+  } rope;
 };
 
 // What a block sees of one forward besides its rows.
@@ -82,8 +91,13 @@ class Attention final : public Mixer {
   std::string name_;
   kernels::AttentionSpec spec_;
   layout::LayerGeometry geometry_;
-  void rotate(float* x, std::int64_t heads, std::int64_t position) const;
-  void finish_k(std::span<const std::int64_t> positions, std::vector<float>& k) const;
+  ops::RopeMode rope_mode() const;  // with rope_ kHalves or kPairs
+  // The (cos, sin) pairs of every row at `positions` (null without RoPE), from `cache` when it
+  // holds those of the same positions, theta and form.
+  const float* rope_angles(std::span<const std::int64_t> positions,
+                           Scratch::RopeAngles& cache) const;
+  void finish_k(std::span<const std::int64_t> positions, const float* angles,
+                std::vector<float>& k) const;
   Weights w_;
   Rope rope_;
   double rope_theta_;

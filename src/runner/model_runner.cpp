@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
 #include <thread>
@@ -173,6 +174,7 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weig
   // Recurrent layers' conv states keep num_spec_tokens extra rows, with or without a drafter.
   dopt.num_spec_tokens = options.num_spec_tokens;
   dopt.ssm_dtype = options.ssm_dtype;
+  dopt.kv_dtype = options.kv_dtype;
   if (options.draft) {
     draft_config = model::read_architecture(*options.draft);
     // The drafter's cache in its own dtype (its config's torch_dtype), not the target's.
@@ -519,13 +521,32 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
   return out;
 }
 
+// The first index of the largest logit, NaNs passed over (a NaN first logit wins: nothing
+// compares greater than it), as one scan `if (logits[i] > logits[best]) best = i` gives, in two
+// passes that vectorise: the maximum in 16 independent lanes (a NaN never replaces a lane's
+// value), then the first logit equal to it (-0 equals +0, as the scan keeps the first of them).
+// A batch-16 step argmaxes 16 rows of the whole vocabulary.
 TokenId argmax(std::span<const float> logits) {
   if (logits.empty()) throw_invalid("argmax of no logits");
-  std::size_t best = 0;
-  for (std::size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
+  if (std::isnan(logits[0])) return 0;
+  constexpr std::size_t kLanes = 16;
+  std::array<float, kLanes> lane;
+  lane.fill(logits[0]);
+  const std::size_t n = logits.size();
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::size_t j = 0; j < kLanes; ++j) {
+      const float x = logits[i + j];
+      lane[j] = x > lane[j] ? x : lane[j];
+    }
   }
-  return static_cast<TokenId>(best);
+  float best = logits[0];
+  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
+  for (const float m : lane) best = m > best ? m : best;
+  for (std::size_t k = 0; k < n; ++k) {
+    if (logits[k] == best) return static_cast<TokenId>(k);
+  }
+  throw_internal("argmax: the largest logit was not found again");
 }
 
 }  // namespace mixkv::runner

@@ -47,56 +47,48 @@ void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const fl
   for (std::int64_t hh = 0; hh < heads; ++hh) rms_norm(v + hh * d, w, d, eps, v + hh * d);
 }
 
-// Dimension i pairs with i + d/2 and turns by position * theta^(-2i/d); the angles are computed
-// in double from the position alone.
-void rope(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta) {
+void rope_angles(RopeMode mode, std::int64_t d, std::int64_t position, double theta, float* cs) {
   const std::int64_t half = d / 2;
+  if (mode == RopeMode::kPairsGgml) {
+    // ggml's rope cache: the running angle multiplied by theta_scale after each pair.
+    const float theta_scale = std::pow(static_cast<float>(theta), -2.0f / static_cast<float>(d));
+    auto angle = static_cast<float>(position);
+    for (std::int64_t i = 0; i < half; ++i) {
+      cs[2 * i] = std::cos(angle);
+      cs[2 * i + 1] = std::sin(angle);
+      angle *= theta_scale;
+    }
+    return;
+  }
   for (std::int64_t i = 0; i < half; ++i) {
     const double angle = static_cast<double>(position) *
                          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-    const auto c = static_cast<float>(std::cos(angle));
-    const auto s = static_cast<float>(std::sin(angle));
-    for (std::int64_t h = 0; h < heads; ++h) {
-      float* v = x + h * d;
-      const float a = v[i], b = v[i + half];
-      v[i] = a * c - b * s;
-      v[i + half] = b * c + a * s;
-    }
+    cs[2 * i] = static_cast<float>(std::cos(angle));
+    cs[2 * i + 1] = static_cast<float>(std::sin(angle));
   }
 }
 
-void rope_pairs(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta) {
-  for (std::int64_t i = 0; i < d / 2; ++i) {
-    const double angle = static_cast<double>(position) *
-                         std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
-    const auto c = static_cast<float>(std::cos(angle));
-    const auto s = static_cast<float>(std::sin(angle));
-    for (std::int64_t h = 0; h < heads; ++h) {
-      float* v = x + h * d + 2 * i;
-      const float a = v[0], b = v[1];
-      v[0] = a * c - b * s;
-      v[1] = b * c + a * s;
+void rope_rotate(RopeMode mode, float* x, std::int64_t heads, std::int64_t d, const float* cs) {
+  const std::int64_t half = d / 2;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    float* v = x + h * d;
+    for (std::int64_t i = 0; i < half; ++i) {
+      const float c = cs[2 * i], s = cs[2 * i + 1];
+      // Halves: dimension i with i + d/2; pairs: 2i with 2i + 1.
+      float* p0 = mode == RopeMode::kHalves ? v + i : v + 2 * i;
+      float* p1 = mode == RopeMode::kHalves ? v + i + half : v + 2 * i + 1;
+      const float a = *p0, b = *p1;
+      if (mode == RopeMode::kPairsGgml) {
+        // GCC contracts ggml's x0 cos - x1 sin and x0 sin + x1 cos into one fused multiply-add
+        // each, the first product of each fused (found against llama.cpp's tensors: every output
+        // of every position).
+        *p0 = std::fma(a, c, -(b * s));
+        *p1 = std::fma(a, s, b * c);
+      } else {
+        *p0 = a * c - b * s;
+        *p1 = b * c + a * s;
+      }
     }
-  }
-}
-
-void rope_pairs_ggml(float* x, std::int64_t heads, std::int64_t d, std::int64_t position,
-                     double theta) {
-  // ggml's rope cache: the running angle multiplied by theta_scale after each pair. GCC contracts
-  // ggml's x0 cos - x1 sin and x0 sin + x1 cos into one fused multiply-add each, the first
-  // product of each fused (found against llama.cpp's tensors: every output of every position).
-  const float theta_scale = std::pow(static_cast<float>(theta), -2.0f / static_cast<float>(d));
-  auto angle = static_cast<float>(position);
-  for (std::int64_t i = 0; i < d / 2; ++i) {
-    const float c = std::cos(angle);
-    const float s = std::sin(angle);
-    for (std::int64_t h = 0; h < heads; ++h) {
-      float* v = x + h * d + 2 * i;
-      const float a = v[0], b = v[1];
-      v[0] = std::fma(a, c, -(b * s));
-      v[1] = std::fma(a, s, b * c);
-    }
-    angle *= theta_scale;
   }
 }
 

@@ -50,18 +50,21 @@ void matmul_many(std::initializer_list<Projection> projections, const float* x, 
 void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y);
 // RMSNorm of each `d`-wide head of `v` with the same weights (Qwen3's q_norm and k_norm).
 void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w, double eps);
-// Rotary embedding, the rotate-half (GPT-NeoX / HF Llama) form: dimension i pairs with i + d/2.
-void rope(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta);
-// The same rotation over adjacent pairs (2i, 2i + 1), ggml's default mode: what Llama GGUF files
-// need, whose attn_q / attn_k rows llama.cpp's converter permuted so that pair (2i, 2i + 1) of a
-// head holds HF's dimensions (i, i + d/2). Attention scores are then those of HF's model.
-void rope_pairs(float* x, std::int64_t heads, std::int64_t d, std::int64_t position, double theta);
-// rope_pairs as ggml computes it (ggml_compute_forward_rope_f32, normal mode, no scaling): the
-// angle of pair i is position * theta_scale^i by a running product in float (theta_scale =
-// powf(theta, -2/d)), cos and sin in float, and each output two products and one add or
-// subtract, each rounded.
-void rope_pairs_ggml(float* x, std::int64_t heads, std::int64_t d, std::int64_t position,
-                     double theta);
+// Rotary embedding in three forms. kHalves: the rotate-half (GPT-NeoX / HF Llama) form, dimension
+// i pairs with i + d/2. kPairs: the same rotation over adjacent pairs (2i, 2i + 1), ggml's default
+// mode: what Llama GGUF files need, whose attn_q / attn_k rows llama.cpp's converter permuted so
+// that pair (2i, 2i + 1) of a head holds HF's dimensions (i, i + d/2); attention scores are then
+// those of HF's model. kPairsGgml: kPairs as ggml computes it (ggml_compute_forward_rope_f32,
+// normal mode, no scaling): the angle of pair i is position * theta_scale^i by a running product
+// in float (theta_scale = powf(theta, -2/d)), cos and sin in float, and each output two products
+// and one add or subtract, each rounded. The other two compute each angle in double from the
+// position alone, position * theta^(-2i/d).
+enum class RopeMode { kHalves, kPairs, kPairsGgml };
+// The d/2 (cos, sin) pairs of a row at `position`, into cs[0, d): they depend on the position,
+// theta and d alone, so a forward computes them once per row for all its layers.
+void rope_angles(RopeMode mode, std::int64_t d, std::int64_t position, double theta, float* cs);
+// Rotates each of the `heads` d-wide heads of x by the angles rope_angles gave.
+void rope_rotate(RopeMode mode, float* x, std::int64_t heads, std::int64_t d, const float* cs);
 // Scales each `d`-wide head to unit L2 norm (flash-linear-attention's l2norm, eps 1e-6).
 void l2_normalise(float* v, std::int64_t heads, std::int64_t d);
 float silu(float v);

@@ -6,9 +6,13 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <vector>
 
+#include "mixkv/kernels/simd_targets.hpp"
 #include "test_support.hpp"
 
 namespace mixkv::kernels {
@@ -153,6 +157,108 @@ TEST(Convert, RandomFloatsRoundToTheNearestCode) {
     expect_nearest<std::uint16_t>(x, float_to_fp16(x), fp16_to_float, 0x10000, 65504.0f, false);
     expect_nearest<std::uint16_t>(x, float_to_bf16(x), bf16_to_float, 0x10000, 3.4e38f, false);
   }
+}
+
+// Every fp16 value class for the scalar encode and the row encoder on each instruction set: each
+// code's value, the midpoint to the next code (a tie: the even one of the two), and the floats
+// just below and above the midpoint, both signs; then NaNs (any payload: the canonical quiet
+// code), infinities, float subnormals (to zero) and the largest floats (to infinity).
+struct Fp16Case {
+  float x;
+  std::uint16_t code;
+};
+
+std::vector<Fp16Case> fp16_cases() {
+  std::vector<Fp16Case> cases;
+  for (std::uint32_t c = 0; c < 0x7C00; ++c) {
+    const auto code = static_cast<std::uint16_t>(c);
+    const auto next = static_cast<std::uint16_t>(c + 1);
+    const float v = fp16_to_float(code);
+    // The midpoint has 12 significant bits: exact in float (65520 above the largest code).
+    const float mid = c == 0x7BFF ? 65520.0f : (v + fp16_to_float(next)) / 2;
+    const auto even = static_cast<std::uint16_t>((c & 1u) != 0 ? next : code);
+    for (const std::uint16_t sign : {std::uint16_t{0}, std::uint16_t{0x8000}}) {
+      const float s = sign != 0 ? -1.0f : 1.0f;
+      const auto with = [&](std::uint16_t k) { return static_cast<std::uint16_t>(k | sign); };
+      cases.push_back({s * v, with(code)});
+      cases.push_back({s * mid, with(even)});
+      cases.push_back({s * std::nextafter(mid, 0.0f), with(code)});
+      cases.push_back({s * std::nextafter(mid, kInf), with(next)});
+    }
+  }
+  for (const std::uint32_t bits : {0x7FC00000u, 0x7F800001u, 0x7FBFFFFFu, 0x7FFFFFFFu}) {
+    cases.push_back({std::bit_cast<float>(bits), 0x7E00});
+    cases.push_back({std::bit_cast<float>(bits | 0x80000000u), 0xFE00});
+  }
+  cases.push_back({kInf, 0x7C00});
+  cases.push_back({-kInf, 0xFC00});
+  cases.push_back({std::numeric_limits<float>::max(), 0x7C00});
+  cases.push_back({-std::numeric_limits<float>::max(), 0xFC00});
+  cases.push_back({std::numeric_limits<float>::denorm_min(), 0x0000});
+  cases.push_back({-std::bit_cast<float>(0x007FFFFFu), 0x8000});
+  return cases;
+}
+
+// encode_row's bytes for `xs` (at an even and an odd offset: the vector and the element loop).
+std::vector<std::uint16_t> encoded_codes(DType dtype, const std::vector<float>& xs,
+                                         std::size_t offset) {
+  std::vector<std::byte> bytes(2 * xs.size() + offset);
+  encode_row(dtype, xs, 1.0f, std::span<std::byte>(bytes).subspan(offset));
+  std::vector<std::uint16_t> codes(xs.size());
+  std::memcpy(codes.data(), bytes.data() + offset, 2 * xs.size());
+  return codes;
+}
+
+// A failure at the first index where `got` differs from `want`, with its input.
+void expect_same_codes(const std::vector<float>& xs, const std::vector<std::uint16_t>& got,
+                       const std::vector<std::uint16_t>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      ADD_FAILURE() << what << ": " << std::hexfloat << xs[i] << " (bits 0x" << std::hex
+                    << std::bit_cast<std::uint32_t>(xs[i]) << ") gave 0x" << got[i] << ", want 0x"
+                    << want[i];
+      return;
+    }
+  }
+}
+
+// The scalar encode, then encode_row on every instruction set and at an odd offset, give `want`.
+void expect_encodes(DType dtype, std::uint16_t (*scalar)(float), const std::vector<float>& xs,
+                    const std::vector<std::uint16_t>& want) {
+  std::vector<std::uint16_t> codes(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) codes[i] = scalar(xs[i]);
+  expect_same_codes(xs, codes, want, "scalar encode");
+  for_each_simd_target([&](const std::string& target) {
+    expect_same_codes(xs, encoded_codes(dtype, xs, 0), want, "encode_row " + target);
+  });
+  expect_same_codes(xs, encoded_codes(dtype, xs, 1), want, "encode_row, odd offset");
+}
+
+TEST(Convert, Fp16EncodeEveryValueClassOnEveryTarget) {
+  const std::vector<Fp16Case> cases = fp16_cases();
+  std::vector<float> xs;
+  std::vector<std::uint16_t> want;
+  for (const Fp16Case& c : cases) {
+    xs.push_back(c.x);
+    want.push_back(c.code);
+  }
+  expect_encodes(DType::kFloat16, float_to_fp16, xs, want);
+}
+
+// bf16 likewise: each code, the midpoint to the next and its neighbours, NaNs of every code.
+TEST(Convert, Bf16EncodeMatchesTheScalarOnEveryTarget) {
+  std::vector<float> xs;
+  std::vector<std::uint16_t> want;
+  for (std::uint32_t c = 0; c < 0x10000; ++c) {
+    for (const std::uint32_t low : {0x0000u, 0x7FFFu, 0x8000u, 0x8001u}) {
+      xs.push_back(std::bit_cast<float>((c << 16) | low));
+      const bool finite = (c & 0x7FFFu) < 0x7F80u;
+      const std::uint32_t up = low > 0x8000u || (low == 0x8000u && (c & 1u) != 0) ? 1u : 0u;
+      want.push_back(static_cast<std::uint16_t>(finite ? c + up : float_to_bf16(xs.back())));
+    }
+  }
+  expect_encodes(DType::kBfloat16, float_to_bf16, xs, want);
 }
 
 TEST(Convert, Fp8RowsApplyThePerTensorScale) {

@@ -85,6 +85,9 @@ struct RunnerOptions {
   // self_draft_layers layers, its final norm and LM head, over the target's own cache of those
   // layers (nothing planned for it). 0: none. Attention-only prefixes (model::describe_self).
   int self_draft_layers = 0;
+  // The attention layers' KV-cache dtype (model::DescribeOptions::kv_dtype); nullopt: the
+  // config's.
+  std::optional<DType> kv_dtype = std::nullopt;
   // Recurrent states' dtype (model::DescribeOptions::ssm_dtype); nullopt: the config's.
   std::optional<DType> ssm_dtype = std::nullopt;
   // Threads for the matrix products and attention (the caller's included); 0: one per core,
