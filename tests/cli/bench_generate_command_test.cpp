@@ -78,6 +78,20 @@ TEST(BenchGenerateCommand, AnUnknownDrafterIsAUsageError) {
   EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
 }
 
+// --kv-dtype plans the cache in that dtype (greedy speculation still matches plain in it) and
+// says so in the JSON; a dtype mixkv does not know is a usage error naming the flag.
+TEST(BenchGenerateCommand, KvDtypeSetsTheCacheDtypeAndAnUnknownOneIsAUsageError) {
+  const auto r = run_cli("bench-generate", {"tiny-swa", "--draft", "oracle", "--max-tokens", "4",
+                                            "--runs", "1", "--kv-dtype", "bfloat16", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["kv_dtype"], "bfloat16");
+  EXPECT_EQ(j["identical_to_plain"], true);
+  const auto bad = run_cli("bench-generate", {"tiny-swa", "--kv-dtype", "bogus16"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--kv-dtype"), std::string::npos) << bad.err;
+}
+
 // The committed prompt file (what scripts/bench-llamacpp-generate.py feeds llama.cpp) is the
 // built-in set: same names, categories and, greedy, the same tokens generated.
 TEST(BenchGenerateCommand, ThePromptFileIsTheBuiltInSetAndSelfDraftsMatchPlain) {
