@@ -1332,10 +1332,14 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
 // by ~0.25 ms per row from 0.5 (q4_1) or 1.3 ms (q8_0)). At 5 rows (a k = 4 verify step) VNNI
 // is still the cheaper one for q4_1: 1.5 ms there, and on SmolLM2-135M's weights (576 x 1536,
 // 1536 x 576, 576 x 576) 5-8% below the tiles (minimum of 400 one-thread calls); the tiles
-// lead from 7 rows (issue 15).
+// lead from 7 rows (issue 15). q8_0, whose B tiles load straight from the packed codes (no
+// nibbles to spread), takes them from 5 rows: on SmolLM2-135M's LM head (49152 x 576, L3-resident)
+// 5 rows cost 2.5-2.7 ms on the tiles against 2.9-3.1 ms on VNNI, one thread (minimum of 30
+// calls, interleaved); at 3-4 rows the two were level, and q4_1 at 5 rows still costs ~1.5x on
+// the tiles.
 bool int8_tiles_for(WeightType type, ReductionOrder order, std::int64_t n) {
 #ifdef MIXKV_MATMUL_AMX
-  const std::int64_t min_rows = 6;
+  const std::int64_t min_rows = type == WeightType::kQ8_0 ? 5 : 6;
   return order == ReductionOrder::kBlockSum && quantizes_x(type) && n >= min_rows &&
          detail::amx::int8_available();
 #else

@@ -262,13 +262,17 @@ constexpr int kInt8Rows = 8;
 constexpr int kInt8Panels = 2;
 
 // Two tile sets, by pair parity (tile registers are not renamed: a tile written again waits for
-// every reader of its last value, so pair q + 1's products would queue behind pair q's stores):
-// tiles 0-1 and 2-3 C (2m x 16 int32), one per panel; 4 and 5 A (2m x 64 codes); 6-7 B (16 x 64
-// bytes), one per panel (with one panel, 6 and 7 by parity).
-MIXKV_AMX_INT8_TARGET inline void configure_int8(std::int64_t m) {
+// every reader of its last value, so pair q + 1's products would queue behind pair q's stores).
+// One group of m x rows: tiles 0-1 and 2-3 C (2m x 16 int32), one per panel; 4 and 5 A (2m x 64
+// codes); 6-7 B (16 x 64 bytes), one per panel (with one panel, 6 and 7 by parity). Two groups
+// (m and m1 rows, one panel): C 0 and 2 for the first group, 1 and 3 for the second; A 4 and 5
+// by group; B 6 and 7 by parity.
+MIXKV_AMX_INT8_TARGET inline void configure_int8(std::int64_t m, std::int64_t m1 = 0) {
   TileConfig cfg;
   const auto rows = static_cast<std::uint8_t>(2 * m);
-  for (int t : {0, 1, 2, 3, 4, 5}) cfg.rows[t] = rows, cfg.colsb[t] = 64;
+  const auto rows1 = static_cast<std::uint8_t>(2 * (m1 > 0 ? m1 : m));
+  for (int t : {0, 2, 4}) cfg.rows[t] = rows, cfg.colsb[t] = 64;
+  for (int t : {1, 3, 5}) cfg.rows[t] = rows1, cfg.colsb[t] = 64;
   for (int t : {6, 7}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
   _tile_loadconfig(&cfg);
 }
@@ -310,7 +314,7 @@ template <WeightType kT, int kM, int kG>
 MIXKV_AMX_INT8_TARGET inline void int8_finish(const QuantizedX& qx,
                                               const std::byte* const (&pw)[kG], std::int64_t b,
                                               std::int64_t i0, const Int8Sums& sums, int r0,
-                                              __m512 (&y)[kM][kG]) {
+                                              __m512 (&y)[kM][kG], int first = 0) {
   constexpr PanelFormat kF = panel_format(kT);
   constexpr int kFactor = panel_factor(kT);
   __m512 dw[kG];
@@ -330,7 +334,7 @@ MIXKV_AMX_INT8_TARGET inline void int8_finish(const QuantizedX& qx,
     if constexpr (kFactor != 0) start = _mm512_set1_epi32(kFactor * qx.sum[at]);
     if constexpr (kT == WeightType::kQ4_1) sx = _mm512_set1_ps(qx.s[at]);
     for (int g = 0; g < kG; ++g) {
-      __m512i sum = _mm512_load_si512(sums[g][r0 + i]);
+      __m512i sum = _mm512_load_si512(sums[first + g][r0 + i]);
       if constexpr (kFactor != 0) sum = _mm512_add_epi32(sum, start);
       y[i][g] = _mm512_fmadd_ps(_mm512_mul_ps(dw[g], dx), _mm512_cvtepi32_ps(sum), y[i][g]);
       if constexpr (kT == WeightType::kQ4_1) y[i][g] = _mm512_fmadd_ps(mw[g], sx, y[i][g]);
@@ -338,18 +342,29 @@ MIXKV_AMX_INT8_TARGET inline void int8_finish(const QuantizedX& qx,
   }
 }
 
+// TILESTORED of a C tile into 16 x 16 int32 sums, telling the compiler exactly which memory it
+// writes: the intrinsic's "memory" clobber made it keep the float accumulators y in memory, a
+// load and a store around every one of their steps.
+#define MIXKV_TILE_STORE_SUMS(tile, sums)                                                       \
+  __asm__ volatile("tilestored %%tmm" #tile ", (%1,%2,1)"                                       \
+                   : "=m"(*reinterpret_cast<std::int32_t(*)[2 * kInt8Rows][16]>(&(sums)[0][0])) \
+                   : "r"(&(sums)[0][0]), "r"(64L))
+
 // kG (1 or 2) panels from p against kM <= 8 x rows from i0, every block, into y (a partial
-// last panel's padding rows are not stored). Blocks go in pairs: one tile product per panel
+// last panel's padding rows are not stored); with kM1 > 0 (kM = 8, one panel) also the kM1 x
+// rows from i0 + 8, a second group meeting the same B tiles, so a panel's codes are spread to
+// bytes and loaded once for 9-16 x rows. Blocks go in pairs: one tile product per panel, group
 // and pair, A = QuantizedX::a16 (x row i's codes of block 2q + h in row h kM + i, columns
 // 32h .. 32h + 31, zeros elsewhere), B = the pair's codes (rows 0-7 block 2q, 8-15 block
 // 2q + 1), so C row h kM + i sums block 2q + h alone: a full-size tile product for 2 x 8 rows
 // where one block would fill a quarter of one, and half the tile instructions. An odd last
 // block leaves B's rows 8-15 as they were: A's zeros meet them. Tiles as configure_int8 sets.
-template <WeightType kT, int kM, int kG>
+template <WeightType kT, int kM, int kG, int kM1 = 0>
 MIXKV_AMX_INT8_TARGET inline void int8_panels(const MatmulCall& c, std::int64_t p, std::int64_t i0,
                                               Int8Scratch& s) {
   constexpr PanelFormat kF = panel_format(kT);
   static_assert(kG == 1 || kG == 2);
+  static_assert(kM1 == 0 || (kG == 1 && kM == kInt8Rows));
   const QuantizedX& qx = *c.qx;
   const std::int64_t blocks = qx.blocks, pairs = (blocks + 1) / 2;
   const std::byte* pw[kG];  // the panels' scales
@@ -359,9 +374,12 @@ MIXKV_AMX_INT8_TARGET inline void int8_panels(const MatmulCall& c, std::int64_t 
     pc[g] = pw[g] + kF.codes_at(blocks, 0);
   }
   const std::int8_t* xa = qx.a16.data() + i0 * pairs * 128;
-  __m512 y[kM][kG];
+  [[maybe_unused]] const std::int8_t* xa1 = qx.a16.data() + (i0 + kInt8Rows) * pairs * 128;
+  constexpr int kRows1 = kM1 > 0 ? kM1 : 1;
+  __m512 y[kM][kG], y1[kRows1][1];
   for (int i = 0; i < kM; ++i)
     for (int g = 0; g < kG; ++g) y[i][g] = _mm512_setzero_ps();
+  for (int i = 0; i < kRows1; ++i) y1[i][0] = _mm512_setzero_ps();
   // Pair q's B tiles (q8_0's whole pairs straight from the panel, whose two blocks' codes are
   // the tile's 16 rows; the rest through s.b[set]); its float steps from s.c[set].
   const void* src[2][kG];
@@ -381,31 +399,52 @@ MIXKV_AMX_INT8_TARGET inline void int8_panels(const MatmulCall& c, std::int64_t 
     }
   };
   const auto finish = [&](std::int64_t q, int set) MIXKV_AMX_INT8_TARGET {
-    int8_finish<kT, kM, kG>(qx, pw, 2 * q, i0, s.c[set], 0, y);
-    if (2 * q + 1 < blocks) int8_finish<kT, kM, kG>(qx, pw, 2 * q + 1, i0, s.c[set], kM, y);
+    for (int h = 0; h < 2 && 2 * q + h < blocks; ++h) {
+      int8_finish<kT, kM, kG>(qx, pw, 2 * q + h, i0, s.c[set], h * kM, y);
+      if constexpr (kM1 > 0) {
+        int8_finish<kT, kRows1, 1>(qx, pw, 2 * q + h, i0 + kInt8Rows, s.c[set], h * kM1, y1, 1);
+      }
+    }
   };
   make_b(0, 0);
   // Pair q on tile set `set` (tile numbers are literals in the instructions, hence a macro):
   // its products into scratch, then pair q + 1's B tiles made, then pair q - 1's float steps.
-#define MIXKV_INT8_PAIR(set, c0, c1, a, b0, b1)                                          \
-  do {                                                                                   \
-    __asm__ volatile("" ::: "memory"); /* B's bytes are stored before tiles load them */ \
-    _tile_loadd(a, xa + q * (2 * kM * 64), 64);                                          \
-    _tile_loadd(b0, src[set][0], 64);                                                    \
-    _tile_zero(c0);                                                                      \
-    _tile_dpbsud(c0, a, b0);                                                             \
-    if constexpr (kG == 2) {                                                             \
-      _tile_loadd(b1, src[set][kG - 1], 64);                                             \
-      _tile_zero(c1);                                                                    \
-      _tile_dpbsud(c1, a, b1);                                                           \
-    }                                                                                    \
-    _tile_stored(c0, s.c[set][0], 64);                                                   \
-    if constexpr (kG == 2) _tile_stored(c1, s.c[set][kG - 1], 64);                       \
-    if (q + 1 < pairs) make_b(q + 1, (set) ^ 1);                                         \
-    if (q > 0) finish(q - 1, (set) ^ 1);                                                 \
+  // The asm tells the compiler that the tiles read the scratch (B's bytes are stored first).
+#define MIXKV_INT8_PAIR(set, c0, c1, a, b0, b1)                               \
+  do {                                                                        \
+    __asm__ volatile("" : "+m"(s));                                           \
+    if constexpr (kM1 > 0) {                                                  \
+      _tile_loadd(4, xa + q * (2 * kM * 64), 64);                             \
+      _tile_loadd(5, xa1 + q * (2 * kM1 * 64), 64);                           \
+      _tile_loadd(b1, src[set][0], 64);                                       \
+      _tile_zero(c0);                                                         \
+      _tile_dpbsud(c0, 4, b1);                                                \
+      _tile_zero(c1);                                                         \
+      _tile_dpbsud(c1, 5, b1);                                                \
+    } else {                                                                  \
+      _tile_loadd(a, xa + q * (2 * kM * 64), 64);                             \
+      _tile_loadd(b0, src[set][0], 64);                                       \
+      _tile_zero(c0);                                                         \
+      _tile_dpbsud(c0, a, b0);                                                \
+      if constexpr (kG == 2) {                                                \
+        _tile_loadd(b1, src[set][kG - 1], 64);                                \
+        _tile_zero(c1);                                                       \
+        _tile_dpbsud(c1, a, b1);                                              \
+      }                                                                       \
+    }                                                                         \
+    MIXKV_TILE_STORE_SUMS(c0, s.c[set][0]);                                   \
+    if constexpr (kG == 2 || kM1 > 0) MIXKV_TILE_STORE_SUMS(c1, s.c[set][1]); \
+    if (q + 1 < pairs) make_b(q + 1, (set) ^ 1);                              \
+    if (q > 0) finish(q - 1, (set) ^ 1);                                      \
   } while (false)
+  // Set 0: C 0 (and 1), A 4, B 6 (and 7); set 1: C 2 (and 3), A 5, B 6 and 7 (two panels) or 7.
+  // Two groups: C 0-1 / 2-3, A 4 and 5 by group, B 6 / 7 (the last argument) by set.
   for (std::int64_t q = 0; q < pairs; ++q) {
-    MIXKV_INT8_PAIR(0, 0, 1, 4, 6, 7);
+    if constexpr (kM1 > 0) {
+      MIXKV_INT8_PAIR(0, 0, 1, 4, 6, 6);
+    } else {
+      MIXKV_INT8_PAIR(0, 0, 1, 4, 6, 7);
+    }
     if (++q == pairs) break;
     if constexpr (kG == 2) {
       MIXKV_INT8_PAIR(1, 2, 3, 5, 6, 7);
@@ -417,16 +456,19 @@ MIXKV_AMX_INT8_TARGET inline void int8_panels(const MatmulCall& c, std::int64_t 
   finish(pairs - 1, static_cast<int>((pairs - 1) & 1));
   for (int g = 0; g < kG; ++g) {
     const std::int64_t r0 = (p + g) * kPanelRows, left = c.rows - r0;
-    for (int i = 0; i < kM; ++i) {
-      float* out = c.y + (i0 + i) * c.rows + r0;
+    const auto store = [&](std::int64_t row, __m512 v) MIXKV_AMX_INT8_TARGET {
+      float* out = c.y + row * c.rows + r0;
       if (left >= kPanelRows) {
-        _mm512_storeu_ps(out, y[i][g]);
+        _mm512_storeu_ps(out, v);
       } else {
-        _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << left) - 1), y[i][g]);
+        _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << left) - 1), v);
       }
-    }
+    };
+    for (int i = 0; i < kM; ++i) store(i0 + i, y[i][g]);
+    for (int i = 0; i < kM1; ++i) store(i0 + kInt8Rows + i, y1[i][0]);
   }
 }
+#undef MIXKV_TILE_STORE_SUMS
 
 template <WeightType kT, int kM = 1>
 MIXKV_AMX_INT8_TARGET inline void int8_group(const MatmulCall& c, std::int64_t p, int panels,
@@ -441,24 +483,54 @@ MIXKV_AMX_INT8_TARGET inline void int8_group(const MatmulCall& c, std::int64_t p
   }
 }
 
-// W rows [r0, r1) (whole panels but the last) against every x row: two panels at a time (one
-// at a time for the last one or two), each group meeting every group of 8 x rows while its
-// panels are in cache.
+// One panel against 8 + m1 x rows from i0 (1 <= m1 <= 8).
+template <WeightType kT, int kM1 = 1>
+MIXKV_AMX_INT8_TARGET inline void int8_two_groups(const MatmulCall& c, std::int64_t p,
+                                                  std::int64_t i0, std::int64_t m1,
+                                                  Int8Scratch& s) {
+  if constexpr (kM1 < kInt8Rows) {
+    if (m1 > kM1) return int8_two_groups<kT, kM1 + 1>(c, p, i0, m1, s);
+  }
+  int8_panels<kT, kInt8Rows, 1, kM1>(c, p, i0, s);
+}
+
+// W rows [r0, r1) (whole panels but the last) against every x row. Up to 8 x rows: two panels
+// at a time (one at a time for the last one or two). More: panel by panel, every 16 x rows (two
+// groups of 8 sharing the panel's B tiles; a last 1-8 as one group) meeting it while it is in
+// cache.
 template <WeightType kT>
 MIXKV_AMX_INT8_TARGET inline void int8_rows_of(const MatmulCall& c, std::int64_t r0,
                                                std::int64_t r1) {
   Int8Scratch s{};  // zeros: an odd last block's B rows 8-15 are read before any pair wrote them
-  std::int64_t shape = -1;
+  std::int64_t shape = -1;  // the rows of the configured tiles' groups: 1-8 one, 9-16 two
+  const auto shape_for = [&](std::int64_t m) MIXKV_AMX_INT8_TARGET {
+    if (m == shape) return;
+    if (m > kInt8Rows) {
+      configure_int8(kInt8Rows, m - kInt8Rows);
+    } else {
+      configure_int8(m);
+    }
+    shape = m;
+  };
   const std::int64_t p_end = (r1 + kPanelRows - 1) / kPanelRows;
   for (std::int64_t p = r0 / kPanelRows; p < p_end;) {
-    const int panels = p + kInt8Panels <= p_end ? kInt8Panels : 1;
-    for (std::int64_t i0 = 0; i0 < c.n; i0 += kInt8Rows) {
-      const std::int64_t m = std::min<std::int64_t>(kInt8Rows, c.n - i0);
-      if (m != shape) configure_int8(m);
-      shape = m;
-      int8_group<kT>(c, p, panels, i0, m, s);
+    if (c.n <= kInt8Rows) {
+      const int panels = p + kInt8Panels <= p_end ? kInt8Panels : 1;
+      shape_for(c.n);
+      int8_group<kT>(c, p, panels, 0, c.n, s);
+      p += panels;
+      continue;
     }
-    p += panels;
+    for (std::int64_t i0 = 0; i0 < c.n; i0 += 2 * kInt8Rows) {
+      const std::int64_t m = std::min<std::int64_t>(2 * kInt8Rows, c.n - i0);
+      shape_for(m);
+      if (m > kInt8Rows) {
+        int8_two_groups<kT>(c, p, i0, m - kInt8Rows, s);
+      } else {
+        int8_group<kT>(c, p, 1, i0, m, s);
+      }
+    }
+    ++p;
   }
   _tile_release();
 }
