@@ -87,8 +87,9 @@ struct FloatRows {
     hi = load(t, j + static_cast<std::int64_t>(hn::Lanes(DF())));
   }
 };
-// In units of code_unit, like convert_rows.
-template <DType kT>
+// In units of code_unit, like convert_rows. kNanFree: the rows were checked to hold no e4m3 NaN
+// code, so the paired widening skips its NaN test (the same bits for every other code).
+template <DType kT, bool kNanFree = false>
 struct CacheRows {
   static constexpr bool kPairs = kPairedDecode<kT>;
   const std::byte* base;
@@ -97,9 +98,27 @@ struct CacheRows {
     return decode_units<kT>(base + t * stride, j);
   }
   HWY_INLINE void load2(std::int64_t t, std::int64_t j, hn::Vec<DF>& lo, hn::Vec<DF>& hi) const {
-    decode_units2<kT>(base + t * stride, j, lo, hi);
+    decode_units2<kT, kNanFree>(base + t * stride, j, lo, hi);
   }
 };
+
+// Whether any of `rows` rows of `bytes` e4m3 codes (`stride` bytes apart) is a NaN (0x7F or
+// 0xFF: the largest value of code & 0x7F), two instructions per 64 codes.
+HWY_INLINE bool any_e4m3_nan(const std::byte* base, std::int64_t stride, std::int64_t rows,
+                             std::int64_t bytes) {
+  const hn::ScalableTag<std::uint8_t> d8;
+  const auto n8 = static_cast<std::int64_t>(hn::Lanes(d8));
+  const auto low7 = hn::Set(d8, std::uint8_t{0x7F});
+  auto top = hn::Zero(d8);
+  bool tail = false;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto* row = reinterpret_cast<const std::uint8_t*>(base + r * stride);
+    std::int64_t i = 0;
+    for (; i + n8 <= bytes; i += n8) top = hn::Max(top, hn::And(hn::LoadU(d8, row + i), low7));
+    for (; i < bytes; ++i) tail = tail || (row[i] & 0x7F) == 0x7F;
+  }
+  return tail || !hn::AllFalse(d8, hn::Eq(top, low7));
+}
 
 #if HWY_TARGET != HWY_SCALAR
 // Adds the 128-bit blocks of v, halving the vector until one block is left.
@@ -136,10 +155,11 @@ HWY_INLINE void reduce4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<
 #endif
 }
 
-// q.k of `kHeads` query rows (1 or 4) against keys t and t + 1 (kKeys 2) or t alone, over `len`
+// q.k of `kHeads` query rows (1 to 4) against keys t and t + 1 (kKeys 2) or t alone, over `len`
 // floats (a multiple of the vector; padding is zero). Scores go to out[head * kTileTokens + t].
 // Each (head, key) sum runs over the row in one fixed order whichever variant computes it, so
-// results do not depend on how heads are grouped.
+// results do not depend on how heads are grouped (3 query heads per KV head, SmolLM2's, read each
+// K row once for the three, not three times).
 template <int kHeads, int kKeys, class Rows>
 HWY_INLINE void dots(const float* const* q, const Rows& k, std::int64_t t, std::int64_t len,
                      float* out) {
@@ -151,21 +171,21 @@ HWY_INLINE void dots(const float* const* q, const Rows& k, std::int64_t t, std::
   const auto step = [&](std::int64_t j, hn::Vec<DF> x, hn::Vec<DF> y) HWY_ATTR {
     const auto q0 = hn::LoadU(df, q[0] + j);
     a0 = hn::MulAdd(q0, x, a0);
-    if constexpr (kHeads == 4) {
+    if constexpr (kKeys == 2) b0 = hn::MulAdd(q0, y, b0);
+    if constexpr (kHeads >= 2) {
       const auto q1 = hn::LoadU(df, q[1] + j);
-      const auto q2 = hn::LoadU(df, q[2] + j);
-      const auto q3 = hn::LoadU(df, q[3] + j);
       a1 = hn::MulAdd(q1, x, a1);
+      if constexpr (kKeys == 2) b1 = hn::MulAdd(q1, y, b1);
+    }
+    if constexpr (kHeads >= 3) {
+      const auto q2 = hn::LoadU(df, q[2] + j);
       a2 = hn::MulAdd(q2, x, a2);
+      if constexpr (kKeys == 2) b2 = hn::MulAdd(q2, y, b2);
+    }
+    if constexpr (kHeads >= 4) {
+      const auto q3 = hn::LoadU(df, q[3] + j);
       a3 = hn::MulAdd(q3, x, a3);
-      if constexpr (kKeys == 2) {
-        b0 = hn::MulAdd(q0, y, b0);
-        b1 = hn::MulAdd(q1, y, b1);
-        b2 = hn::MulAdd(q2, y, b2);
-        b3 = hn::MulAdd(q3, y, b3);
-      }
-    } else if constexpr (kKeys == 2) {
-      b0 = hn::MulAdd(q0, y, b0);
+      if constexpr (kKeys == 2) b3 = hn::MulAdd(q3, y, b3);
     }
   };
   std::int64_t j = 0;
@@ -186,28 +206,38 @@ HWY_INLINE void dots(const float* const* q, const Rows& k, std::int64_t t, std::
     const auto x = k.load(t, j);
     step(j, x, kKeys == 2 ? k.load(t + 1, j) : x);
   }
+  // The store of head x's sums, for the heads there are.
+  const auto store = [&](const float* r, std::int64_t key) {
+    for (int x = 0; x < kHeads; ++x) out[x * kTileTokens + key] = r[x];
+  };
   float r[4];
   reduce4(a0, a1, a2, a3, r);
-  out[t] = r[0];
-  if constexpr (kHeads == 4) {
-    out[kTileTokens + t] = r[1];
-    out[2 * kTileTokens + t] = r[2];
-    out[3 * kTileTokens + t] = r[3];
-  }
+  store(r, t);
   if constexpr (kKeys == 2) {
     reduce4(b0, b1, b2, b3, r);
-    out[t + 1] = r[0];
-    if constexpr (kHeads == 4) {
-      out[kTileTokens + t + 1] = r[1];
-      out[2 * kTileTokens + t + 1] = r[2];
-      out[3 * kTileTokens + t + 1] = r[3];
-    }
+    store(r, t + 1);
+  }
+}
+
+// dots for `heads` (1 to 4) query rows.
+template <int kKeys, class Rows>
+HWY_INLINE void dots_heads(std::int64_t heads, const float* const* q, const Rows& k, std::int64_t t,
+                           std::int64_t len, float* out) {
+  switch (heads) {
+    case 4:
+      return dots<4, kKeys>(q, k, t, len, out);
+    case 3:
+      return dots<3, kKeys>(q, k, t, len, out);
+    case 2:
+      return dots<2, kKeys>(q, k, t, len, out);
+    default:
+      return dots<1, kKeys>(q, k, t, len, out);
   }
 }
 
 // o = o * c (when rescaling) + sum over t in [a, b] of p[t] * v[t], `len` floats (a multiple of
 // the vector). Eight, four or one vector of o stay in registers over the whole tile; each lane
-// sums the tokens in order, whatever the grouping (accumulate4 below gives the same bits).
+// sums the tokens in order, whatever the grouping (accumulate_heads below gives the same bits).
 template <class Rows>
 void accumulate(float* o, bool rescale, float c, const float* p, std::int64_t a, std::int64_t b,
                 const Rows& v, std::int64_t len) {
@@ -254,57 +284,65 @@ void accumulate(float* o, bool rescale, float c, const float* p, std::int64_t a,
   }
 }
 
-// accumulate for four heads sharing each V row: every V vector is loaded (decoded) once for the
-// four of them. p[x] are head x's weights, kTileTokens apart.
-template <class Rows>
-void accumulate4(float* const* o, const bool* rescale, const float* c, const float* p,
-                 std::int64_t a, std::int64_t b, const Rows& v, std::int64_t len) {
+// accumulate for kHeads (2 to 4) heads sharing each V row: every V vector is loaded (decoded)
+// once for all of them. p[x] are head x's weights, kTileTokens apart.
+template <int kHeads, class Rows>
+void accumulate_heads(float* const* o, const bool* rescale, const float* c, const float* p,
+                      std::int64_t a, std::int64_t b, const Rows& v, std::int64_t len) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   const auto start = [&](int x, std::int64_t j) {
     const auto y = hn::LoadU(df, o[x] + j);
     return rescale[x] ? hn::Mul(y, hn::Set(df, c[x])) : y;
   };
+  // Heads beyond kHeads repeat the last one's weights; their sums are dropped (never stored).
   const float* p0 = p;
   const float* p1 = p + kTileTokens;
-  const float* p2 = p + 2 * kTileTokens;
-  const float* p3 = p + 3 * kTileTokens;
+  const float* p2 = p + (kHeads > 2 ? 2 : 1) * kTileTokens;
+  const float* p3 = p + (kHeads - 1) * kTileTokens;
+  const int x2 = kHeads > 2 ? 2 : 1;
+  const int x3 = kHeads - 1;
   std::int64_t j = 0;
   for (; j + 2 * n <= len; j += 2 * n) {
     auto a0 = start(0, j), b0 = start(0, j + n), a1 = start(1, j), b1 = start(1, j + n);
-    auto a2 = start(2, j), b2 = start(2, j + n), a3 = start(3, j), b3 = start(3, j + n);
+    auto a2 = start(x2, j), b2 = start(x2, j + n), a3 = start(x3, j), b3 = start(x3, j + n);
     for (std::int64_t t = a; t <= b; ++t) {
       hn::Vec<DF> x, y;
       v.load2(t, j, x, y);
       const auto w0 = hn::Set(df, p0[t]), w1 = hn::Set(df, p1[t]);
-      const auto w2 = hn::Set(df, p2[t]), w3 = hn::Set(df, p3[t]);
       a0 = hn::MulAdd(w0, x, a0);
       b0 = hn::MulAdd(w0, y, b0);
       a1 = hn::MulAdd(w1, x, a1);
       b1 = hn::MulAdd(w1, y, b1);
-      a2 = hn::MulAdd(w2, x, a2);
-      b2 = hn::MulAdd(w2, y, b2);
-      a3 = hn::MulAdd(w3, x, a3);
-      b3 = hn::MulAdd(w3, y, b3);
+      if constexpr (kHeads >= 3) {
+        const auto w2 = hn::Set(df, p2[t]);
+        a2 = hn::MulAdd(w2, x, a2);
+        b2 = hn::MulAdd(w2, y, b2);
+      }
+      if constexpr (kHeads >= 4) {
+        const auto w3 = hn::Set(df, p3[t]);
+        a3 = hn::MulAdd(w3, x, a3);
+        b3 = hn::MulAdd(w3, y, b3);
+      }
     }
     hn::StoreU(a0, df, o[0] + j), hn::StoreU(b0, df, o[0] + j + n);
     hn::StoreU(a1, df, o[1] + j), hn::StoreU(b1, df, o[1] + j + n);
-    hn::StoreU(a2, df, o[2] + j), hn::StoreU(b2, df, o[2] + j + n);
-    hn::StoreU(a3, df, o[3] + j), hn::StoreU(b3, df, o[3] + j + n);
+    if constexpr (kHeads >= 3) hn::StoreU(a2, df, o[2] + j), hn::StoreU(b2, df, o[2] + j + n);
+    if constexpr (kHeads >= 4) hn::StoreU(a3, df, o[3] + j), hn::StoreU(b3, df, o[3] + j + n);
   }
   for (; j < len; j += n) {
-    auto a0 = start(0, j), a1 = start(1, j), a2 = start(2, j), a3 = start(3, j);
+    auto a0 = start(0, j), a1 = start(1, j), a2 = start(x2, j), a3 = start(x3, j);
     for (std::int64_t t = a; t <= b; ++t) {
       const auto x = v.load(t, j);
       a0 = hn::MulAdd(hn::Set(df, p0[t]), x, a0);
       a1 = hn::MulAdd(hn::Set(df, p1[t]), x, a1);
-      a2 = hn::MulAdd(hn::Set(df, p2[t]), x, a2);
-      a3 = hn::MulAdd(hn::Set(df, p3[t]), x, a3);
+      if constexpr (kHeads >= 3) a2 = hn::MulAdd(hn::Set(df, p2[t]), x, a2);
+      if constexpr (kHeads >= 4) a3 = hn::MulAdd(hn::Set(df, p3[t]), x, a3);
     }
     hn::StoreU(a0, df, o[0] + j);
     hn::StoreU(a1, df, o[1] + j);
-    hn::StoreU(a2, df, o[2] + j);
-    hn::StoreU(a3, df, o[3] + j);
+    if constexpr (kHeads >= 3) hn::StoreU(a2, df, o[2] + j);
+    if constexpr (kHeads >= 4) hn::StoreU(a3, df, o[3] + j);
   }
 }
 
@@ -404,7 +442,7 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
     const std::int64_t b = std::min(range.hi, t0 + tile - 1) - t0;
     if (a > b) continue;
     for (std::int64_t h0 = hb, heads = 0; h0 < he; h0 += heads) {
-      heads = he - h0 >= 4 ? 4 : 1;
+      heads = std::min<std::int64_t>(4, he - h0);
       const std::int64_t state0 = i * ts.nh + h0 - task.h_begin;
       const float* q[4];
       for (int x = 0; x < heads; ++x) q[x] = s.q.data() + (state0 + x) * ts.dp;
@@ -412,17 +450,9 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       std::int64_t t = a;
       for (; t + 1 <= b; t += 2) {
         ts.next->upto(t + 2);
-        if (heads == 4)
-          dots<4, 2>(q, k, t, k_len, sc);
-        else
-          dots<1, 2>(q, k, t, k_len, sc);
+        dots_heads<2>(heads, q, k, t, k_len, sc);
       }
-      if (t <= b) {
-        if (heads == 4)
-          dots<4, 1>(q, k, t, k_len, sc);
-        else
-          dots<1, 1>(q, k, t, k_len, sc);
-      }
+      if (t <= b) dots_heads<1>(heads, q, k, t, k_len, sc);
       ts.next->upto(ts.next->rows);
       float* o[4];
       bool rescale[4];
@@ -433,22 +463,39 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
                                   s.probs.data() + x * kTileTokens, c[x]);
         o[x] = s.acc.data() + (state0 + x) * ts.dvp;
       }
-      if (heads == 4) {
-        accumulate4(o, rescale, c, s.probs.data(), a, b, v, v_len);
-      } else {
-        accumulate(o[0], rescale[0], c[0], s.probs.data(), a, b, v, v_len);
+      switch (heads) {
+        case 4:
+          accumulate_heads<4>(o, rescale, c, s.probs.data(), a, b, v, v_len);
+          break;
+        case 3:
+          accumulate_heads<3>(o, rescale, c, s.probs.data(), a, b, v, v_len);
+          break;
+        case 2:
+          accumulate_heads<2>(o, rescale, c, s.probs.data(), a, b, v, v_len);
+          break;
+        default:
+          accumulate(o[0], rescale[0], c[0], s.probs.data(), a, b, v, v_len);
+          break;
       }
     }
   }
 }
 
-template <DType kT>
+template <DType kT, bool kNanFree = false>
 void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::byte* v_src,
                        const PageLayout& p, std::int64_t t0, std::int64_t tile, std::int64_t hk) {
   const AttentionSpec& spec = *ts.spec;
-  const CacheRows<kT> k{k_src, p.k_token_bytes};
+  if constexpr (kT == DType::kFp8E4m3 && kPairedDecode<kT> && !kNanFree) {
+    // e4m3's NaN test is a quarter of its widening; one pass over the tile's codes of the head
+    // (in the cache by now, read again from L1 by the products) lets a tile without NaN, every
+    // tile of a sane cache, skip it.
+    const bool nan = any_e4m3_nan(k_src, p.k_token_bytes, tile, spec.head_size) ||
+                     (!spec.mla && any_e4m3_nan(v_src, p.v_token_bytes, tile, spec.head_size_v));
+    if (!nan) return attend_tile_cache<kT, true>(ts, k_src, v_src, p, t0, tile, hk);
+  }
+  const CacheRows<kT, kNanFree> k{k_src, p.k_token_bytes};
   // MLA: the value is the latent's first dv elements.
-  const CacheRows<kT> v = spec.mla ? k : CacheRows<kT>{v_src, p.v_token_bytes};
+  const CacheRows<kT, kNanFree> v = spec.mla ? k : CacheRows<kT, kNanFree>{v_src, p.v_token_bytes};
   attend_tile(ts, k, v, spec.head_size, spec.head_size_v, t0, tile, hk);
 }
 

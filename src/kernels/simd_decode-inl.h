@@ -25,12 +25,13 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Lanes(d16) e4m3 codes at `codes` as the fp16 bits of value / 256: the code sign-extended to
 // 16 bits and shifted left by 7 puts the sign in bit 15 (and a copy in bit 14, which the mask
 // clears), exponent and mantissa in bits 13..7; e4m3fn has no infinities, 0x7F is NaN.
-template <class D16>
+template <bool kNanFree = false, class D16>
 HWY_INLINE hn::Vec<D16> e4m3_as_fp16(D16 d16, const std::byte* codes) {
   const hn::RebindToSigned<D16> d16s;
   const hn::Rebind<std::int8_t, D16> d8s;
   const auto c = hn::PromoteTo(d16s, hn::LoadU(d8s, reinterpret_cast<const std::int8_t*>(codes)));
   const auto h = hn::And(hn::BitCast(d16, hn::ShiftLeft<7>(c)), hn::Set(d16, 0xBFFF));
+  if constexpr (kNanFree) return h;  // the caller checked that no code is a NaN
   const auto nan = hn::Eq(hn::And(h, hn::Set(d16, 0x3F80)), hn::Set(d16, 0x3F80));
   return hn::IfThenElse(nan, hn::Set(d16, 0x7E00), h);
 }
@@ -116,7 +117,7 @@ HWY_INLINE hn::Vec<hn::ScalableTag<float>> decode_units(const std::byte* row, st
 // Two vectors, elements j.. and j + Lanes.. (the same floats as two decode_units). On AVX-512
 // e4m3 is widened to fp16 bits 32 codes at a time (half the integer work per element of two
 // 16-code widenings).
-template <DType kT>
+template <DType kT, bool kNanFree = false>
 HWY_INLINE void decode_units2(const std::byte* row, std::int64_t j,
                               hn::Vec<hn::ScalableTag<float>>& lo,
                               hn::Vec<hn::ScalableTag<float>>& hi) {
@@ -127,7 +128,7 @@ HWY_INLINE void decode_units2(const std::byte* row, std::int64_t j,
     const hn::Repartition<std::uint16_t, DF> d16;
     const hn::Half<decltype(d16)> d16h;
     const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto h = e4m3_as_fp16(d16, row + j);
+    const auto h = e4m3_as_fp16<kNanFree>(d16, row + j);
     lo = hn::PromoteTo(df, hn::BitCast(dh, hn::LowerHalf(d16h, h)));
     hi = hn::PromoteTo(df, hn::BitCast(dh, hn::UpperHalf(d16h, h)));
     return;

@@ -262,7 +262,19 @@ std::vector<ThreadCase> thread_cases() {
   mla.head_size_v = 48;
   mla.mla = true;
   mla.params.scale = 0.1;
-  return {{"gqa bf16, window, cap, sinks", gqa}, {"gqa fp8", fp8}, {"mla fp16", mla}};
+  // SmolLM2's shape: 3 query heads per KV head of 64, read from the cache in registers; one
+  // request on many workers splits a KV head's three heads, which a lone worker takes together.
+  AttentionSpec smol;
+  smol.params.kv_dtype = DType::kFloat16;
+  smol.params.num_q_heads = 9;
+  smol.params.num_kv_heads = 3;
+  smol.head_size = 64;
+  smol.head_size_v = 64;
+  smol.params.scale = 0.125;
+  return {{"gqa bf16, window, cap, sinks", gqa},
+          {"gqa fp8", fp8},
+          {"mla fp16", mla},
+          {"gqa fp16 9/3 heads of 64", smol}};
 }
 
 // Decodes, an extend of 3 and a prefill of 40 queries (three query blocks), causal.
