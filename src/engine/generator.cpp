@@ -45,8 +45,13 @@ sched::ModelOutput RunnerModel::forward(std::span<const sched::Work> batch) {
               : 0);
     }
   }
-  // Sampled requests read the logits rows; they move, no copy.
-  out.logits = std::move(fwd.logits);
+  // Sampled requests read the logits rows; they move, no copy. A greedy batch's logits go back
+  // to the runner, whose next forward writes into them (no allocation, no zeroing).
+  if (std::ranges::any_of(batch, [](const sched::Work& w) { return w.reads_logits; })) {
+    out.logits = std::move(fwd.logits);
+  } else {
+    runner_.reuse_logits(std::move(fwd.logits));
+  }
   if (features_) {
     out.feature_width = runner_.draft_feature_width();
     out.features =

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "mixkv/core/error.hpp"
 #include "mixkv/plan/memory_budget.hpp"
@@ -500,7 +501,7 @@ ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
 }
 
 ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& norm, double eps,
-                                const std::vector<std::int64_t>* rows) const {
+                                const std::vector<std::int64_t>* rows) {
   const std::int64_t h = config_.hidden_size;
   const std::int64_t vocab = config_.vocab_size;
   const auto total = rows != nullptr ? static_cast<std::int64_t>(rows->size())
@@ -511,6 +512,8 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
     ops::rms_norm(x.data() + from * h, norm, h, eps, normed.data() + t * h);
   }
   ForwardOutput out;
+  // The LM head overwrites every value: only values past the spare buffer's size are zeroed.
+  out.logits = std::exchange(spare_logits_, {});
   out.logits.resize(static_cast<std::size_t>(total * vocab));
   if (total > 0) ops::matmul(net_->lm_head, normed.data(), total, out.logits.data(), pool_.get());
   if (net_->final_logit_softcap) {
