@@ -30,7 +30,7 @@ std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t 
 // residuals (one 576-wide RMSNorm, its double sum one add after another, ~1 us).
 constexpr std::int64_t kScalarGrain = 1024;
 constexpr std::int64_t kVectorGrain = 4096;
-constexpr std::int64_t kRowGrain = 4;
+constexpr std::int64_t kRowGrain = 2;
 
 }  // namespace
 

@@ -524,6 +524,21 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
   return out;
 }
 
+void ModelRunner::argmax_rows(std::span<const float> logits, std::span<TokenId> picks) {
+  const auto vocab = static_cast<std::size_t>(config_.vocab_size);
+  if (logits.size() != picks.size() * vocab) {
+    throw_invalid(fmt::format("argmax_rows: {} logits for {} rows of {}", logits.size(),
+                              picks.size(), vocab));
+  }
+  ops::for_chunks(pool_.get(), static_cast<std::int64_t>(picks.size()), 1,
+                  [&](std::int64_t from, std::int64_t to) {
+                    for (auto r = static_cast<std::size_t>(from); r < static_cast<std::size_t>(to);
+                         ++r) {
+                      picks[r] = argmax(logits.subspan(r * vocab, vocab));
+                    }
+                  });
+}
+
 // The first index of the largest logit, NaNs passed over (a NaN first logit wins: nothing
 // compares greater than it), as one scan `if (logits[i] > logits[best]) best = i` gives, in two
 // passes that vectorise: the maximum in 16 independent lanes (a NaN never replaces a lane's

@@ -161,6 +161,9 @@ class ModelRunner {
   // storage, so a step of as many rows as the last allocates and zeroes nothing (a batch-16 step's
   // logits are 3 MB).
   void reuse_logits(std::vector<float> logits) { spare_logits_ = std::move(logits); }
+  // argmax() of each vocab_size()-wide row of `logits` into picks (one per row), the rows split
+  // across the runner's threads (a 16-row step's argmax reads 3 MB).
+  void argmax_rows(std::span<const float> logits, std::span<TokenId> picks);
 
   // The drafter's layers over `batch` (its cache slots as the target's), fed per token with
   // features[t] (hidden wide): the previous position's target hidden state, or the drafter's own
