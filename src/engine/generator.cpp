@@ -34,19 +34,23 @@ sched::ModelOutput RunnerModel::forward(std::span<const sched::Work> batch) {
   runner::ForwardOutput fwd = runner_.forward(inputs);
   sched::ModelOutput out;
   const auto vocab = static_cast<std::size_t>(runner_.vocab_size());
+  // Greedy picks only where they are read (a prefill's earlier rows pick nothing), all rows'
+  // in one call.
+  std::vector<TokenId> row_picks(fwd.logits.size() / vocab);
+  runner_.argmax_rows(fwd.logits, row_picks);
   std::size_t read = 0;  // logits rows
   for (const sched::Work& w : batch) {
     const std::size_t n = w.tokens.size(), picked = sched::logit_rows(w);
-    // Greedy picks only where they are read: a prefill's earlier rows pick nothing.
-    for (std::size_t i = 0; i < n; ++i) {
-      out.picks.push_back(
-          i + picked >= n
-              ? runner::argmax(std::span<const float>(fwd.logits).subspan(read++ * vocab, vocab))
-              : 0);
-    }
+    for (std::size_t i = 0; i < n; ++i)
+      out.picks.push_back(i + picked >= n ? row_picks[read++] : 0);
   }
-  // Sampled requests read the logits rows; they move, no copy.
-  out.logits = std::move(fwd.logits);
+  // Sampled requests read the logits rows; they move, no copy. A greedy batch's logits go back
+  // to the runner, whose next forward writes into them (no allocation, no zeroing).
+  if (std::ranges::any_of(batch, [](const sched::Work& w) { return w.reads_logits; })) {
+    out.logits = std::move(fwd.logits);
+  } else {
+    runner_.reuse_logits(std::move(fwd.logits));
+  }
   if (features_) {
     out.feature_width = runner_.draft_feature_width();
     out.features =

@@ -227,8 +227,42 @@ MIXKV_GGML_AVX2 void decode_f16_avx2(const std::byte* bytes, std::int64_t n, flo
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
   }
 }
+// swiglu_body eight lanes at a time: expf_inline's steps as vector instructions (each fma, add,
+// multiply and divide the scalar one, so the same bits), for the lanes whose n lies in
+// [-125, 127], where expf_inline ends in one multiply by 2^n. A vector with any other lane (very
+// large |gate|, NaN) runs expf_inline itself, lane by lane.
 MIXKV_GGML_AVX2 void swiglu_avx2(const float* gate, float* up, std::int64_t n) {
-  swiglu_body(gate, up, n);
+  const __m256 r = _mm256_set1_ps(0x1.8p23f);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 lo = _mm256_set1_ps(-125.0f), hi = _mm256_set1_ps(127.0f);
+  std::int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 x = _mm256_sub_ps(_mm256_setzero_ps(), g);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+    const __m256 nn = _mm256_sub_ps(z, r);
+    const __m256 in_range =
+        _mm256_and_ps(_mm256_cmp_ps(nn, lo, _CMP_GE_OQ), _mm256_cmp_ps(nn, hi, _CMP_LE_OQ));
+    if (_mm256_movemask_ps(in_range) != 0xFF) {
+      swiglu_body(gate + i, up + i, 8);
+      continue;
+    }
+    const __m256 b = _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(nn, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+            _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, one));
+    const __m256i e = _mm256_cvttps_epi32(nn);  // n is an integer: exact
+    const __m256 scale =
+        _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+    const __m256 ex = _mm256_mul_ps(j, scale);
+    const __m256 silu = _mm256_div_ps(g, _mm256_add_ps(one, ex));
+    _mm256_storeu_ps(up + i, _mm256_mul_ps(_mm256_loadu_ps(up + i), silu));
+  }
+  swiglu_body(gate + i, up + i, n - i);
 }
 std::atomic<bool> avx2_allowed{true};
 bool has_avx2_fma() {

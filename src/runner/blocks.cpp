@@ -24,6 +24,14 @@ std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t 
   return buffer;
 }
 
+// Below these sizes a parallel region costs more than it saves (a region's hand-off and close
+// take ~1-2 us): elements of an MLP activation, scalar (std::exp or std::tanh per element, a few
+// ns each) or kernels::ggml_swiglu's vectors (~8 elements a few ns); rows of the per-row norms and
+// residuals (one 576-wide RMSNorm, its double sum one add after another, ~1 us).
+constexpr std::int64_t kScalarGrain = 1024;
+constexpr std::int64_t kVectorGrain = 4096;
+constexpr std::int64_t kRowGrain = 2;
+
 }  // namespace
 
 Attention::Attention(std::string name, kernels::AttentionSpec spec, layout::LayerGeometry geometry,
@@ -374,20 +382,30 @@ void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::Thread
   Scratch local;
   Scratch& buffers = scratch != nullptr ? *scratch : local;
   const std::span<float> u = reuse(buffers.up, total, intermediate);
+  const auto elements = static_cast<std::int64_t>(u.size());
   if (activation == Activation::kRelu2) {
     ops::matmul(up, normed.data(), total, u.data(), pool);
-    for (float& v : u) v = v > 0.0f ? v * v : 0.0f;
+    ops::for_chunks(pool, elements, kScalarGrain, [&](std::int64_t from, std::int64_t to) {
+      for (float& v :
+           u.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from)))
+        v = v > 0.0f ? v * v : 0.0f;
+    });
   } else {
     // gate and up in one region over x quantised once.
     const std::span<float> g = reuse(buffers.gate, total, intermediate);
     ops::matmul_many({{&up, u.data()}, {&gate, g.data()}}, normed.data(), total, pool);
     const bool gelu = activation == Activation::kGeluTanhGated;
-    if (!gelu && numerics == Numerics::kGgml) {
-      kernels::ggml_swiglu(g, u);
-    } else {
-      for (std::size_t i = 0; i < g.size(); ++i)
-        u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
-    }
+    const bool ggml = !gelu && numerics == Numerics::kGgml;
+    // The activation over all rows at once, split across the pool when it is big enough; every
+    // element alone, so the split does not touch the bits.
+    ops::for_chunks(pool, elements, ggml ? kVectorGrain : kScalarGrain,
+                    [&](std::int64_t from, std::int64_t to) {
+                      const auto at = static_cast<std::size_t>(from);
+                      const auto n = static_cast<std::size_t>(to - from);
+                      if (ggml) return kernels::ggml_swiglu(g.subspan(at, n), u.subspan(at, n));
+                      for (std::size_t i = at; i < at + n; ++i)
+                        u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
+                    });
   }
   ops::matmul(down, u.data(), total, out.data(), pool);
 }
@@ -396,27 +414,33 @@ void Block::run(const Step& step, std::vector<float>& x, std::vector<float>& nor
                 std::vector<float>& tmp) const {
   const std::int64_t h = step.hidden;
   const std::int64_t total = step.rows();
-  const auto residual = [&](const std::vector<float>& out_norm) {
-    for (std::int64_t t = 0; t < total; ++t) {
-      float* mt = tmp.data() + t * h;
-      if (!out_norm.empty()) ops::rms_norm(mt, out_norm, h, eps, mt);
-      float* xt = x.data() + t * h;
-      for (std::int64_t i = 0; i < h; ++i) xt[i] += mt[i];
-    }
+  // Per row: the mixer's or MLP's output rows in tmp (RMS-normed by `out_norm` where the block
+  // has one) added into x, then x normed by `next_norm` into normed (none: no norm). The rows
+  // split across the pool when there are enough of them; each row's bits are its own.
+  const auto rows = [&](const std::vector<float>* out_norm, const std::vector<float>* next_norm) {
+    ops::for_chunks(step.pool, total, kRowGrain, [&](std::int64_t from, std::int64_t to) {
+      for (std::int64_t t = from; t < to; ++t) {
+        float* xt = x.data() + t * h;
+        if (out_norm != nullptr) {
+          float* mt = tmp.data() + t * h;
+          if (!out_norm->empty()) ops::rms_norm(mt, *out_norm, h, eps, mt);
+          for (std::int64_t i = 0; i < h; ++i) xt[i] += mt[i];
+        }
+        if (next_norm != nullptr) ops::rms_norm(xt, *next_norm, h, eps, normed.data() + t * h);
+      }
+    });
   };
   if (mixer) {
-    for (std::int64_t t = 0; t < total; ++t) {
-      ops::rms_norm(x.data() + t * h, mixer_norm, h, eps, normed.data() + t * h);
-    }
+    rows(nullptr, &mixer_norm);
     mixer->run(step, normed, tmp);
-    residual(mixer_out_norm);
   }
+  // The mixer's residual and the MLP's norm in one pass over the rows.
   if (mlp) {
-    for (std::int64_t t = 0; t < total; ++t) {
-      ops::rms_norm(x.data() + t * h, mlp_norm, h, eps, normed.data() + t * h);
-    }
+    rows(mixer ? &mixer_out_norm : nullptr, &mlp_norm);
     mlp->run(normed, total, step.pool, tmp, step.scratch);
-    residual(mlp_out_norm);
+    rows(&mlp_out_norm, nullptr);
+  } else if (mixer) {
+    rows(&mixer_out_norm, nullptr);
   }
 }
 

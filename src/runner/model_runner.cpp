@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "mixkv/core/error.hpp"
 #include "mixkv/plan/memory_budget.hpp"
@@ -500,7 +501,7 @@ ForwardOutput ModelRunner::draft_forward(std::span<const SequenceInput> batch,
 }
 
 ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& norm, double eps,
-                                const std::vector<std::int64_t>* rows) const {
+                                const std::vector<std::int64_t>* rows) {
   const std::int64_t h = config_.hidden_size;
   const std::int64_t vocab = config_.vocab_size;
   const auto total = rows != nullptr ? static_cast<std::int64_t>(rows->size())
@@ -511,6 +512,8 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
     ops::rms_norm(x.data() + from * h, norm, h, eps, normed.data() + t * h);
   }
   ForwardOutput out;
+  // The LM head overwrites every value: only values past the spare buffer's size are zeroed.
+  out.logits = std::exchange(spare_logits_, {});
   out.logits.resize(static_cast<std::size_t>(total * vocab));
   if (total > 0) ops::matmul(net_->lm_head, normed.data(), total, out.logits.data(), pool_.get());
   if (net_->final_logit_softcap) {
@@ -519,6 +522,21 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
   }
   out.hidden = std::move(x);
   return out;
+}
+
+void ModelRunner::argmax_rows(std::span<const float> logits, std::span<TokenId> picks) {
+  const auto vocab = static_cast<std::size_t>(config_.vocab_size);
+  if (logits.size() != picks.size() * vocab) {
+    throw_invalid(fmt::format("argmax_rows: {} logits for {} rows of {}", logits.size(),
+                              picks.size(), vocab));
+  }
+  ops::for_chunks(pool_.get(), static_cast<std::int64_t>(picks.size()), 1,
+                  [&](std::int64_t from, std::int64_t to) {
+                    for (auto r = static_cast<std::size_t>(from); r < static_cast<std::size_t>(to);
+                         ++r) {
+                      picks[r] = argmax(logits.subspan(r * vocab, vocab));
+                    }
+                  });
 }
 
 // The first index of the largest logit, NaNs passed over (a NaN first logit wins: nothing

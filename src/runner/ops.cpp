@@ -30,6 +30,17 @@ void matmul_many(std::initializer_list<Projection> projections, const float* x, 
       pool);
 }
 
+void for_chunks(kernels::ThreadPool* pool, std::int64_t n, std::int64_t grain,
+                const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  if (n <= 0) return;
+  const std::int64_t most = pool != nullptr ? pool->size() : 1;
+  const std::int64_t chunks = std::min(most, n / std::max<std::int64_t>(grain, 1));
+  if (chunks < 2) return fn(0, n);
+  // Chunk c is [c n / chunks, (c + 1) n / chunks): even sizes, no chunk empty.
+  pool->parallel_for(chunks,
+                     [&](std::int64_t c, int) { fn(c * n / chunks, (c + 1) * n / chunks); });
+}
+
 // ggml's steps (ggml_compute_forward_rms_norm_f32): the squares, rounded to float, summed in
 // double; their mean rounded to float; then 1 / sqrt(mean + eps) in float, x times it, times the
 // weight. The block-format products quantise their input, so a last-bit difference here moves

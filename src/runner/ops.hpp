@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
@@ -47,6 +48,12 @@ struct Projection {
 // each output has the bits ops::matmul gives it.
 void matmul_many(std::initializer_list<Projection> projections, const float* x, std::int64_t tokens,
                  kernels::ThreadPool* pool);
+// fn(begin, end) over [0, n) in contiguous chunks of at least `grain` items, one chunk per pool
+// thread at most, in one parallel region; on this thread alone when the pool is null or n holds
+// fewer than two grains. For elementwise and per-row work (SwiGLU, norms, residuals, RoPE) whose
+// every output depends on its own inputs only, so the bits do not depend on the split.
+void for_chunks(kernels::ThreadPool* pool, std::int64_t n, std::int64_t grain,
+                const std::function<void(std::int64_t, std::int64_t)>& fn);
 void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y);
 // RMSNorm of each `d`-wide head of `v` with the same weights (Qwen3's q_norm and k_norm).
 void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w, double eps);

@@ -365,6 +365,7 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
     w.request = i;
     w.start = r.computed;
     w.prefill = r.prefilling;
+    w.reads_logits = r.reads_logits;
     for (std::size_t g = 0; g < recurrent_.size(); ++g) {
       w.block_tables.push_back(manager_.block_table(id_of(i), static_cast<int>(g)));
       // Recurrent groups: the prefix hit's state to restore, the snapshot to keep.

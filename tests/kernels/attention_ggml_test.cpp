@@ -136,6 +136,40 @@ TEST(GgmlAttention, TheBaselineAndTheAvx2CopiesGiveTheSameBits) {
   EXPECT_EQ(up_fast, up_base);
 }
 
+// The AVX2 SwiGLU's vector exp hands a group of eight to the scalar steps when a lane leaves the
+// range of its one-multiply scaling (|gate| past ~86, infinities, NaN): the bits stay the
+// baseline's, both for the group and for its in-range neighbours.
+TEST(GgmlAttention, TheAvx2SwigluKeepsTheBaselineBitsAtTheExpLimits) {
+  std::mt19937_64 rng(9);
+  std::vector<float> gate = testing::random_values(rng, 203, 20.0f);
+  const float edges[] = {-88.0f,
+                         -88.7f,
+                         -89.0f,
+                         86.6f,
+                         87.4f,
+                         88.0f,
+                         104.0f,
+                         -104.0f,
+                         200.0f,
+                         -200.0f,
+                         0.0f,
+                         -0.0f,
+                         1e-30f,
+                         std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity(),
+                         std::numeric_limits<float>::quiet_NaN()};
+  for (std::size_t e = 0; e < std::size(edges); ++e) gate[e * 12 + e % 8] = edges[e];
+  std::vector<float> up_fast = testing::random_values(rng, gate.size(), 3.0f);
+  std::vector<float> up_base = up_fast;
+  const bool fast = set_ggml_avx2(true);
+  ggml_swiglu(gate, up_fast);
+  set_ggml_avx2(false);
+  ggml_swiglu(gate, up_base);
+  set_ggml_avx2(true);
+  EXPECT_EQ(std::memcmp(up_fast.data(), up_base.data(), up_fast.size() * sizeof(float)), 0)
+      << (fast ? "AVX2" : "baseline only");
+}
+
 TEST(GgmlAttention, RefusesACacheOrLayerItDoesNotServe) {
   AttentionSpec spec = smollm2_spec();
   EXPECT_TRUE(ggml_attention_serves(spec));

@@ -323,5 +323,26 @@ TEST(ModelRunner, ArgmaxIsTheFirstLargestOfOneScan) {
   }
 }
 
+// The rows' argmax split across two threads: each row's argmax(), and a size that is no whole
+// number of rows is refused.
+TEST(ModelRunner, ArgmaxRowsIsEachRowsArgmaxOnAnyThread) {
+  RunnerOptions o;
+  o.threads = 2;
+  ModelRunner runner = make_runner(swa(), o);
+  const auto vocab = static_cast<std::size_t>(runner.vocab_size());
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> value(-4.0f, 4.0f);
+  std::vector<float> logits(7 * vocab);
+  for (float& v : logits) v = value(rng);
+  std::vector<TokenId> picks(7);
+  runner.argmax_rows(logits, picks);
+  for (std::size_t r = 0; r < picks.size(); ++r) {
+    EXPECT_EQ(picks[r], argmax(std::span<const float>(logits).subspan(r * vocab, vocab))) << r;
+  }
+  EXPECT_THROW(runner.argmax_rows(std::span<const float>(logits).first(vocab + 1),
+                                  std::span(picks).first(1)),
+               Error);
+}
+
 }  // namespace
 }  // namespace mixkv::engine

@@ -157,6 +157,13 @@ class ModelRunner {
   // own one-query kernel call, so a token's logits are bit-identical whatever the batch, chunking
   // or speculation around it (docs/engine.md, determinism).
   ForwardOutput forward(std::span<const SequenceInput> batch);
+  // A spent ForwardOutput's logits handed back: the next forward's LM head writes into that
+  // storage, so a step of as many rows as the last allocates and zeroes nothing (a batch-16 step's
+  // logits are 3 MB).
+  void reuse_logits(std::vector<float> logits) { spare_logits_ = std::move(logits); }
+  // argmax() of each vocab_size()-wide row of `logits` into picks (one per row), the rows split
+  // across the runner's threads (a 16-row step's argmax reads 3 MB).
+  void argmax_rows(std::span<const float> logits, std::span<TokenId> picks);
 
   // The drafter's layers over `batch` (its cache slots as the target's), fed per token with
   // features[t] (hidden wide): the previous position's target hidden state, or the drafter's own
@@ -226,7 +233,7 @@ class ModelRunner {
   static std::vector<std::int64_t> logit_rows(std::span<const SequenceInput> batch);
   // Final norm and LM head over the rows of x listed in `rows` (null: every row).
   ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps,
-                     const std::vector<std::int64_t>* rows = nullptr) const;
+                     const std::vector<std::int64_t>* rows = nullptr);
 
   model::Architecture config_;
   model::ModelDesc desc_;
@@ -241,6 +248,7 @@ class ModelRunner {
   TokenId mask_token_ = 0;
   int block_size_ = 0;
   int self_draft_layers_ = 0;
+  std::vector<float> spare_logits_;  // reuse_logits()
 };
 
 // Greedy sampling: the index of the largest logit, the lowest one on ties.

@@ -37,6 +37,9 @@ struct Work {
   std::vector<cache::RecurrentStep> recurrent;
   bool prefill = true;  // false: a decode or verify step (recurrent checkpoints per token)
   bool sample = false;  // the rows' picks are read: a decode step, or a prompt's last chunk
+  // The request samples from the logits (temperature > 0 or penalties): the model must answer
+  // ModelOutput::logits. A batch where no work does is served by the picks alone.
+  bool reads_logits = false;
 };
 
 // The model's answer for a step.
