@@ -777,7 +777,11 @@ MIXKV_VNNI_ATTR HWY_NOINLINE void ptile(const MatmulCall& c, std::int64_t p0, st
   for (int i = 0; i < kX; ++i)
     for (int g = 0; g < kG; ++g) y[i][g] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(15);
-  constexpr std::int64_t kAhead = 2048;  // bytes ahead of the loads that each panel is asked for
+  // Bytes ahead of the loads that each panel is asked for: about 8 KiB in flight whatever the
+  // panels per tile (fewer panels, each further ahead), which the memory's latency needs to be
+  // covered at every row count (2 KiB per panel left a 5-row tile, one panel, stalled on its
+  // loads).
+  constexpr std::int64_t kAhead = 8192 / kG;
   for (std::int64_t b = 0; b < blocks; ++b) {
     __m512 dw[kG];
     [[maybe_unused]] __m512 mw[kG];
