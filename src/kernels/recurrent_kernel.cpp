@@ -10,6 +10,7 @@
 
 #include "mixkv/core/checked_math.hpp"
 #include "mixkv/core/error.hpp"
+#include "mixkv/kernels/activation.hpp"
 #include "mixkv/kernels/convert.hpp"
 
 namespace mixkv::kernels {
@@ -211,8 +212,6 @@ void store_after(const StateTensorPlace& place, const layout::LayerGeometry& lay
     store(place, layer, cache, s.out_slots[static_cast<std::size_t>(t)], values);
   }
 }
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 // log(1 + e^x); past 20 the correction is below float resolution (PyTorch's threshold).
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/kernels/activation.hpp"
 #include "mixkv/kernels/attention_ggml.hpp"
 #include "runner/ops.hpp"
 
@@ -25,8 +26,8 @@ std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t 
 }
 
 // Below these sizes a parallel region costs more than it saves (a region's hand-off and close
-// take ~1-2 us): elements of an MLP activation, scalar (std::exp or std::tanh per element, a few
-// ns each) or kernels::ggml_swiglu's vectors (~8 elements a few ns); rows of the per-row norms and
+// take ~1-2 us): elements of an MLP activation, scalar (std::tanh per element, a few ns each) or
+// in vectors (kernels::silu_mul, kernels::ggml_swiglu: ~8 elements a few ns); rows of the per-row norms and
 // residuals (one 576-wide RMSNorm, its double sum one add after another, ~1 us).
 constexpr std::int64_t kScalarGrain = 1024;
 constexpr std::int64_t kVectorGrain = 4096;
@@ -398,13 +399,13 @@ void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::Thread
     const bool ggml = !gelu && numerics == Numerics::kGgml;
     // The activation over all rows at once, split across the pool when it is big enough; every
     // element alone, so the split does not touch the bits.
-    ops::for_chunks(pool, elements, ggml ? kVectorGrain : kScalarGrain,
+    ops::for_chunks(pool, elements, gelu ? kScalarGrain : kVectorGrain,
                     [&](std::int64_t from, std::int64_t to) {
                       const auto at = static_cast<std::size_t>(from);
                       const auto n = static_cast<std::size_t>(to - from);
                       if (ggml) return kernels::ggml_swiglu(g.subspan(at, n), u.subspan(at, n));
-                      for (std::size_t i = at; i < at + n; ++i)
-                        u[i] *= gelu ? ops::gelu_tanh(g[i]) : ops::silu(g[i]);
+                      if (!gelu) return kernels::silu_mul(g.subspan(at, n), u.subspan(at, n));
+                      for (std::size_t i = at; i < at + n; ++i) u[i] *= ops::gelu_tanh(g[i]);
                     });
   }
   ops::matmul(down, u.data(), total, out.data(), pool);

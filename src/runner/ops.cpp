@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/kernels/activation.hpp"
 
 namespace mixkv::runner::ops {
 
@@ -113,7 +114,7 @@ void l2_normalise(float* v, std::int64_t heads, std::int64_t d) {
   }
 }
 
-float silu(float v) { return v / (1.0f + std::exp(-v)); }
+float silu(float v) { return kernels::silu(v); }
 
 float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
 
