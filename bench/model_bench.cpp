@@ -29,8 +29,8 @@ namespace {
 
 using namespace mixkv;
 
-constexpr std::int64_t kContext = 96;  // prompt tokens before the measured step
-constexpr std::int64_t kBlock = 16;    // RunnerOptions::block_size
+constexpr std::int64_t kContext = 96;          // prompt tokens before the measured step
+constexpr std::int64_t kBlock = 16;            // RunnerOptions::block_size
 constexpr std::int64_t kBlocksPerRequest = 8;  // 128 tokens: the context and 16 more rows
 
 struct Forward {
@@ -114,20 +114,18 @@ void run_steps(benchmark::State& state, std::int64_t requests, std::int64_t rows
 void register_all() {
   for (int threads : {1, 2}) {
     for (std::int64_t rows : {1, 2, 3, 5, 8, 16}) {
-      benchmark::RegisterBenchmark(
-          ("BM_ModelForward/verify/rows:" + std::to_string(rows) +
-           "/threads:" + std::to_string(threads))
-              .c_str(),
-          [=](benchmark::State& s) { run_steps(s, 1, rows, threads); })
+      benchmark::RegisterBenchmark(("BM_ModelForward/verify/rows:" + std::to_string(rows) +
+                                    "/threads:" + std::to_string(threads))
+                                       .c_str(),
+                                   [=](benchmark::State& s) { run_steps(s, 1, rows, threads); })
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }
     for (std::int64_t requests : {4, 16}) {
-      benchmark::RegisterBenchmark(
-          ("BM_ModelForward/batch/requests:" + std::to_string(requests) +
-           "/threads:" + std::to_string(threads))
-              .c_str(),
-          [=](benchmark::State& s) { run_steps(s, requests, 1, threads); })
+      benchmark::RegisterBenchmark(("BM_ModelForward/batch/requests:" + std::to_string(requests) +
+                                    "/threads:" + std::to_string(threads))
+                                       .c_str(),
+                                   [=](benchmark::State& s) { run_steps(s, requests, 1, threads); })
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }

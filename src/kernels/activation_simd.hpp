@@ -18,9 +18,9 @@ inline constexpr double kLn2Lo = 0x1.a39ef35793c76p-33;
 // e^r = sum of r^n / n!, n = 0..11, in Horner's order from the highest term; |r| <= ln 2 / 2,
 // where the first term left out is below 2^-47 of the sum.
 inline constexpr int kTerms = 12;
-inline constexpr double kTaylor[kTerms] = {
-    1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720,
-    1.0 / 120,      1.0 / 24,      1.0 / 6,      1.0 / 2,     1.0,        1.0};
+inline constexpr double kTaylor[kTerms] = {1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320,
+                                           1.0 / 5040,     1.0 / 720,     1.0 / 120,    1.0 / 24,
+                                           1.0 / 6,        1.0 / 2,       1.0,          1.0};
 // k + 1.5 * 2^52 holds the integer k in its low mantissa bits (|k| < 2^51).
 inline constexpr double kShifter = 0x1.8p52;
 inline constexpr std::uint64_t kShifterBits = 0x4338000000000000ull;

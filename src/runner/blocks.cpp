@@ -27,8 +27,8 @@ std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t 
 
 // Below these sizes a parallel region costs more than it saves (a region's hand-off and close
 // take ~1-2 us): elements of an MLP activation, scalar (std::tanh per element, a few ns each) or
-// in vectors (kernels::silu_mul, kernels::ggml_swiglu: ~8 elements a few ns); rows of the per-row norms and
-// residuals (one 576-wide RMSNorm, its double sum one add after another, ~1 us).
+// in vectors (kernels::silu_mul, kernels::ggml_swiglu: ~8 elements a few ns); rows of the
+// per-row norms and residuals (one 576-wide RMSNorm, its double sum one add after another, ~1 us).
 constexpr std::int64_t kScalarGrain = 1024;
 constexpr std::int64_t kVectorGrain = 4096;
 constexpr std::int64_t kRowGrain = 2;

@@ -24,9 +24,10 @@ constexpr float kActInf = std::numeric_limits<float>::infinity();
 
 // Gate values over the whole range SiLU meets and beyond it, with the edges.
 std::vector<float> activation_gates() {
-  std::vector<float> g = {-0x1.62e430p+6f, -0x1.62e42ep+6f, 0.0f,     -0.0f,    1.0f,     -1.0f,   88.9f,   89.5f,  -89.5f,
-                          103.9f,   104.5f,   -104.5f,  87.3f,   -87.3f,  1e-30f, -1e-30f,
-                          0x1p-149f, kActInf, -kActInf, 20.0f,   -20.0f,  0.5f,   -0.5f};
+  std::vector<float> g = {-0x1.62e430p+6f, -0x1.62e42ep+6f, 0.0f,   -0.0f,   1.0f,      -1.0f,
+                          88.9f,           89.5f,           -89.5f, 103.9f,  104.5f,    -104.5f,
+                          87.3f,           -87.3f,          1e-30f, -1e-30f, 0x1p-149f, kActInf,
+                          -kActInf,        20.0f,           -20.0f, 0.5f,    -0.5f};
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> wide(-110.0f, 110.0f), narrow(-8.0f, 8.0f);
   for (int i = 0; i < 20000; ++i) g.push_back(i % 2 == 0 ? wide(rng) : narrow(rng));
