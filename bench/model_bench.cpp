@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mixkv/runner/model_runner.hpp"
@@ -39,16 +40,18 @@ struct Forward {
   std::vector<runner::TokenId> tokens;              // kContext + 16 token ids, any in the vocab
 };
 
-// One runner per thread count, its requests' contexts prefilled; null when the model is absent.
+// A runner for (threads, requests) with its requests' contexts prefilled; null when the model is
+// absent.
 Forward* forward_fixture(int threads, std::int64_t requests) {
-  static std::map<std::pair<int, std::int64_t>, std::unique_ptr<Forward>> fixtures;
-  auto& slot = fixtures[{threads, requests}];
-  if (slot) return slot.get();
+  // One model in memory at a time: a new shape replaces the fixture of the last.
+  static std::pair<int, std::int64_t> shape;
+  static std::unique_ptr<Forward> fixture;
+  if (fixture && shape == std::pair{threads, requests}) return fixture.get();
   const std::optional<std::string> path = weights::resolve_gguf("smollm2-135m");
   if (!path) return nullptr;
-  fixtures.clear();  // one model in memory at a time
-  auto& fresh = fixtures[{threads, requests}];
-  fresh = std::make_unique<Forward>();
+  fixture.reset();
+  shape = {threads, requests};
+  auto fresh = std::make_unique<Forward>();
   auto file = std::make_shared<const weights::GgufFile>(weights::GgufFile::open(*path));
   runner::RunnerOptions o;
   o.max_model_len = 1024;
@@ -71,7 +74,8 @@ Forward* forward_fixture(int threads, std::int64_t requests) {
     in.logits = runner::LogitRows::kNone;
     fresh->runner->forward(std::span(&in, 1));
   }
-  return fresh.get();
+  fixture = std::move(fresh);
+  return fixture.get();
 }
 
 // Seconds of one-row steps per thread count, for the x_one_row counter (the first shape run).

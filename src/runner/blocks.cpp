@@ -311,7 +311,7 @@ void GatedDeltaNet::run(const Step& step, std::span<const float> normed,
       float* oh = o.data() + t * value + head * dv;
       ops::rms_norm(oh, w_.norm, dv, eps_, oh);
       const float* zh = z.data() + t * value + head * dv;
-      for (std::int64_t i = 0; i < dv; ++i) oh[i] *= ops::silu(zh[i]);
+      for (std::int64_t i = 0; i < dv; ++i) oh[i] *= kernels::silu(zh[i]);
     }
   }
   ops::matmul(w_.out, o.data(), total, out.data(), step.pool);
@@ -364,7 +364,7 @@ void Mamba2::run(const Step& step, std::span<const float> normed, std::span<floa
   for (std::int64_t t = 0; t < total; ++t) {
     float* yt = y.data() + t * inner;
     const float* z = proj.data() + t * width;
-    for (std::int64_t i = 0; i < inner; ++i) yt[i] *= ops::silu(z[i]);
+    for (std::int64_t i = 0; i < inner; ++i) yt[i] *= kernels::silu(z[i]);
     for (std::int64_t g = 0; g < m.groups; ++g) {
       float* v = yt + g * per_group;
       float ss = 0.0f;

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "mixkv/core/error.hpp"
-#include "mixkv/kernels/activation.hpp"
 
 namespace mixkv::runner::ops {
 
@@ -113,8 +112,6 @@ void l2_normalise(float* v, std::int64_t heads, std::int64_t d) {
     for (std::int64_t i = 0; i < d; ++i) x[i] *= inv;
   }
 }
-
-float silu(float v) { return kernels::silu(v); }
 
 float softplus(float v) { return v > 20.0f ? v : std::log1p(std::exp(v)); }
 

@@ -74,7 +74,6 @@ void rope_angles(RopeMode mode, std::int64_t d, std::int64_t position, double th
 void rope_rotate(RopeMode mode, float* x, std::int64_t heads, std::int64_t d, const float* cs);
 // Scales each `d`-wide head to unit L2 norm (flash-linear-attention's l2norm, eps 1e-6).
 void l2_normalise(float* v, std::int64_t heads, std::int64_t d);
-float silu(float v);
 float softplus(float v);   // PyTorch's (threshold 20: the identity above it)
 float gelu_tanh(float v);  // PyTorch's gelu(approximate="tanh")
 std::vector<std::int64_t> block_ids(std::span<const cache::BlockId> table);
