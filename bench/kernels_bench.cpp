@@ -352,7 +352,7 @@ void run_weight_matmul_blocksum(benchmark::State& state, WeightType type, std::i
   state.SetBytesProcessed(state.iterations() * f.bytes);
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(state.iterations() * rows), benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(matmul_target()) + (copies.empty() ? "" : " packed VNNI"));
+  state.SetLabel(std::string(matmul_target()) + (copies.empty() ? "" : " packed"));
 }
 
 // Streaming read of a buffer far larger than the last-level cache, split evenly over the

@@ -89,7 +89,8 @@ class PackedWeight {
 };
 
 // Whether matmul reads a packed copy of a `type` weight in the kBlockSum order on this CPU
-// (block formats, AVX-512 VNNI present and not switched off): only then does packing pay.
+// (block formats on x86 with AVX2 or AVX-512: 16 W rows across the lanes of one 512-bit or two
+// 256-bit vectors); elsewhere the kernels read W's own layout and packing would not pay.
 bool matmul_reads_packed(WeightType type);
 
 // The kBlockSum layout of `w` (a q8_0, q4_0 or q4_1 weight; Error otherwise). Reads all of W.
