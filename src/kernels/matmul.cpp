@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "kernels/element_load.hpp"
@@ -892,8 +893,13 @@ void packed_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) 
 // block, not one per four codes: q4's nibbles are its codes (the low ones codes 4v.., the high
 // ones 16 + 4v..); q8_0's packed code u = w + 128 is 16 h + l, both nibbles meeting the same x
 // codes, so I = 16 H + L - 128 sum(x). Then ptile's float steps, lane by lane: the same bits.
+//
+// AVX2 has 16 vector registers: the float accumulators live in `acc` ([kX][16], L1), loaded and
+// stored once per block and half, and a half's 16-bit sums are the only ones live, so up to 8 x
+// rows (q8_0: 4) share each load and unpacking of W's codes (with the accumulators in registers
+// GCC spilled a tile of 3 x rows).
 template <WeightType kT, int kX>
-HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0) {
+HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0, float* acc) {
   const QuantizedX& qx = *c.qx;
   const std::int64_t blocks = qx.blocks;
   constexpr PanelFormat kF = panel_format(kT);
@@ -912,8 +918,7 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0)
     if constexpr (kT == WeightType::kQ4_1) xs[i] = qx.s.data() + (i0 + i) * blocks;
     if constexpr (kT != WeightType::kQ4_1) xsum[i] = qx.sum.data() + (i0 + i) * blocks;
   }
-  __m256 y[kX][2];
-  for (int i = 0; i < kX; ++i) y[i][0] = y[i][1] = _mm256_setzero_ps();
+  for (int i = 0; i < kX * 2; ++i) _mm256_store_ps(acc + 8 * i, _mm256_setzero_ps());
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   constexpr std::int64_t kAhead = 8192;  // bytes ahead, as ptile's (one panel per tile)
   for (std::int64_t b = 0; b < blocks; ++b) {
@@ -921,95 +926,78 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0)
     const std::byte* scales = pw + b * kF.header;
     for (std::int64_t o = 0; o < kF.codes; o += 64) hwy::Prefetch(codes + kAhead + o);
     hwy::Prefetch(scales + kAhead / 8);
-    __m256i lows[kX][2];                   // 16-bit sums: q4 all codes, q8_0 the low nibbles
-    [[maybe_unused]] __m256i highs[kX][2];  // q8_0's high nibbles
-    for (int i = 0; i < kX; ++i) {
-      for (int h = 0; h < 2; ++h) {
-        lows[i][h] = _mm256_setzero_si256();
-        if constexpr (kQ8) highs[i][h] = _mm256_setzero_si256();
-      }
-    }
     const auto x4 = [&](int i, std::int64_t e) {  // x codes e .. e + 3 of block b, broadcast
       std::int32_t v;
       std::memcpy(&v, xq[i] + b * kBlock + e, 4);
       return _mm256_set1_epi32(v);
     };
-    for (int v = 0; v < kCodeVecs; ++v) {
-      for (int h = 0; h < 2; ++h) {
-        const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * v + 32 * h));
+    for (int h = 0; h < 2; ++h) {  // the half's 8 W rows: bytes 32h .. 32h + 31 of each vector
+      __m256i lows[kX];                    // 16-bit sums: q4 all codes, q8_0 the low nibbles
+      [[maybe_unused]] __m256i highs[kX];  // q8_0's high nibbles
+      for (int i = 0; i < kX; ++i) {
+        lows[i] = _mm256_setzero_si256();
+        if constexpr (kQ8) highs[i] = _mm256_setzero_si256();
+      }
+      for (int v = 0; v < kCodeVecs; ++v) {
+        const __m256i wv =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * v + 32 * h));
         const __m256i lo = _mm256_and_si256(wv, low4);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), low4);
         for (int i = 0; i < kX; ++i) {
           if constexpr (kQ8) {
             const __m256i xv = x4(i, 4 * v);
-            lows[i][h] = _mm256_add_epi16(lows[i][h], _mm256_maddubs_epi16(lo, xv));
-            highs[i][h] = _mm256_add_epi16(highs[i][h], _mm256_maddubs_epi16(hi, xv));
+            lows[i] = _mm256_add_epi16(lows[i], _mm256_maddubs_epi16(lo, xv));
+            highs[i] = _mm256_add_epi16(highs[i], _mm256_maddubs_epi16(hi, xv));
           } else {
-            lows[i][h] = _mm256_add_epi16(lows[i][h], _mm256_maddubs_epi16(lo, x4(i, 4 * v)));
-            lows[i][h] = _mm256_add_epi16(lows[i][h], _mm256_maddubs_epi16(hi, x4(i, 16 + 4 * v)));
+            lows[i] = _mm256_add_epi16(lows[i], _mm256_maddubs_epi16(lo, x4(i, 4 * v)));
+            lows[i] = _mm256_add_epi16(lows[i], _mm256_maddubs_epi16(hi, x4(i, 16 + 4 * v)));
           }
         }
       }
-    }
-    __m256 dw[2];
-    [[maybe_unused]] __m256 mw[2];
-    for (int h = 0; h < 2; ++h) {
-      dw[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
+      const __m256 dw =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
+      [[maybe_unused]] __m256 mw;
       if constexpr (kT == WeightType::kQ4_1) {
-        mw[h] = _mm256_cvtph_ps(
+        mw = _mm256_cvtph_ps(
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 32 + 16 * h)));
       }
-    }
-    for (int i = 0; i < kX; ++i) {
-      const __m256 dx = _mm256_set1_ps(xd[i][b]);
-      [[maybe_unused]] __m256 sx;
-      if constexpr (kT == WeightType::kQ4_1) sx = _mm256_set1_ps(xs[i][b]);
-      for (int h = 0; h < 2; ++h) {
-        __m256i sum = _mm256_madd_epi16(lows[i][h], ones);
+      for (int i = 0; i < kX; ++i) {
+        __m256i sum = _mm256_madd_epi16(lows[i], ones);
         if constexpr (kQ8) {
-          sum = _mm256_add_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(highs[i][h], ones), 4));
+          sum = _mm256_add_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(highs[i], ones), 4));
         }
-        if constexpr (kFactor != 0) sum = _mm256_add_epi32(sum, _mm256_set1_epi32(kFactor * xsum[i][b]));
-        y[i][h] = _mm256_fmadd_ps(_mm256_mul_ps(dw[h], dx), _mm256_cvtepi32_ps(sum), y[i][h]);
-        if constexpr (kT == WeightType::kQ4_1) y[i][h] = _mm256_fmadd_ps(mw[h], sx, y[i][h]);
+        if constexpr (kFactor != 0) {
+          sum = _mm256_add_epi32(sum, _mm256_set1_epi32(kFactor * xsum[i][b]));
+        }
+        float* a = acc + 16 * i + 8 * h;
+        __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i][b])),
+                                   _mm256_cvtepi32_ps(sum), _mm256_load_ps(a));
+        if constexpr (kT == WeightType::kQ4_1) {
+          y = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[i][b]), y);
+        }
+        _mm256_store_ps(a, y);
       }
     }
   }
+  // The last, partial panel's padding rows are not outputs.
   const std::int64_t r0 = p * kPanelRows;
   const std::int64_t left = std::min<std::int64_t>(kPanelRows, c.rows - r0);
-  for (int i = 0; i < kX; ++i) {
-    float* out = c.y + (i0 + i) * c.rows + r0;
-    if (left == kPanelRows) {
-      _mm256_storeu_ps(out, y[i][0]);
-      _mm256_storeu_ps(out + 8, y[i][1]);
-    } else {  // the last, partial panel: its padding rows are not outputs
-      alignas(32) float lanes[kPanelRows];
-      _mm256_store_ps(lanes, y[i][0]);
-      _mm256_store_ps(lanes + 8, y[i][1]);
-      std::copy_n(lanes, left, out);
-    }
-  }
+  for (int i = 0; i < kX; ++i) std::copy_n(acc + 16 * i, left, c.y + (i0 + i) * c.rows + r0);
 }
 
-// Panels covering W rows [r_begin, r_end), each meeting the rows of x in groups of up to three
-// (q8_0: two, its high nibbles' sums take the registers) while it is in L1.
+// Panels covering W rows [r_begin, r_end), each meeting the rows of x in groups of up to 8
+// (q8_0: 4, its high nibbles' sums take registers) while it is in L1.
 template <WeightType kT>
 void packed_rows256(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
-  constexpr std::int64_t kGroup = kT == WeightType::kQ8_0 ? 2 : 3;
+  constexpr int kGroup = kT == WeightType::kQ8_0 ? 4 : 8;
+  alignas(32) float acc[kGroup * kPanelRows];
   const std::int64_t p_end = (r_end + kPanelRows - 1) / kPanelRows;
   for (std::int64_t p = r_begin / kPanelRows; p < p_end; ++p) {
     for (std::int64_t i0 = 0; i0 < c.n; i0 += kGroup) {
-      switch (std::min(kGroup, c.n - i0)) {
-        case 1:
-          ptile256<kT, 1>(c, p, i0);
-          break;
-        case 2:
-          ptile256<kT, 2>(c, p, i0);
-          break;
-        default:
-          if constexpr (kGroup >= 3) ptile256<kT, 3>(c, p, i0);
-          break;
-      }
+      const int group = static_cast<int>(std::min<std::int64_t>(kGroup, c.n - i0));
+      [&]<int... kXs>(std::integer_sequence<int, kXs...>) {
+        ((group == kXs + 1 ? ptile256<kT, kXs + 1>(c, p, i0, acc) : void()), ...);
+      }(std::make_integer_sequence<int, kGroup>());
     }
   }
 }
