@@ -60,6 +60,13 @@ struct QuantizedX {
   std::vector<std::int32_t> c64;
   // The kBlockSum order's q8_0 / q4_0 weights: each block's sum of codes ([n][blocks]).
   std::vector<std::int32_t> sum;
+  // For the AVX2 packed path (ptile256): the same codes and scales with the rows of each group
+  // (row_group_size) interleaved per block, so one pointer and constant offsets reach every row
+  // of the group (the group from row i0, m rows: codes at (i0 blocks + b m + i) 32, the scales
+  // and sums at i0 blocks + b m + i). Empty elsewhere.
+  std::vector<std::int8_t> grouped_q;
+  std::vector<float> grouped_d, grouped_s;
+  std::vector<std::int32_t> grouped_sum;
   // For the AMX-INT8 path (matmul_amx.hpp, int8_panels): per group of up to 8 rows (m rows,
   // from row 8g at byte 8g * pairs * 128), per pair q of blocks, a tile of 2m rows of 64 codes:
   // row h m + i holds x row 8g + i's codes of block 2q + h in bytes 32h .. 32h + 31, zeros
@@ -69,6 +76,14 @@ struct QuantizedX {
 
 // kBlockSum's packed layout (pack_weight): panels of this many W rows, one VNNI lane each.
 constexpr std::int64_t kPanelRows = 16;
+
+// The AVX2 packed path takes the rows of x in row_groups(n) groups of at most kGroupRows, as
+// even as they divide (8 rows as 4 + 4): group g has row_group_size(n, g) rows.
+constexpr std::int64_t kGroupRows = 5;
+constexpr std::int64_t row_groups(std::int64_t n) { return (n + kGroupRows - 1) / kGroupRows; }
+constexpr std::int64_t row_group_size(std::int64_t n, std::int64_t g) {
+  return n / row_groups(n) + (g < n % row_groups(n) ? 1 : 0);
+}
 
 // One panel of pack_weight's layout for a block format: first every block's scales (`header`
 // bytes: the 16 rows' fp16 d, q4_1 then their 16 m), then every block's codes (`codes` bytes),
@@ -908,16 +923,13 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
   constexpr int kCodeVecs = static_cast<int>(kF.codes / 64);  // 64-byte vectors per block
   const std::byte* pw = c.packed + p * kF.bytes(blocks);
   const std::byte* pc = pw + kF.codes_at(blocks, 0);
-  const std::int8_t* xq[kX];
-  const float* xd[kX];
-  [[maybe_unused]] const float* xs[kX];
-  [[maybe_unused]] const std::int32_t* xsum[kX];
-  for (int i = 0; i < kX; ++i) {
-    xq[i] = qx.q.data() + (i0 + i) * blocks * kBlock;
-    xd[i] = qx.d.data() + (i0 + i) * blocks;
-    if constexpr (kT == WeightType::kQ4_1) xs[i] = qx.s.data() + (i0 + i) * blocks;
-    if constexpr (kT != WeightType::kQ4_1) xsum[i] = qx.sum.data() + (i0 + i) * blocks;
-  }
+  // The group's codes and scales, interleaved per block (QuantizedX::grouped_q).
+  const std::int8_t* xq = qx.grouped_q.data() + i0 * blocks * kBlock;
+  const float* xd = qx.grouped_d.data() + i0 * blocks;
+  [[maybe_unused]] const float* xs =
+      kT == WeightType::kQ4_1 ? qx.grouped_s.data() + i0 * blocks : nullptr;
+  [[maybe_unused]] const std::int32_t* xsum =
+      kT != WeightType::kQ4_1 ? qx.grouped_sum.data() + i0 * blocks : nullptr;
   for (int i = 0; i < kX * 2; ++i) _mm256_store_ps(acc + 8 * i, _mm256_setzero_ps());
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   constexpr std::int64_t kAhead = 8192;  // bytes ahead, as ptile's (one panel per tile)
@@ -926,9 +938,10 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
     const std::byte* scales = pw + b * kF.header;
     for (std::int64_t o = 0; o < kF.codes; o += 64) hwy::Prefetch(codes + kAhead + o);
     hwy::Prefetch(scales + kAhead / 8);
-    const auto x4 = [&](int i, std::int64_t e) {  // x codes e .. e + 3 of block b, broadcast
+    const std::int8_t* xb = xq + b * kX * kBlock;
+    const auto x4 = [&](int i, std::int64_t e) {  // x row i's codes e .. e + 3 of block b
       std::int32_t v;
-      std::memcpy(&v, xq[i] + b * kBlock + e, 4);
+      std::memcpy(&v, xb + i * kBlock + e, 4);
       return _mm256_set1_epi32(v);
     };
     for (int h = 0; h < 2; ++h) {  // the half's 8 W rows: bytes 32h .. 32h + 31 of each vector
@@ -967,13 +980,13 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
           sum = _mm256_add_epi32(sum, _mm256_slli_epi32(_mm256_madd_epi16(highs[i], ones), 4));
         }
         if constexpr (kFactor != 0) {
-          sum = _mm256_add_epi32(sum, _mm256_set1_epi32(kFactor * xsum[i][b]));
+          sum = _mm256_add_epi32(sum, _mm256_set1_epi32(kFactor * xsum[b * kX + i]));
         }
         float* a = acc + 16 * i + 8 * h;
-        __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[i][b])),
+        __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xd[b * kX + i])),
                                    _mm256_cvtepi32_ps(sum), _mm256_load_ps(a));
         if constexpr (kT == WeightType::kQ4_1) {
-          y = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[i][b]), y);
+          y = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[b * kX + i]), y);
         }
         _mm256_store_ps(a, y);
       }
@@ -992,16 +1005,14 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
 // group than as 3 + 2.
 template <WeightType kT>
 void packed_rows256(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
-  constexpr int kGroup = 5;
-  alignas(32) float acc[kGroup * kPanelRows];
-  const std::int64_t groups = (c.n + kGroup - 1) / kGroup;
+  alignas(32) float acc[kGroupRows * kPanelRows];
   const std::int64_t p_end = (r_end + kPanelRows - 1) / kPanelRows;
   for (std::int64_t p = r_begin / kPanelRows; p < p_end; ++p) {
-    for (std::int64_t g = 0, i0 = 0; g < groups; ++g) {
-      const int group = static_cast<int>(c.n / groups + (g < c.n % groups ? 1 : 0));
+    for (std::int64_t g = 0, i0 = 0; g < row_groups(c.n); ++g) {
+      const std::int64_t group = row_group_size(c.n, g);
       [&]<int... kXs>(std::integer_sequence<int, kXs...>) {
         ((group == kXs + 1 ? ptile256<kT, kXs + 1>(c, p, i0, acc) : void()), ...);
-      }(std::make_integer_sequence<int, kGroup>());
+      }(std::make_integer_sequence<int, kGroupRows>());
       i0 += group;
     }
   }
@@ -1421,6 +1432,27 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
     std::int32_t sum = 0;
     for (std::size_t e = 0; e < 32; ++e) sum += qx.q[32 * b + e];
     qx.sum[b] = sum;
+  }
+  // The AVX2 packed path's grouped copy (see QuantizedX): whenever the order is blocksum, as
+  // tests run that path on AVX-512 machines too (a copy of n cols bytes, small beside W).
+  const bool grouped = block_sum;
+  qx.grouped_q.resize(grouped ? qx.q.size() : 0);
+  qx.grouped_d.resize(grouped ? qx.d.size() : 0);
+  qx.grouped_s.resize(grouped ? qx.s.size() : 0);
+  qx.grouped_sum.resize(grouped ? qx.sum.size() : 0);
+  for (std::int64_t g = 0, i0 = 0; grouped && g < detail::row_groups(n); ++g) {
+    const std::int64_t m = detail::row_group_size(n, g);
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t b = 0; b < qx.blocks; ++b) {
+        const auto from = static_cast<std::size_t>((i0 + i) * qx.blocks + b);
+        const auto to = static_cast<std::size_t>(i0 * qx.blocks + b * m + i);
+        std::memcpy(qx.grouped_q.data() + to * 32, qx.q.data() + from * 32, 32);
+        qx.grouped_d[to] = qx.d[from];
+        if (!qx.s.empty()) qx.grouped_s[to] = qx.s[from];
+        if (!qx.sum.empty()) qx.grouped_sum[to] = qx.sum[from];
+      }
+    }
+    i0 += m;
   }
   // The AMX-INT8 path's tiles of the same codes (see QuantizedX).
   const std::int64_t pairs = (qx.blocks + 1) / 2;
