@@ -945,7 +945,7 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
       return _mm256_set1_epi32(v);
     };
     for (int h = 0; h < 2; ++h) {  // the half's 8 W rows: bytes 32h .. 32h + 31 of each vector
-      __m256i lows[kX];                    // 16-bit sums: q4 all codes, q8_0 the low nibbles
+      __m256i lows[kX];            // 16-bit sums: q4 all codes, q8_0 the low nibbles
       [[maybe_unused]] __m256i highs[kX];  // q8_0's high nibbles
       for (int i = 0; i < kX; ++i) {
         lows[i] = _mm256_setzero_si256();
@@ -1012,7 +1012,8 @@ void packed_rows256(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
       const std::int64_t group = row_group_size(c.n, g);
       [&]<int... kXs>(std::integer_sequence<int, kXs...>) {
         ((group == kXs + 1 ? ptile256<kT, kXs + 1>(c, p, i0, acc) : void()), ...);
-      }(std::make_integer_sequence<int, kGroupRows>());
+      }
+      (std::make_integer_sequence<int, kGroupRows>());
       i0 += group;
     }
   }
