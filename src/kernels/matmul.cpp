@@ -17,7 +17,6 @@
 #include <cstring>
 #include <limits>
 #include <new>
-#include <utility>
 #include <vector>
 
 #include "kernels/element_load.hpp"
@@ -945,8 +944,9 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
       return _mm256_set1_epi32(v);
     };
     for (int h = 0; h < 2; ++h) {  // the half's 8 W rows: bytes 32h .. 32h + 31 of each vector
-      __m256i lows[kX];            // 16-bit sums: q4 all codes, q8_0 the low nibbles
-      [[maybe_unused]] __m256i highs[kX];  // q8_0's high nibbles
+      // 16-bit sums: q4 all codes, q8_0 the low nibbles (highs: its high nibbles).
+      __m256i lows[kX];
+      [[maybe_unused]] __m256i highs[kX];
       for (int i = 0; i < kX; ++i) {
         lows[i] = _mm256_setzero_si256();
         if constexpr (kQ8) highs[i] = _mm256_setzero_si256();
@@ -1010,10 +1010,24 @@ void packed_rows256(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
   for (std::int64_t p = r_begin / kPanelRows; p < p_end; ++p) {
     for (std::int64_t g = 0, i0 = 0; g < row_groups(c.n); ++g) {
       const std::int64_t group = row_group_size(c.n, g);
-      [&]<int... kXs>(std::integer_sequence<int, kXs...>) {
-        ((group == kXs + 1 ? ptile256<kT, kXs + 1>(c, p, i0, acc) : void()), ...);
+      static_assert(kGroupRows == 5);
+      switch (group) {
+        case 1:
+          ptile256<kT, 1>(c, p, i0, acc);
+          break;
+        case 2:
+          ptile256<kT, 2>(c, p, i0, acc);
+          break;
+        case 3:
+          ptile256<kT, 3>(c, p, i0, acc);
+          break;
+        case 4:
+          ptile256<kT, 4>(c, p, i0, acc);
+          break;
+        default:
+          ptile256<kT, 5>(c, p, i0, acc);
+          break;
       }
-      (std::make_integer_sequence<int, kGroupRows>());
       i0 += group;
     }
   }
