@@ -126,6 +126,11 @@ TaskPlan make_tasks(const AttentionSpec& spec, std::span<const PagedSequence> ba
       const std::int64_t heads_per_task = head_chunks <= hkv
                                               ? (hkv + head_chunks - 1) / head_chunks * (hq / hkv)
                                               : (hq + head_chunks - 1) / head_chunks;
+      // Few heads over one chunk (a verify's k + 1 rows over a short context: 3 KV heads on 2
+      // workers) leave a worker idle for a third of the call: split the block's rows too.
+      const std::int64_t tasks = pieces * ((hq + heads_per_task - 1) / heads_per_task);
+      const std::int64_t row_parts =
+          std::clamp<std::int64_t>(((wanted + blocks - 1) / blocks + tasks - 1) / tasks, 1, qe - q);
       std::size_t split = 0;
       if (pieces > 1) {
         detail::SplitBlock b;
@@ -139,18 +144,20 @@ TaskPlan make_tasks(const AttentionSpec& spec, std::span<const PagedSequence> ba
         split = plan.splits.size();
       }
       for (std::int64_t piece = 0; piece < pieces; ++piece) {
-        for (std::int64_t h = 0; h < hq; h += heads_per_task) {
-          detail::AttendTask t;
-          t.seq = &seq;
-          t.row0 = row0;
-          t.q_begin = q;
-          t.q_end = qe;
-          t.h_begin = h;
-          t.h_end = std::min(hq, h + heads_per_task);
-          t.chunk_begin = c0 + (c1 - c0) * piece / pieces;
-          t.chunk_end = c0 + (c1 - c0) * (piece + 1) / pieces;
-          plan.tasks.push_back(t);
-          split_of.push_back(split);
+        for (std::int64_t part = 0; part < row_parts; ++part) {
+          for (std::int64_t h = 0; h < hq; h += heads_per_task) {
+            detail::AttendTask t;
+            t.seq = &seq;
+            t.row0 = row0;
+            t.q_begin = q + (qe - q) * part / row_parts;
+            t.q_end = q + (qe - q) * (part + 1) / row_parts;
+            t.h_begin = h;
+            t.h_end = std::min(hq, h + heads_per_task);
+            t.chunk_begin = c0 + (c1 - c0) * piece / pieces;
+            t.chunk_end = c0 + (c1 - c0) * (piece + 1) / pieces;
+            plan.tasks.push_back(t);
+            split_of.push_back(split);
+          }
         }
       }
     }
