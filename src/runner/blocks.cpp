@@ -26,10 +26,13 @@ std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t 
 }
 
 // Below these sizes a parallel region costs more than it saves (a region's hand-off and close
-// take ~1-2 us): elements of an MLP activation, scalar (std::tanh per element, a few ns each) or
-// in vectors (kernels::silu_mul, kernels::ggml_swiglu: ~8 elements a few ns); rows of the
-// per-row norms and residuals (one 576-wide RMSNorm, its double sum one add after another, ~1 us).
+// take ~1-2 us): elements of an MLP activation, scalar (std::tanh per element, a few ns each),
+// kernels::silu_mul (double lanes: ~3 ns an element on a Zen 3 core; a verify's 5 rows of
+// SmolLM2's 1536 split in two, one row does not) or kernels::ggml_swiglu (float vectors: ~8
+// elements a few ns); rows of the per-row norms and residuals (one 576-wide RMSNorm, its double
+// sum one add after another, ~1 us).
 constexpr std::int64_t kScalarGrain = 1024;
+constexpr std::int64_t kSiluGrain = 1024;
 constexpr std::int64_t kVectorGrain = 4096;
 constexpr std::int64_t kRowGrain = 2;
 
@@ -399,7 +402,7 @@ void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::Thread
     const bool ggml = !gelu && numerics == Numerics::kGgml;
     // The activation over all rows at once, split across the pool when it is big enough; every
     // element alone, so the split does not touch the bits.
-    ops::for_chunks(pool, elements, gelu ? kScalarGrain : kVectorGrain,
+    ops::for_chunks(pool, elements, gelu ? kScalarGrain : ggml ? kVectorGrain : kSiluGrain,
                     [&](std::int64_t from, std::int64_t to) {
                       const auto at = static_cast<std::size_t>(from);
                       const auto n = static_cast<std::size_t>(to - from);
