@@ -76,12 +76,16 @@ struct QuantizedX {
 // kBlockSum's packed layout (pack_weight): panels of this many W rows, one VNNI lane each.
 constexpr std::int64_t kPanelRows = 16;
 
-// The AVX2 packed path takes the rows of x in row_groups(n) groups of at most kGroupRows, as
-// even as they divide (8 rows as 4 + 4): group g has row_group_size(n, g) rows.
-constexpr std::int64_t kGroupRows = 5;
-constexpr std::int64_t row_groups(std::int64_t n) { return (n + kGroupRows - 1) / kGroupRows; }
-constexpr std::int64_t row_group_size(std::int64_t n, std::int64_t g) {
-  return n / row_groups(n) + (g < n % row_groups(n) ? 1 : 0);
+// The AVX2 packed path takes the rows of x in row_groups groups of at most group_rows, as even
+// as they divide (16 q4 rows as 8 + 8): group g has row_group_size rows. q4 keeps one 16-bit
+// sum per x row live, q8_0 two (its low and high nibbles), in 16 vector registers.
+constexpr std::int64_t kMaxGroupRows = 8;
+constexpr std::int64_t group_rows(WeightType t) { return t == WeightType::kQ8_0 ? 5 : 8; }
+constexpr std::int64_t row_groups(WeightType t, std::int64_t n) {
+  return (n + group_rows(t) - 1) / group_rows(t);
+}
+constexpr std::int64_t row_group_size(WeightType t, std::int64_t n, std::int64_t g) {
+  return n / row_groups(t, n) + (g < n % row_groups(t, n) ? 1 : 0);
 }
 
 // One panel of pack_weight's layout for a block format: first every block's scales (`header`
@@ -1012,12 +1016,29 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
 // group than as 3 + 2.
 template <WeightType kT>
 void packed_rows256(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
-  alignas(32) float acc[kGroupRows * kPanelRows];
+  alignas(32) float acc[kMaxGroupRows * kPanelRows];
   const std::int64_t p_end = (r_end + kPanelRows - 1) / kPanelRows;
   for (std::int64_t p = r_begin / kPanelRows; p < p_end; ++p) {
-    for (std::int64_t g = 0, i0 = 0; g < row_groups(c.n); ++g) {
-      const std::int64_t group = row_group_size(c.n, g);
-      static_assert(kGroupRows == 5);
+    for (std::int64_t g = 0, i0 = 0; g < row_groups(kT, c.n); ++g) {
+      const std::int64_t group = row_group_size(kT, c.n, g);
+      static_assert(group_rows(WeightType::kQ8_0) == 5 && kMaxGroupRows == 8);
+      if constexpr (kT != WeightType::kQ8_0) {
+        if (group > 5) {
+          switch (group) {
+            case 6:
+              ptile256<kT, 6>(c, p, i0, acc);
+              break;
+            case 7:
+              ptile256<kT, 7>(c, p, i0, acc);
+              break;
+            default:
+              ptile256<kT, 8>(c, p, i0, acc);
+              break;
+          }
+          i0 += group;
+          continue;
+        }
+      }
       switch (group) {
         case 1:
           ptile256<kT, 1>(c, p, i0, acc);
@@ -1462,8 +1483,8 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
   qx.grouped_d.resize(grouped ? qx.d.size() : 0);
   qx.grouped_s.resize(grouped ? qx.s.size() : 0);
   qx.grouped_sum.resize(grouped ? qx.sum.size() : 0);
-  for (std::int64_t g = 0, i0 = 0; grouped && g < detail::row_groups(n); ++g) {
-    const std::int64_t m = detail::row_group_size(n, g);
+  for (std::int64_t g = 0, i0 = 0; grouped && g < detail::row_groups(type, n); ++g) {
+    const std::int64_t m = detail::row_group_size(type, n, g);
     for (std::int64_t i = 0; i < m; ++i) {
       for (std::int64_t b = 0; b < qx.blocks; ++b) {
         const auto from = static_cast<std::size_t>((i0 + i) * qx.blocks + b);
