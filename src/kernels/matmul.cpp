@@ -903,6 +903,11 @@ void packed_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) 
 #undef MIXKV_VNNI_ATTR
 #endif
 
+// Keeps a running sum in its register at this point. Without it GCC reassociates the exact
+// 16-bit sums of ptile256 into products first, sums after, and spills every product to the
+// stack (44 spills a block at 5 x rows: 5-8 rows took 1.3-1.6x as long).
+HWY_INLINE void in_register(__m256i& v) { asm("" : "+x"(v)); }
+
 // The packed layout (pack_weight) on 256-bit integer vectors, for CPUs without AVX512-VNNI
 // (AVX2, and AVX-512 with VNNI switched off): a panel's 16 lanes are two halves of 8 W rows,
 // and vpmaddubsw (unsigned x signed bytes, pairs added to 16 bits) then vpmaddwd by ones give
@@ -913,14 +918,9 @@ void packed_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) 
 // codes, so I = 16 H + L - 128 sum(x). Then ptile's float steps, lane by lane: the same bits.
 //
 // AVX2 has 16 vector registers: the float accumulators live in `acc` ([kX][16], L1), loaded and
-// stored once per block and half, and a half's 16-bit sums are the only ones live, so 5 x rows
+// stored once per block and half, and a half's 16-bit sums are the only ones live, so 5-8 x rows
 // share each load and unpacking of W's codes (with the accumulators in registers GCC spilled a
 // tile of 3 x rows).
-// Keeps a running sum in its register at this point. Without it GCC reassociates the exact
-// 16-bit sums of ptile256 into products first, sums after, and spills every product to the
-// stack (44 spills a block at 5 x rows; ~2x the cycles).
-HWY_INLINE void in_register(__m256i& v) { asm("" : "+x"(v)); }
-
 template <WeightType kT, int kX>
 HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0, float* acc) {
   const QuantizedX& qx = *c.qx;
@@ -1009,11 +1009,11 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
   for (int i = 0; i < kX; ++i) std::copy_n(acc + 16 * i, left, c.y + (i0 + i) * c.rows + r0);
 }
 
-// Panels covering W rows [r_begin, r_end), each meeting the rows of x in groups of up to 5,
-// as even as they divide (8 rows as 4 + 4), while it is in L1: one pass for a k = 4 verify.
-// Larger groups measured no faster (8 rows in one q4 group ~10% slower, within the shared
-// host's noise of 10-30% between runs of one binary); q8_0 took 11% less at 5 rows in one
-// group than as 3 + 2.
+// Panels covering W rows [r_begin, r_end), each meeting the rows of x in groups (row_groups:
+// q4 up to 8, q8_0 up to 5, as even as they divide) while it is in L1: one pass for a k = 4
+// verify. Before the sums were pinned (in_register) 8 q4 rows in one group were ~10% slower
+// than 4 + 4; pinned, 16 rows as 8 + 8 measured 0.74-1.03x 4 x 4 (docs/kernels.md). q8_0 took
+// 11% less at 5 rows in one group than as 3 + 2.
 template <WeightType kT>
 void packed_rows256(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   alignas(32) float acc[kMaxGroupRows * kPanelRows];
