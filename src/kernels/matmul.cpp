@@ -1009,6 +1009,17 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
   for (int i = 0; i < kX; ++i) std::copy_n(acc + 16 * i, left, c.y + (i0 + i) * c.rows + r0);
 }
 
+// ptile256's instance for a group of `group` rows, 1 to group_rows(kT).
+template <WeightType kT, int kX = 1>
+void ptile256_group(const MatmulCall& c, std::int64_t p, std::int64_t i0, std::int64_t group,
+                    float* acc) {
+  static_assert(group_rows(kT) <= kMaxGroupRows);
+  if constexpr (kX < group_rows(kT)) {
+    if (group > kX) return ptile256_group<kT, kX + 1>(c, p, i0, group, acc);
+  }
+  ptile256<kT, kX>(c, p, i0, acc);
+}
+
 // Panels covering W rows [r_begin, r_end), each meeting the rows of x in groups (row_groups:
 // q4 up to 8, q8_0 up to 5, as even as they divide) while it is in L1: one pass for a k = 4
 // verify. Before the sums were pinned (in_register) 8 q4 rows in one group were ~10% slower
@@ -1021,41 +1032,7 @@ void packed_rows256(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
   for (std::int64_t p = r_begin / kPanelRows; p < p_end; ++p) {
     for (std::int64_t g = 0, i0 = 0; g < row_groups(kT, c.n); ++g) {
       const std::int64_t group = row_group_size(kT, c.n, g);
-      static_assert(group_rows(WeightType::kQ8_0) == 5 && kMaxGroupRows == 8);
-      if constexpr (kT != WeightType::kQ8_0) {
-        if (group > 5) {
-          switch (group) {
-            case 6:
-              ptile256<kT, 6>(c, p, i0, acc);
-              break;
-            case 7:
-              ptile256<kT, 7>(c, p, i0, acc);
-              break;
-            default:
-              ptile256<kT, 8>(c, p, i0, acc);
-              break;
-          }
-          i0 += group;
-          continue;
-        }
-      }
-      switch (group) {
-        case 1:
-          ptile256<kT, 1>(c, p, i0, acc);
-          break;
-        case 2:
-          ptile256<kT, 2>(c, p, i0, acc);
-          break;
-        case 3:
-          ptile256<kT, 3>(c, p, i0, acc);
-          break;
-        case 4:
-          ptile256<kT, 4>(c, p, i0, acc);
-          break;
-        default:
-          ptile256<kT, 5>(c, p, i0, acc);
-          break;
-      }
+      ptile256_group<kT>(c, p, i0, group, acc);
       i0 += group;
     }
   }
