@@ -8,6 +8,10 @@
 function(mixkv_module name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPENDS;PUBLIC_LIBS;PRIVATE_LIBS" ${ARGN})
   add_library(mixkv_${name} ${ARG_SOURCES})
+  # MIXKV_UNITY_LIBRARIES (CMakeLists.txt): the module's files compile as unity batches. CMake
+  # leaves out of the batches any file with its own compile options or definitions.
+  set_target_properties(mixkv_${name} PROPERTIES UNITY_BUILD ${MIXKV_UNITY_LIBRARIES}
+                        UNITY_BUILD_BATCH_SIZE ${MIXKV_LIBRARY_UNITY_BATCH})
   target_include_directories(mixkv_${name}
     PUBLIC ${PROJECT_SOURCE_DIR}/include
     PRIVATE ${PROJECT_SOURCE_DIR}/src)

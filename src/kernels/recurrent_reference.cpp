@@ -18,11 +18,6 @@ void check(std::string_view what, std::size_t got, std::int64_t want) {
   }
 }
 
-double max_abs(const std::vector<double>& v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
 
 }  // namespace
 
@@ -204,6 +199,12 @@ RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> sta
     if (every_state || t == num_tokens - 1) r.states.push_back(s);
   }
   return r;
+}
+
+double max_abs(std::span<const double> values) {
+  double m = 0;
+  for (double x : values) m = std::max(m, std::fabs(x));
+  return m;
 }
 
 double output_tolerance(std::int64_t reduction, std::int64_t tokens, double magnitude) {

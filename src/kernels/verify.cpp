@@ -373,12 +373,6 @@ struct RecurrentCheck {
   }
 };
 
-double max_abs(std::span<const double> v) {
-  double m = 0;
-  for (double x : v) m = std::max(m, std::fabs(x));
-  return m;
-}
-
 // `count` of the indices 0 .. n-1, evenly spread, first and last included (just 0 for one).
 std::set<std::size_t> even_sample(std::size_t n, std::size_t count) {
   std::set<std::size_t> picked;

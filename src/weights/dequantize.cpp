@@ -10,8 +10,6 @@
 namespace mixkv::weights {
 namespace {
 
-constexpr int kQK = 32;  // values per legacy-quant block
-
 float f16_at(const std::byte* p) {
   std::uint16_t bits;
   std::memcpy(&bits, p, 2);
@@ -24,10 +22,10 @@ std::uint8_t u8_at(const std::byte* p) { return std::to_integer<std::uint8_t>(*p
 // nibble's.
 void q4_0(const std::byte* b, float* y) {
   const float d = f16_at(b);
-  for (int j = 0; j < kQK / 2; ++j) {
+  for (int j = 0; j < kLegacyBlock / 2; ++j) {
     const int q = u8_at(b + 2 + j);
     y[j] = float((q & 0x0F) - 8) * d;
-    y[j + kQK / 2] = float((q >> 4) - 8) * d;
+    y[j + kLegacyBlock / 2] = float((q >> 4) - 8) * d;
   }
 }
 
@@ -35,10 +33,10 @@ void q4_0(const std::byte* b, float* y) {
 void q4_1(const std::byte* b, float* y) {
   const float d = f16_at(b);
   const float m = f16_at(b + 2);
-  for (int j = 0; j < kQK / 2; ++j) {
+  for (int j = 0; j < kLegacyBlock / 2; ++j) {
     const int q = u8_at(b + 4 + j);
     y[j] = float(q & 0x0F) * d + m;
-    y[j + kQK / 2] = float(q >> 4) * d + m;
+    y[j + kLegacyBlock / 2] = float(q >> 4) * d + m;
   }
 }
 
@@ -53,12 +51,12 @@ std::uint32_t qh_at(const std::byte* p) {
 void q5_0(const std::byte* b, float* y) {
   const float d = f16_at(b);
   const std::uint32_t qh = qh_at(b + 2);
-  for (int j = 0; j < kQK / 2; ++j) {
+  for (int j = 0; j < kLegacyBlock / 2; ++j) {
     const int q = u8_at(b + 6 + j);
     const int lo = (q & 0x0F) | int(((qh >> j) & 1u) << 4);
-    const int hi = (q >> 4) | int(((qh >> (j + kQK / 2)) & 1u) << 4);
+    const int hi = (q >> 4) | int(((qh >> (j + kLegacyBlock / 2)) & 1u) << 4);
     y[j] = float(lo - 16) * d;
-    y[j + kQK / 2] = float(hi - 16) * d;
+    y[j + kLegacyBlock / 2] = float(hi - 16) * d;
   }
 }
 
@@ -67,19 +65,19 @@ void q5_1(const std::byte* b, float* y) {
   const float d = f16_at(b);
   const float m = f16_at(b + 2);
   const std::uint32_t qh = qh_at(b + 4);
-  for (int j = 0; j < kQK / 2; ++j) {
+  for (int j = 0; j < kLegacyBlock / 2; ++j) {
     const int q = u8_at(b + 8 + j);
     const int lo = (q & 0x0F) | int(((qh >> j) & 1u) << 4);
-    const int hi = (q >> 4) | int(((qh >> (j + kQK / 2)) & 1u) << 4);
+    const int hi = (q >> 4) | int(((qh >> (j + kLegacyBlock / 2)) & 1u) << 4);
     y[j] = float(lo) * d + m;
-    y[j + kQK / 2] = float(hi) * d + m;
+    y[j + kLegacyBlock / 2] = float(hi) * d + m;
   }
 }
 
 // block_q8_0 {fp16 d; i8 qs[32]}: qs[j] * d. block_q8_1 adds an fp16 sum after d (unused here).
 void q8(const std::byte* b, int header, float* y) {
   const float d = f16_at(b);
-  for (int j = 0; j < kQK; ++j) {
+  for (int j = 0; j < kLegacyBlock; ++j) {
     y[j] = float(static_cast<std::int8_t>(u8_at(b + header + j))) * d;
   }
 }

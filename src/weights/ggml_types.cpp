@@ -9,19 +9,18 @@
 namespace mixkv::weights {
 namespace {
 
-constexpr int kQK = 32;    // elements per block of the legacy quants (QK4_0, QK8_0, ...)
 constexpr int kQKK = 256;  // elements per super-block of the k-quants and i-quants (QK_K)
 
 // Block sizes from ggml-common.h's block_* structs (ggml_half is 2 bytes).
 constexpr std::array<GgmlTypeInfo, 32> kTypes{{
     {GgmlType::kF32, "F32", 1, 4},
     {GgmlType::kF16, "F16", 1, 2},
-    {GgmlType::kQ4_0, "Q4_0", kQK, 2 + kQK / 2},
-    {GgmlType::kQ4_1, "Q4_1", kQK, 2 + 2 + kQK / 2},
-    {GgmlType::kQ5_0, "Q5_0", kQK, 2 + 4 + kQK / 2},
-    {GgmlType::kQ5_1, "Q5_1", kQK, 2 + 2 + 4 + kQK / 2},
-    {GgmlType::kQ8_0, "Q8_0", kQK, 2 + kQK},
-    {GgmlType::kQ8_1, "Q8_1", kQK, 2 + 2 + kQK},
+    {GgmlType::kQ4_0, "Q4_0", kLegacyBlock, 2 + kLegacyBlock / 2},
+    {GgmlType::kQ4_1, "Q4_1", kLegacyBlock, 2 + 2 + kLegacyBlock / 2},
+    {GgmlType::kQ5_0, "Q5_0", kLegacyBlock, 2 + 4 + kLegacyBlock / 2},
+    {GgmlType::kQ5_1, "Q5_1", kLegacyBlock, 2 + 2 + 4 + kLegacyBlock / 2},
+    {GgmlType::kQ8_0, "Q8_0", kLegacyBlock, 2 + kLegacyBlock},
+    {GgmlType::kQ8_1, "Q8_1", kLegacyBlock, 2 + 2 + kLegacyBlock},
     {GgmlType::kQ2_K, "Q2_K", kQKK, 2 + 2 + kQKK / 16 + kQKK / 4},
     {GgmlType::kQ3_K, "Q3_K", kQKK, 2 + kQKK / 4 + kQKK / 8 + 12},
     {GgmlType::kQ4_K, "Q4_K", kQKK, 2 + 2 + 12 + kQKK / 2},
@@ -32,7 +31,7 @@ constexpr std::array<GgmlTypeInfo, 32> kTypes{{
     {GgmlType::kIQ2_XS, "IQ2_XS", kQKK, 2 + kQKK / 4 + kQKK / 32},
     {GgmlType::kIQ3_XXS, "IQ3_XXS", kQKK, 2 + kQKK / 4 + kQKK / 8},
     {GgmlType::kIQ1_S, "IQ1_S", kQKK, 2 + kQKK / 8 + kQKK / 16},
-    {GgmlType::kIQ4_NL, "IQ4_NL", kQK, 2 + kQK / 2},
+    {GgmlType::kIQ4_NL, "IQ4_NL", kLegacyBlock, 2 + kLegacyBlock / 2},
     {GgmlType::kIQ3_S, "IQ3_S", kQKK, 2 + kQKK / 4 + kQKK / 8 + kQKK / 32 + 4},
     {GgmlType::kIQ2_S, "IQ2_S", kQKK, 2 + kQKK / 4 + kQKK / 16},
     {GgmlType::kIQ4_XS, "IQ4_XS", kQKK, 2 + 2 + kQKK / 64 + kQKK / 2},
@@ -45,7 +44,7 @@ constexpr std::array<GgmlTypeInfo, 32> kTypes{{
     {GgmlType::kBF16, "BF16", 1, 2},
     {GgmlType::kTQ1_0, "TQ1_0", kQKK, 2 + 4 * 13},
     {GgmlType::kTQ2_0, "TQ2_0", kQKK, 2 + kQKK / 4},
-    {GgmlType::kMXFP4, "MXFP4", kQK, 1 + kQK / 2},  // an e8m0 scale byte, 16 bytes of e2m1 pairs
+    {GgmlType::kMXFP4, "MXFP4", kLegacyBlock, 1 + kLegacyBlock / 2},  // an e8m0 scale byte, 16 bytes of e2m1 pairs
 }};
 }  // namespace
 

@@ -44,5 +44,7 @@ RecurrentRun reference_mamba2(const Mamba2Spec& spec, std::span<const float> sta
 double output_tolerance(std::int64_t reduction, std::int64_t tokens, double magnitude);
 double state_tolerance(DType dtype, std::int64_t reduction, std::int64_t tokens, double magnitude,
                        double max_state);
+// The largest |x| of `values` (0 for none): a run's magnitude, a state's largest value.
+double max_abs(std::span<const double> values);
 
 }  // namespace mixkv::kernels

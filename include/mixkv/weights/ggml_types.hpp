@@ -44,6 +44,9 @@ enum class GgmlType : std::uint32_t {
   kMXFP4 = 39,
 };
 
+// Values per block of ggml's legacy quants (QK4_0, QK4_1, QK5_0, QK5_1 and QK8_0 of ggml-common.h).
+inline constexpr int kLegacyBlock = 32;
+
 struct GgmlTypeInfo {
   GgmlType type;
   std::string_view name;  // ggml's spelling: "F32", "Q4_1", "Q6_K", ...
