@@ -41,8 +41,7 @@ std::vector<double> dense_attention(const AttentionSpec& spec, const DenseSequen
       double max_logit = params.sinks ? static_cast<double>(sinks[sz(h)]) : -INFINITY;
       for (std::int64_t t = lo; t <= hi; ++t) {
         const float* k = seq.k.data() + (t * hkv + kv_head) * d;
-        double x = 0;
-        for (std::int64_t e = 0; e < d; ++e) x += static_cast<double>(q[e]) * k[e];
+        double x = sum_terms(d, [&](std::int64_t e) { return static_cast<double>(q[e]) * k[e]; });
         x *= params.scale;
         if (params.soft_cap) x = *params.soft_cap * std::tanh(x / *params.soft_cap);
         logits[sz(t)] = x;

@@ -86,11 +86,10 @@ Comparison compare_with_reference(const AttentionSpec& spec, const AttentionSpec
         const std::int64_t kh = h / (hq / hkv);
         for (std::int64_t t = 0; t < r.kv_len; ++t) {
           const float* k = r.k.data() + (t * hkv + kh) * d;
-          double s = 0, e = 0;
-          for (std::int64_t j = 0; j < d; ++j) {
-            s += std::fabs(q[j] * k[j]);
-            e += std::fabs(q[j]) * (rb.relative * std::fabs(k[j]) + rb.absolute * scales.k);
-          }
+          const double s = sum_terms(d, [&](std::int64_t j) { return std::fabs(q[j] * k[j]); });
+          const double e = sum_terms(d, [&](std::int64_t j) {
+            return std::fabs(q[j]) * (rb.relative * std::fabs(k[j]) + rb.absolute * scales.k);
+          });
           qk = std::max(qk, s);
           delta = std::max(delta, e);
         }
@@ -753,14 +752,14 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
         const GdnLayerSpec s = gdn_layer_spec(first, desc.num_spec_tokens);
         per_token = 4.0 * static_cast<double>(s.gdn.place.elements) +
                     static_cast<double>(s.conv.channels * s.conv.kernel);
-        tokens += kPrefillTokens;
+        if (options.chunked_prefill) tokens += kPrefillTokens;
       } else if (first.kind == model::LayerKind::kKda) {
         const KdaLayerSpec s = kda_layer_spec(first, desc.num_spec_tokens);
         per_token =
             4.0 * static_cast<double>(s.kda.place.elements) +
             static_cast<double>((s.q_conv.channels + s.k_conv.channels + s.v_conv.channels) *
                                 s.q_conv.kernel);
-        tokens += kPrefillTokens;
+        if (options.chunked_prefill) tokens += kPrefillTokens;
       } else {
         const Mamba2LayerSpec s = mamba2_layer_spec(first, desc.num_spec_tokens);
         per_token = 3.0 * static_cast<double>(s.ssm.place.elements) +
@@ -936,7 +935,8 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   }
   // Recurrent layers, per request batch: a decode step in place (n = 1, out = in); a speculative
   // verify over 1 + num_spec_tokens tokens writing one checkpoint per position (two tokens,
-  // final state only, without a drafter); for GDN and KDA a chunked prefill of kPrefillTokens. Each
+  // final state only, without a drafter); for GDN and KDA a chunked prefill of kPrefillTokens
+  // (options.chunked_prefill). Each
   // starts from what the cache holds; the first from the values written above, so a kernel
   // reading the wrong bytes cannot agree with its reference.
   for (const RecurrentCase& c : recurrent_cases) {
@@ -972,7 +972,7 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
     try {
       const std::int64_t spec = desc.num_spec_tokens;
       for (int step = 0; step < 3; ++step) {
-        if (step == 2 && !c.delta_rule()) break;
+        if (step == 2 && (!c.delta_rule() || !options.chunked_prefill)) break;
         const char* name = step == 0 ? "decode" : step == 1 ? "speculative verify" : "prefill";
         const std::int64_t n = step == 0   ? 1
                                : step == 1 ? std::max<std::int64_t>(2, 1 + spec)

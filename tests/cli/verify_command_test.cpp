@@ -145,9 +145,9 @@ TEST(VerifyCommand, FaultGroupThePlanDoesNotHaveIsAnError) {
 // Plain verify (no --memory-scale, no TP or length options) on every built-in target, alone and
 // with each of its drafters, on every backend that serves the pair: verify finds a scale for
 // itself and every verified group passes. Kept fast for CI with one short request and one layer
-// per group (the scale is still the one verify picks for it: the recurrent references of large
-// hybrids, 24 GDN groups for Qwen3.5, cost the most); PlainVerifyPassesWhere... runs the whole
-// default batch. The (pair, backend) runs are dealt over kSweepShards tests (run i to shard i mod
+// per group, and no chunked-prefill check (the scale is still the one verify picks for it; the
+// prefill references of large hybrids, 24 GDN groups for Qwen3.5, took three quarters of the
+// sweep); PlainVerifyPassesWhere... runs the whole default batch, prefill included. The (pair, backend) runs are dealt over kSweepShards tests (run i to shard i mod
 // kSweepShards; a large hybrid's runs cost the most), so that `ctest -j` runs the sweep on every
 // core instead of as one long test. Named *VerifySweep* so `make test-sanitize` leaves it to
 // `make test`.
@@ -181,6 +181,7 @@ TEST_P(PlainVerifySweep, EveryBuiltInPairPassesOnEveryBackendItAccepts) {
       o.requests = 1;
       o.longest_request = 64;
       o.max_layers_per_group = 1;
+      o.chunked_prefill = false;
       try {
         const kernels::VerifyReport r = kernels::verify(desc, o);
         for (const kernels::GroupResult& g : r.groups) {

@@ -23,6 +23,23 @@ struct DenseSequence {
 // Attention of one request with the masking, soft cap, sinks and scale of `spec` (see
 // paged_attention); returns [num_queries, num_q_heads, head_size_v]. Throws Error on shapes that
 // do not match the spec.
+// The sum of term(0) .. term(n - 1) in double, as four interleaved partial sums: independent add
+// chains, so a reference loop is not bound by the adder's latency (a serial sum took 4 cycles a
+// term). It differs from the serial sum by double rounding only, far inside any float tolerance.
+template <class Term>
+double sum_terms(std::int64_t n, Term term) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  std::int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    s0 += term(j);
+    s1 += term(j + 1);
+    s2 += term(j + 2);
+    s3 += term(j + 3);
+  }
+  for (; j < n; ++j) s0 += term(j);
+  return (s0 + s1) + (s2 + s3);
+}
+
 std::vector<double> dense_attention(const AttentionSpec& spec, const DenseSequence& seq,
                                     std::span<const float> sinks);
 
