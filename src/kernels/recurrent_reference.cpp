@@ -18,7 +18,6 @@ void check(std::string_view what, std::size_t got, std::int64_t want) {
   }
 }
 
-
 }  // namespace
 
 RecurrentRun reference_conv(const ConvSpec& spec, std::span<const float> state,

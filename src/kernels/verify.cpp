@@ -936,9 +936,8 @@ VerifyReport verify(const model::ModelDesc& desc, const VerifyOptions& options) 
   // Recurrent layers, per request batch: a decode step in place (n = 1, out = in); a speculative
   // verify over 1 + num_spec_tokens tokens writing one checkpoint per position (two tokens,
   // final state only, without a drafter); for GDN and KDA a chunked prefill of kPrefillTokens
-  // (options.chunked_prefill). Each
-  // starts from what the cache holds; the first from the values written above, so a kernel
-  // reading the wrong bytes cannot agree with its reference.
+  // (options.chunked_prefill). Each starts from what the cache holds; the first from the values
+  // written above, so a kernel reading the wrong bytes cannot agree with its reference.
   for (const RecurrentCase& c : recurrent_cases) {
     GroupResult& result = report.groups[c.result];
     const auto& tables = state_tables.at(c.kv_cache_group);

@@ -147,10 +147,10 @@ TEST(VerifyCommand, FaultGroupThePlanDoesNotHaveIsAnError) {
 // itself and every verified group passes. Kept fast for CI with one short request and one layer
 // per group, and no chunked-prefill check (the scale is still the one verify picks for it; the
 // prefill references of large hybrids, 24 GDN groups for Qwen3.5, took three quarters of the
-// sweep); PlainVerifyPassesWhere... runs the whole default batch, prefill included. The (pair, backend) runs are dealt over kSweepShards tests (run i to shard i mod
-// kSweepShards; a large hybrid's runs cost the most), so that `ctest -j` runs the sweep on every
-// core instead of as one long test. Named *VerifySweep* so `make test-sanitize` leaves it to
-// `make test`.
+// sweep); PlainVerifyPassesWhere... runs the whole default batch, prefill included. The (pair,
+// backend) runs are dealt over kSweepShards tests (run i to shard i mod kSweepShards; a large
+// hybrid's runs cost the most), so that `ctest -j` runs the sweep on every core instead of as one
+// long test. Named *VerifySweep* so `make test-sanitize` leaves it to `make test`.
 constexpr int kSweepShards = 8;
 
 // A backend accepts the pair when it plans it and builds its attention groups.

@@ -20,9 +20,6 @@ struct DenseSequence {
   std::int64_t num_queries = 1;  // the last num_queries positions
 };
 
-// Attention of one request with the masking, soft cap, sinks and scale of `spec` (see
-// paged_attention); returns [num_queries, num_q_heads, head_size_v]. Throws Error on shapes that
-// do not match the spec.
 // The sum of term(0) .. term(n - 1) in double, as four interleaved partial sums: independent add
 // chains, so a reference loop is not bound by the adder's latency (a serial sum took 4 cycles a
 // term). It differs from the serial sum by double rounding only, far inside any float tolerance.
@@ -40,6 +37,9 @@ double sum_terms(std::int64_t n, Term term) {
   return (s0 + s1) + (s2 + s3);
 }
 
+// Attention of one request with the masking, soft cap, sinks and scale of `spec` (see
+// paged_attention); returns [num_queries, num_q_heads, head_size_v]. Throws Error on shapes that
+// do not match the spec.
 std::vector<double> dense_attention(const AttentionSpec& spec, const DenseSequence& seq,
                                     std::span<const float> sinks);
 
