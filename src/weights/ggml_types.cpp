@@ -44,7 +44,8 @@ constexpr std::array<GgmlTypeInfo, 32> kTypes{{
     {GgmlType::kBF16, "BF16", 1, 2},
     {GgmlType::kTQ1_0, "TQ1_0", kQKK, 2 + 4 * 13},
     {GgmlType::kTQ2_0, "TQ2_0", kQKK, 2 + kQKK / 4},
-    {GgmlType::kMXFP4, "MXFP4", kLegacyBlock, 1 + kLegacyBlock / 2},  // an e8m0 scale byte, 16 bytes of e2m1 pairs
+    // An e8m0 scale byte, then 16 bytes of e2m1 pairs.
+    {GgmlType::kMXFP4, "MXFP4", kLegacyBlock, 1 + kLegacyBlock / 2},
 }};
 }  // namespace
 

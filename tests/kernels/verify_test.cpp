@@ -88,8 +88,10 @@ TEST(Verify, BatchHasSharedPrefixesAndSpansLongerThanTheWindow) {
 
 // Qwen3-Next per TP rank with two speculative tokens: every GDN group runs decode, a speculative
 // verify writing three checkpoints, and a chunked prefill against the reference.
-VerifyReport run_gdn_verify(PlantedFault fault = PlantedFault::kNone, int fault_group = -1) {
+VerifyReport run_gdn_verify(PlantedFault fault = PlantedFault::kNone, int fault_group = -1,
+                            bool chunked_prefill = true) {
   VerifyOptions o;
+  o.chunked_prefill = chunked_prefill;
   o.plan.policy = plan::Policy::kVllm;
   o.plan.backend = backend::Backend::kCpu;
   o.plan.memory_bytes = 64 * kMiB;
@@ -315,6 +317,20 @@ TEST(VerifyPlantedFault, StateSlotOffByOnePageIsCaughtOnThatGroup) {
     if (g.attention_group >= 0) {
       EXPECT_EQ(g.status, GroupStatus::kPass);
     }
+  }
+}
+
+// The verify sweeps run without the chunked-prefill check: a state slot one page off must still
+// be caught there, by the decode step, on its own group only.
+TEST(VerifyPlantedFault, StateSlotOffByOnePageIsCaughtWithoutTheChunkedPrefill) {
+  const VerifyReport clean = run_gdn_verify(PlantedFault::kNone, -1, false);
+  EXPECT_FALSE(clean.mismatch());
+  const int last = recurrent_groups(clean).back()->kv_cache_group;
+  const VerifyReport r = run_gdn_verify(PlantedFault::kStateSlot, last, false);
+  EXPECT_TRUE(r.mismatch());
+  for (const GroupResult* g : recurrent_groups(r)) {
+    EXPECT_EQ(g->status, g->kv_cache_group == last ? GroupStatus::kMismatch : GroupStatus::kPass)
+        << g->kv_cache_group << ": " << g->reason;
   }
 }
 
