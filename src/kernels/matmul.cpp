@@ -187,6 +187,17 @@ HWY_INLINE VF fp16_splat(const std::byte* p) {
 #endif
 }
 
+// x rounded to the nearest fp16 (ties to even) and back: float_to_fp16 and fp16_to_float's bits
+// for every finite and infinite x (F16C's conversions, one instruction each, where the target has
+// them; the scalar pair elsewhere). quantize_x's scales, one per block of 32 activations.
+HWY_INLINE float round_to_fp16(float x) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+  return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+  return fp16_to_float(float_to_fp16(x));
+#endif
+}
+
 // Vectors per block of 32 elements (the block formats need N <= 32, so a vector never leaves its
 // block; every x86 and NEON target has N <= 16).
 constexpr std::int64_t kVecs = kBlock / static_cast<std::int64_t>(hn::MaxLanes(DF()));
@@ -1186,12 +1197,23 @@ void QuantizeBlocksImpl(const float* x, std::int64_t count, std::int8_t* q, floa
       total = hn::Add(total, r);  // small integers: exact in any order
       hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + b * kBlock + k * n);
     }
-    d[b] = fp16_to_float(float_to_fp16(scale));
-    if (s != nullptr) {
-      const float sum = hn::GetLane(hn::SumOfLanes(df, total));
-      s[b] = fp16_to_float(float_to_fp16(scale * sum));
-    }
+    d[b] = round_to_fp16(scale);
+    if (s != nullptr) s[b] = round_to_fp16(scale * hn::GetLane(hn::SumOfLanes(df, total)));
   }
+}
+
+// Whether this target's packed blocksum products read QuantizedX's grouped copy (ptile256: AVX2,
+// and AVX-512 with VNNI off); with VNNI, AVX-512 takes ptile, which reads x's codes from q.
+bool ReadsGroupedXImpl(bool vnni) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return !vnni;
+#elif HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  (void)vnni;
+  return true;
+#else
+  (void)vnni;
+  return false;
+#endif
 }
 
 void DequantizeRowImpl(WeightType type, const std::byte* row, std::int64_t cols, float* out) {
@@ -1246,6 +1268,7 @@ namespace detail {
 
 HWY_EXPORT(MatmulRowsImpl);
 HWY_EXPORT(QuantizeBlocksImpl);
+HWY_EXPORT(ReadsGroupedXImpl);
 HWY_EXPORT(DequantizeRowImpl);
 HWY_EXPORT(FloatLanesImpl);
 HWY_EXPORT(MatmulTargetImpl);
@@ -1441,17 +1464,35 @@ std::int64_t check_product(const WeightView& w, std::int64_t xs, std::size_t ys,
   return n;
 }
 
+// From this many blocks of x (a batch of 16 rows of 576: 288), the pool's workers quantise them
+// in equal shares rather than waiting for the calling thread (~40 ns a block on a Zen 4 core, a
+// region's hand-off 1-2 us). Each block's codes and scales are its own, so the bits are the same.
+constexpr std::int64_t kParallelQuantizeBlocks = 128;
+
 // The block formats' x (QuantizedX) for weights of `type` read in `order`: n rows of cols floats.
 void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int64_t n,
-                std::int64_t cols, bool vnni, bool int8_tiles, detail::QuantizedX& qx) {
+                std::int64_t cols, bool vnni, bool int8_tiles, ThreadPool* pool,
+                detail::QuantizedX& qx) {
   const bool sums = type == WeightType::kQ4_1;
   const bool block_sum = order == ReductionOrder::kBlockSum;
   qx.blocks = cols / 32;
   qx.q.resize(static_cast<std::size_t>(n * cols));
   qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
   qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
-  HWY_DYNAMIC_DISPATCH(detail::QuantizeBlocksImpl)
-  (x, n * qx.blocks, qx.q.data(), qx.d.data(), sums ? qx.s.data() : nullptr);
+  const std::int64_t blocks = n * qx.blocks;
+  const auto quantize = [&](std::int64_t from, std::int64_t to) {
+    HWY_DYNAMIC_DISPATCH(detail::QuantizeBlocksImpl)
+    (x + from * 32, to - from, qx.q.data() + from * 32, qx.d.data() + from,
+     sums ? qx.s.data() + from : nullptr);
+  };
+  if (pool != nullptr && pool->size() > 1 && blocks >= kParallelQuantizeBlocks) {
+    const std::int64_t shares = pool->size();
+    pool->parallel_for(shares, [&](std::int64_t i, int) {
+      quantize(blocks * i / shares, blocks * (i + 1) / shares);
+    });
+  } else {
+    quantize(0, blocks);
+  }
   // The blocksum order of q8_0 / q4_0 also needs each block's sum of codes (q4_1's is in s).
   qx.sum.resize(block_sum && !sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
   for (std::size_t b = 0; b < qx.sum.size(); ++b) {
@@ -1459,9 +1500,9 @@ void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int6
     for (std::size_t e = 0; e < 32; ++e) sum += qx.q[32 * b + e];
     qx.sum[b] = sum;
   }
-  // The AVX2 packed path's grouped copy (see QuantizedX): whenever the order is blocksum, as
-  // tests run that path on AVX-512 machines too (a copy of n cols bytes, small beside W).
-  const bool grouped = block_sum;
+  // The AVX2 packed path's grouped copy (see QuantizedX), where the target the products dispatch
+  // to reads it (tests run that path on AVX-512 machines too, by target or with VNNI off).
+  const bool grouped = block_sum && HWY_DYNAMIC_DISPATCH(detail::ReadsGroupedXImpl)(vnni);
   qx.grouped_q.resize(grouped ? qx.q.size() : 0);
   qx.grouped_d.resize(grouped ? qx.d.size() : 0);
   qx.grouped_s.resize(grouped ? qx.s.size() : 0);
@@ -1619,7 +1660,7 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
                                                : 2) +
                   (order == ReductionOrder::kBlockSum ? 3 : 0);
     if (!done[k]) {
-      quantize_x(type, order, x.data(), n, cols, vnni, int8_tiles_for(type, order, n),
+      quantize_x(type, order, x.data(), n, cols, vnni, int8_tiles_for(type, order, n), pool,
                  quantized[k]);
     }
     done[k] = true;

@@ -145,9 +145,11 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   finish_k(step.positions, angles, k);
   write_kv(step, k, v);
 
-  // The attention metadata of the layer's group. Causal: one query per kernel sequence (its
-  // own position + 1 keys; docs/engine.md, determinism). Non-causal (a DFlash block): each
-  // request's block is one sequence whose every query sees all keys up to the block's end.
+  // The attention metadata of the layer's group: each request's rows are one kernel sequence
+  // of n queries at positions [start, start + n), so a verify's or a prefill chunk's rows read
+  // each K/V tile once. Causal, each row is bit-identical to its own one-query decode (the
+  // kernel tiles a row's keys by its own position: docs/kernels.md, multi-row attention).
+  // Non-causal (a DFlash block): every query sees all keys up to the block's end.
   std::span<std::byte> tensor = tensor_of(step, geometry_);
   std::vector<std::vector<std::int64_t>> pages;
   std::vector<kernels::PagedSequence>& seqs = scratch.seqs;
@@ -157,17 +159,9 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
         geometry_,
         ops::block_ids(s.block_tables.at(static_cast<std::size_t>(geometry_.kv_cache_group)))));
   }
-  std::int64_t row = 0;
   for (std::size_t r = 0; r < step.batch.size(); ++r) {
     const auto n = static_cast<std::int64_t>(step.batch[r].tokens.size());
-    if (!spec_.params.causal) {
-      if (n > 0) seqs.push_back({pages[r], step.batch[r].start + n, n});
-      row += n;
-      continue;
-    }
-    for (std::int64_t i = 0; i < n; ++i, ++row) {
-      seqs.push_back({pages[r], step.positions[static_cast<std::size_t>(row)] + 1, 1});
-    }
+    if (n > 0) seqs.push_back({pages[r], step.batch[r].start + n, n});
   }
   const std::int64_t ow = hq * spec_.head_size_v;
   const std::span<float> attn = reuse(scratch.attn, total, ow);

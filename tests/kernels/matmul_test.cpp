@@ -424,6 +424,42 @@ TEST(WeightMatmul, QuantisesActivationsAsGgmlDoes) {
   for (float v : y) EXPECT_FALSE(std::isfinite(v));
 }
 
+// The activation scale d = amax / 127 rounds to fp16 as float_to_fp16 does on every instruction
+// set (F16C's conversion where the target has it), across fp16's whole range: subnormal scales
+// (amax below 127 x 2^-14), ties between two fp16 values, and overflow to infinity (amax / 127 at
+// or above 65520, whose outputs are then not finite). A q8_0 weight of one unit code picks out
+// d_x x 127 for each of the 327 rows of x, enough blocks that the pool's workers quantise them.
+TEST(WeightMatmul, ActivationScalesRoundToFp16AsTheScalarDoesAtEveryMagnitude) {
+  std::vector<float> amaxes;
+  for (int e = -40; e <= 24; ++e) {
+    for (const float m : {1.0f, 1.0009765625f, 1.00146484375f, 1.5f, 1.999f}) {
+      amaxes.push_back(std::ldexp(m, e));
+    }
+  }
+  amaxes.push_back(65520.0f * 127.0f);
+  amaxes.push_back(std::numeric_limits<float>::max());
+  const auto n = static_cast<std::int64_t>(amaxes.size());
+  std::vector<float> x(static_cast<std::size_t>(n * 32), 0.0f);
+  for (std::int64_t i = 0; i < n; ++i) x[static_cast<std::size_t>(i * 32)] = amaxes[i];
+  std::vector<std::byte> w;
+  put16(w, float_to_fp16(1.0f));
+  for (int e = 0; e < 32; ++e) w.push_back(static_cast<std::byte>(e == 0 ? 1 : 0));
+  ThreadPool pool(2);
+  for_each_simd_target([&](const std::string& simd) {
+    std::vector<float> y(static_cast<std::size_t>(n));
+    matmul({WeightType::kQ8_0, 1, 32, w.data()}, x, y, &pool);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float d = fp16_to_float(float_to_fp16(amaxes[i] / 127.0f));
+      const float got = y[static_cast<std::size_t>(i)];
+      if (std::isinf(d)) {  // an infinite d_x meets the block's zero codes too: inf x 0
+        EXPECT_FALSE(std::isfinite(got)) << simd << ": amax " << amaxes[i];
+      } else {
+        EXPECT_EQ(got, d * 127.0f) << simd << ": amax " << amaxes[i];
+      }
+    }
+  });
+}
+
 // The AMX path (where the CPU has it), beyond the shapes above: x of every magnitude (its three
 // bf16 terms must add back to x exactly, 2^-100 .. 2^100), rows that leave a partial panel of 16,
 // columns that leave a partial step of 32 (600 also makes several column chunks), several
