@@ -12,11 +12,13 @@
 // Issue 14 aims at: decode >= 70% of streaming; weight matmul 1 row >= 80% of streaming, 8 rows
 // <= 1.3x the time of 1 row.
 // Names: BM_Decode/<paged|contiguous>/<dtype>/ctx:<tokens>/threads:<n>, BM_StreamRead/threads:<n>,
+// BM_ComputePeak/<vnni_int8|fma_f32>/threads:<n> (multiply-adds per second: the compute yardstick),
 // BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
 // BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n>,
 // BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for the
 // block formats in the kBlockSum order.
 #include <benchmark/benchmark.h>
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -405,6 +407,95 @@ void run_stream(benchmark::State& state, std::int64_t bytes, int threads) {
   state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+// The compute yardstick beside the memory one: independent chains of the widest multiply-add
+// the CPU has, so a kernel that streams little but multiplies much (a 16-row step of SmolLM2's
+// q4_1 products, a 5-row verify's extra rows) can be put against what the cores can do at all.
+// vpdpbusd (AVX512-VNNI, 64 byte products an instruction) is what the packed block products run;
+// vfmadd on 32-bit floats (16 lanes with AVX-512, 8 with AVX2) what the float paths run.
+// Twelve accumulators: more than the instructions' latency times their issue rate, so neither
+// latency nor a dependency limits the loop. Returns multiply-adds done.
+constexpr std::int64_t kPeakIterations = 1 << 22;
+constexpr int kPeakChains = 12;
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) std::int64_t vnni_peak(std::int32_t seed) {
+  __m512i acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_set1_epi32(seed + c);
+  __m512i x = _mm512_set1_epi8(3);
+  const __m512i w = _mm512_set1_epi8(5);
+  for (std::int64_t i = 0; i < kPeakIterations; ++i) {
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_dpbusd_epi32(acc[c], x, w);
+    asm volatile("" : "+v"(x));  // x "changes": the products are not hoisted out of the loop
+  }
+  __m512i total = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) total = _mm512_add_epi32(total, acc[c]);
+  std::int32_t lanes[16];
+  _mm512_storeu_si512(lanes, total);
+  benchmark::DoNotOptimize(lanes);
+  return kPeakIterations * kPeakChains * 64;
+}
+
+__attribute__((target("avx512f"))) std::int64_t fma_peak_512(float seed) {
+  __m512 acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_set1_ps(seed + static_cast<float>(c));
+  __m512 x = _mm512_set1_ps(1.0001f);
+  const __m512 w = _mm512_set1_ps(0.9999f);
+  for (std::int64_t i = 0; i < kPeakIterations; ++i) {
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, w);
+    asm volatile("" : "+v"(x));
+  }
+  __m512 total = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, total);
+  benchmark::DoNotOptimize(lanes);
+  return kPeakIterations * kPeakChains * 16;
+}
+
+__attribute__((target("avx2,fma"))) std::int64_t fma_peak_256(float seed) {
+  __m256 acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm256_set1_ps(seed + static_cast<float>(c));
+  __m256 x = _mm256_set1_ps(1.0001f);
+  const __m256 w = _mm256_set1_ps(0.9999f);
+  for (std::int64_t i = 0; i < kPeakIterations; ++i) {
+    for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], x, w);
+    asm volatile("" : "+x"(x));
+  }
+  __m256 total = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) total = _mm256_add_ps(total, acc[c]);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, total);
+  benchmark::DoNotOptimize(lanes);
+  return kPeakIterations * kPeakChains * 8;
+}
+
+void run_compute_peak(benchmark::State& state, bool vnni, int threads) {
+  if (vnni ? !__builtin_cpu_supports("avx512vnni")
+           : !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
+    state.SkipWithError(vnni ? "this CPU has no AVX512-VNNI" : "this CPU has no AVX2 and FMA");
+    return;
+  }
+  const int lanes = __builtin_cpu_supports("avx512f") ? 16 : 8;
+  std::vector<std::int64_t> macs(static_cast<std::size_t>(threads));
+  const auto spin = [&](std::int64_t part, int) {
+    const auto seed = static_cast<std::int32_t>(part);
+    macs[static_cast<std::size_t>(part)] = vnni          ? vnni_peak(seed)
+                                           : lanes == 16 ? fma_peak_512(static_cast<float>(seed))
+                                                         : fma_peak_256(static_cast<float>(seed));
+  };
+  std::int64_t total = 0;
+  for (auto _ : state) {
+    if (ThreadPool* pool = pool_of(threads)) {
+      pool->parallel_for(threads, spin);
+    } else {
+      spin(0, 0);
+    }
+    total += std::accumulate(macs.begin(), macs.end(), std::int64_t{0});
+  }
+  state.counters["macs_per_second"] =
+      benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsRate);
+  state.SetLabel(vnni ? "vpdpbusd zmm" : lanes == 16 ? "vfmadd zmm" : "vfmadd ymm");
+}
+
 const bool registered = [] {
   std::vector<int> thread_counts = {1};
   const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -415,6 +506,13 @@ const bool registered = [] {
                                  [t](benchmark::State& s) { run_stream(s, kBeyondCaches, t); })
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
+    for (const bool vnni : {true, false}) {
+      benchmark::RegisterBenchmark(
+          ((vnni ? "BM_ComputePeak/vnni_int8" : "BM_ComputePeak/fma_f32") + th).c_str(),
+          [=](benchmark::State& s) { run_compute_peak(s, vnni, t); })
+          ->Unit(benchmark::kMillisecond)
+          ->UseRealTime();
+    }
     for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {
       for (std::int64_t ctx : {1024, 2048, 8192, 32768}) {
         for (bool paged : {false, true}) {
