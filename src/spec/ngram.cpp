@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "mixkv/core/error.hpp"
 
@@ -58,7 +59,10 @@ std::span<const double> NgramDrafter::confidence(std::size_t request) const {
   return it == pending_.end() ? std::span<const double>{} : it->second.confidence;
 }
 
-void NgramDrafter::forget(std::size_t request) { pending_.erase(request); }
+void NgramDrafter::forget(std::size_t request) {
+  pending_.erase(request);
+  anchors_.erase(request);
+}
 
 // Every draft of the last proposal whose token is now known is an outcome, verified or not
 // (greedy verification accepts exactly the tokens that follow): the estimates learn from drafts
@@ -140,6 +144,27 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
   if (resume >= 0 && (best_end < 0 || estimate(0, 0) > estimate(bucket(best_len), 0))) {
     best_end = resume;
     best_len = 0;
+  }
+  if (best_len >= min_n_) {
+    anchors_[ctx.request] = {best_end, size};
+  } else if (const auto a = anchors_.find(ctx.request); a != anchors_.end()) {
+    // No match of min_n tokens (or only a resumed copy): an edit may have inserted or dropped
+    // a few tokens. The text's last token near the place the copy had reached, the nearest
+    // occurrence (the earlier on a tie), resumes it there.
+    const std::int64_t reached = a->second.source + (size - a->second.size);
+    std::int64_t found = -1;
+    for (std::int64_t end = std::max<std::int64_t>(1, reached - kResyncBefore);
+         end <= std::min(size - 1, reached + kResyncAfter); ++end) {
+      if (token(end - 1) == token(size - 1) &&
+          (found < 0 || std::abs(end - reached) < std::abs(found - reached))) {
+        found = end;
+      }
+    }
+    if (found >= 0) {
+      best_end = found;
+      best_len = 0;
+      a->second = {found, size};
+    }
   }
   if (best_end < 0) return {};
 

@@ -76,6 +76,39 @@ TEST(NgramDrafter, ResumesACopyAfterAOneTokenEdit) {
   EXPECT_TRUE(c.propose(at(chance), 2).empty());
 }
 
+TEST(NgramDrafter, ResumesACopyWhereAnEditInsertedOrDroppedTokens) {
+  const Tokens prompt = {10, 11, 12, 13, 14, 15, 16, 17, 1};
+  // 13 rewritten as two tokens (a corrected spelling that tokenizes longer): "97 98" occurs
+  // nowhere, and once the copy goes on with 14 no two tokens match; 14 lies just after the
+  // place the copy had reached, so the copy resumes after it.
+  Tokens text = prompt;
+  text.insert(text.end(), {10, 11, 12});
+  NgramDrafter d;
+  EXPECT_EQ(d.propose(at(text), 3), (Tokens{13, 14, 15}));
+  text.insert(text.end(), {97, 98});
+  EXPECT_TRUE(d.propose(at(text), 3).empty());
+  text.push_back(14);
+  EXPECT_EQ(d.propose(at(text), 3), (Tokens{15, 16, 17}));
+  EXPECT_TRUE(NgramDrafter().propose(at(text), 3).empty());  // no copy to resume
+
+  // 13 dropped: the copy resumes after 14, one token before the place it had reached.
+  Tokens dropped = prompt;
+  dropped.insert(dropped.end(), {10, 11, 12});
+  NgramDrafter e;
+  EXPECT_EQ(e.propose(at(dropped), 3), (Tokens{13, 14, 15}));
+  dropped.push_back(14);
+  EXPECT_EQ(e.propose(at(dropped), 3), (Tokens{15, 16, 17}));
+  // Another request has no copy of its own to resume.
+  EXPECT_TRUE(e.propose(at(dropped, 1), 3).empty());
+
+  // An occurrence further than kResyncAfter past that place is not taken for the copy's.
+  Tokens far = {10, 11, 12, 13, 3, 4, 5, 6, 7, 8, 0, 9, 2, 2, 14, 15, 1, 10, 11, 12};
+  NgramDrafter f;
+  EXPECT_EQ(f.propose(at(far), 2), (Tokens{13, 3}));
+  far.insert(far.end(), {97, 14});
+  EXPECT_TRUE(f.propose(at(far), 2).empty());
+}
+
 TEST(NgramDrafter, EstimatesLearnFromTheTokensThatFollowedItsProposals) {
   NgramDrafter d;
   // Each draft's estimate is the drafter's for its match length and position.

@@ -2,8 +2,9 @@
 // over the prompt and the generated text, find the earlier occurrence that matches the longest
 // suffix of the tokens (at least min_n, at most max_n; the most recent among equally long ones)
 // and propose what followed it, read on through its own proposal so a repeating cycle yields k
-// tokens. A copy in progress is followed across steps, and across a one-token edit (a renamed
-// variable, a corrected word). Each draft comes with the drafter's own estimate that it is
+// tokens. A copy in progress is followed across steps, across a one-token edit (a renamed
+// variable), and across an edit that inserted or dropped a few tokens (a corrected spelling that
+// tokenizes longer), where the text's last token reappears near the place the copy had reached. Each draft comes with the drafter's own estimate that it is
 // accepted, learned from how its earlier proposals fared against the tokens that followed, by
 // the length of the match it extends: the scheduler verifies only the drafts that pay.
 #pragma once
@@ -26,10 +27,16 @@ inline constexpr int kNgramMaxMatch = 32;
 class NgramDrafter final : public Drafter {
  public:
   // The estimates are kept by the length of the proposal's match, 0 (a proposal that resumes a
-  // copy after a one-token edit) to kLengths - 1 (and longer), and by the draft's position in
-  // the proposal (kPositions - 1 and later share one).
+  // copy after an edit) to kLengths - 1 (and longer), and by the draft's position in the
+  // proposal (kPositions - 1 and later share one).
   static constexpr int kLengths = 8;
   static constexpr int kPositions = 4;
+  // Where a copy is looked for again after an edit, relative to the place it had reached: from
+  // kResyncBefore tokens before it (the edit dropped tokens) to kResyncAfter after (it inserted
+  // them). Measured on SmolLM2's answers (docs/spec.md): a narrower window finds fewer of the
+  // spelling corrections, a wider one more chance matches.
+  static constexpr int kResyncBefore = 2;
+  static constexpr int kResyncAfter = 8;
 
   NgramDrafter(int min_n = kNgramMinMatch, int max_n = kNgramMaxMatch);
   std::string name() const override { return "ngram"; }
@@ -51,10 +58,17 @@ class NgramDrafter final : public Drafter {
     std::vector<TokenId> drafts;
     std::vector<double> confidence;
   };
+  // The place a request's last copy had reached: tokens[source] lined up with the end of a text
+  // of `size` tokens, so tokens[source + n] with the end of one n tokens longer.
+  struct Anchor {
+    std::int64_t source = 0;
+    std::int64_t size = 0;
+  };
   void score(const Pending& p, std::span<const TokenId> tokens);
   int min_n_;
   int max_n_;
   std::unordered_map<std::size_t, Pending> pending_;
+  std::unordered_map<std::size_t, Anchor> anchors_;
   std::array<std::array<double, kPositions>, kLengths> hits_{};
   std::array<std::array<double, kPositions>, kLengths> trials_{};
 };
