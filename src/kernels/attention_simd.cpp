@@ -600,8 +600,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   // tile's rows from L1 that way too (converting the tile into scratch first cost 10-15% more at
   // 5 rows over 8k bf16 tokens); fp8's widening is dearer (~11 micro-ops per 32 codes), so its
   // queries share one conversion into scratch, as do odd head sizes, which need padding.
-  const bool widens_cheaply = p.dtype == DType::kFloat32 || p.dtype == DType::kBfloat16 ||
-                              p.dtype == DType::kFloat16;
+  const bool widens_cheaply =
+      p.dtype == DType::kFloat32 || p.dtype == DType::kBfloat16 || p.dtype == DType::kFloat16;
   const bool in_registers = (nq == 1 || widens_cheaply) && d % n == 0 && dv % n == 0;
   const float* sinks = params.sinks ? call.sinks : nullptr;
 
