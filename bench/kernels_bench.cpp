@@ -15,6 +15,7 @@
 // BM_ComputePeak/<vnni_int8|fma_f32>/threads:<n> (multiply-adds per second: the compute yardstick),
 // BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
 // BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n>,
+// BM_DecodeBatch/<dtype>/requests:<n>/ctx:<tokens>/threads:<n> (short contexts, many requests),
 // BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for the
 // block formats in the kBlockSum order.
 #include <benchmark/benchmark.h>
@@ -174,6 +175,38 @@ void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool
                           element_bytes(dtype));
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(state.iterations() * context), benchmark::Counter::kIsRate);
+  state.SetLabel(simd_target());
+}
+
+// A decode batch: `requests` requests of `context` tokens each, one query row apiece, in one
+// call (a serving step's attention). Each request owns its share of the fixture's shuffled pages,
+// so at short contexts a task is a few pages long and its first tile's latency is not hidden
+// behind a long stream. Bytes/s counts every request's K and V once per call.
+void run_decode_batch(benchmark::State& state, DType dtype, std::int64_t requests,
+                      std::int64_t context, int threads) {
+  const CacheFixture& f = cache_of(dtype, requests * context, true);
+  const std::int64_t pages = context / kPageTokens;
+  std::vector<PagedSequence> batch;
+  for (std::int64_t r = 0; r < requests; ++r) {
+    batch.push_back(
+        {std::span<const std::int64_t>(f.pages).subspan(static_cast<std::size_t>(r * pages),
+                                                        static_cast<std::size_t>(pages)),
+         context, 1});
+  }
+  const std::vector<float> queries =
+      random_floats(static_cast<std::size_t>(requests * kQHeads * kHead), 2);
+  std::vector<float> out(queries.size());
+  AttentionInputs inputs{f.copy(0), batch, queries, {}, {}};
+  inputs.pool = pool_of(threads);
+  std::int64_t call = 0;
+  for (auto _ : state) {
+    inputs.cache = f.copy(std::getenv("HOT") ? 0 : call++);
+    paged_attention(f.spec, f.layer, inputs, out);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * requests * context * 2 * kKvHeads * kHead *
+                          element_bytes(dtype));
   state.SetLabel(simd_target());
 }
 
@@ -524,6 +557,16 @@ const bool registered = [] {
               ->Unit(benchmark::kMicrosecond)
               ->UseRealTime();
         }
+      }
+    }
+    for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {
+      for (std::int64_t ctx : {128, 512}) {
+        const std::string name = "BM_DecodeBatch/" + std::string(to_string(dtype)) +
+                                 "/requests:16/ctx:" + std::to_string(ctx) + th;
+        benchmark::RegisterBenchmark(
+            name.c_str(), [=](benchmark::State& s) { run_decode_batch(s, dtype, 16, ctx, t); })
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
       }
     }
     for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {

@@ -11,13 +11,13 @@
 
 #include "kernels/attention_amx.hpp"
 #include "kernels/element_load.hpp"
+#include "kernels/prefetch.hpp"
 #include "mixkv/kernels/convert.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers after foreach_target.h, as its documentation requires.
-#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 // The cache element decoding shared with the matrix products (per target).
@@ -356,8 +356,8 @@ struct NextRows {
   HWY_INLINE void more(std::int64_t r) { upto(done + r); }
   HWY_INLINE void upto(std::int64_t r) {
     for (; done < std::min(r, rows); ++done) {
-      for (std::int64_t i = 0; i < k_bytes; i += 64) hwy::Prefetch(k + done * k_stride + i);
-      for (std::int64_t i = 0; i < v_bytes; i += 64) hwy::Prefetch(v + done * v_stride + i);
+      for (std::int64_t i = 0; i < k_bytes; i += 64) prefetch_l2(k + done * k_stride + i);
+      for (std::int64_t i = 0; i < v_bytes; i += 64) prefetch_l2(v + done * v_stride + i);
     }
   }
 };

@@ -20,13 +20,13 @@
 #include <vector>
 
 #include "kernels/element_load.hpp"
+#include "kernels/prefetch.hpp"
 #include "mixkv/kernels/convert.hpp"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // Highway's headers after foreach_target.h, as its documentation requires.
-#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 
 #include "kernels/simd_decode-inl.h"
@@ -287,7 +287,7 @@ void decode_cols(const std::byte* row, std::int64_t c0, std::int64_t c1, float* 
 // Asks for W's bytes [offset, offset + bytes), clipped to the weight (never past its end).
 HWY_INLINE void prefetch_w(const MatmulCall& c, std::int64_t offset, std::int64_t bytes) {
   const std::int64_t end = std::min(offset + bytes, c.rows * c.row_bytes);
-  for (std::int64_t o = offset; o < end; o += 64) hwy::Prefetch(c.w + o);
+  for (std::int64_t o = offset; o < end; o += 64) prefetch_l2(c.w + o);
 }
 
 // kX rows of x (from row i0) against kW rows of W (from row r0), W decoded in registers; the
@@ -594,7 +594,7 @@ HWY_NOINLINE void qtile(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
     [[maybe_unused]] float mw[kW];
     for (int r = 0; r < kW; ++r) {
       const std::byte* block = wr[r] + b * kBlockBytes<kT>;
-      hwy::Prefetch(block + kPrefetch);
+      prefetch_l2(block + kPrefetch);
       w[r] = block_codes<kT>(block);
       if constexpr (kT == WeightType::kQ4_1) {
         std::uint32_t dm;
@@ -686,8 +686,8 @@ MIXKV_VNNI_ATTR HWY_NOINLINE void qtile_vnni(const MatmulCall& c, std::int64_t r
     for (int p = 0; p < kP; ++p) {
       const std::byte* b0 = c.w + (r0 + 2 * p) * c.row_bytes + b * kBB;
       const std::byte* b1 = b0 + c.row_bytes;
-      hwy::Prefetch(b0 + kPrefetch);
-      hwy::Prefetch(b1 + kPrefetch);
+      prefetch_l2(b0 + kPrefetch);
+      prefetch_l2(b1 + kPrefetch);
       if constexpr (kT == WeightType::kQ8_0) {
         const __m256i lo = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2))),
@@ -822,8 +822,8 @@ MIXKV_VNNI_ATTR HWY_NOINLINE void ptile(const MatmulCall& c, std::int64_t p0, st
     for (int g = 0; g < kG; ++g) {
       const std::byte* blk = pw[g] + b * kF.header;
       const std::byte* codes = pc[g] + b * kF.codes;
-      for (std::int64_t o = 0; o < kF.codes; o += 64) hwy::Prefetch(codes + kAhead + o);
-      hwy::Prefetch(blk + kAhead / 8);
+      for (std::int64_t o = 0; o < kF.codes; o += 64) prefetch_l2(codes + kAhead + o);
+      prefetch_l2(blk + kAhead / 8);
       dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
       if constexpr (kT == WeightType::kQ4_1)
         mw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
@@ -961,8 +961,8 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
   for (std::int64_t b = 0; b < blocks; ++b) {
     const std::byte* codes = pc + b * kF.codes;
     const std::byte* scales = pw + b * kF.header;
-    for (std::int64_t o = 0; o < kF.codes; o += 64) hwy::Prefetch(codes + kAhead + o);
-    hwy::Prefetch(scales + kAhead / 8);
+    for (std::int64_t o = 0; o < kF.codes; o += 64) prefetch_l2(codes + kAhead + o);
+    prefetch_l2(scales + kAhead / 8);
     const std::int8_t* xb = xq + b * kX * kBlock;
     const auto x4 = [&](int i, std::int64_t e) {  // x row i's codes e .. e + 3 of block b
       std::int32_t v;
