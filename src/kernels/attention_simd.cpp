@@ -346,9 +346,10 @@ void accumulate_heads(float* const* o, const bool* rescale, const float* c, cons
   }
 }
 
-// The next tile's K and V rows of one KV head, asked for a few rows at a time while this tile's
-// scores are computed (upto), the rest after them: asked for all at once (64 lines for a head of
-// 128 in fp8), they filled the line-fill buffers and the core stalled on the prefetches.
+// The next tile's K and V rows of one KV head, asked for into L2 (prefetch_l2) a few rows at a
+// time while this tile's scores are computed (upto), the rest after them: asked for all at once
+// (64 lines for a head of 128 in fp8), they filled the line-fill buffers and the core stalled on
+// the prefetches.
 struct NextRows {
   const std::byte* k = nullptr;
   const std::byte* v = nullptr;
