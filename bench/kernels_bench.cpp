@@ -155,14 +155,16 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
   return out;
 }
 
-// One decode query over the whole context. Bytes/s counts the K and V bytes read per call.
-void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool paged,
-                int threads) {
-  const CacheFixture& f = cache_of(dtype, context, paged);
-  const std::vector<PagedSequence> batch = {{f.pages, context, 1}};
-  const std::vector<float> query = random_floats(kQHeads * kHead, 2);
-  std::vector<float> out(kQHeads * kHead);
-  AttentionInputs inputs{f.copy(0), batch, query, {}, {}};
+// Times paged_attention over `batch` with random query rows (seeded by `seed`), each call on the
+// next copy of the fixture's cache; the label is the dispatched target.
+void time_attention(benchmark::State& state, const CacheFixture& f,
+                    std::span<const PagedSequence> batch, std::uint64_t seed, int threads) {
+  std::int64_t rows = 0;
+  for (const PagedSequence& seq : batch) rows += seq.num_queries;
+  const std::vector<float> queries =
+      random_floats(static_cast<std::size_t>(rows * kQHeads * kHead), seed);
+  std::vector<float> out(queries.size());
+  AttentionInputs inputs{f.copy(0), batch, queries, {}, {}};
   inputs.pool = pool_of(threads);
   std::int64_t call = 0;
   for (auto _ : state) {
@@ -171,11 +173,23 @@ void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * context * 2 * kKvHeads * kHead *
-                          element_bytes(dtype));
+  state.SetLabel(simd_target());
+}
+
+// K and V bytes of `tokens` cached tokens of the benchmark layer.
+std::int64_t kv_bytes(DType dtype, std::int64_t tokens) {
+  return tokens * 2 * kKvHeads * kHead * element_bytes(dtype);
+}
+
+// One decode query over the whole context. Bytes/s counts the K and V bytes read per call.
+void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool paged,
+                int threads) {
+  const CacheFixture& f = cache_of(dtype, context, paged);
+  const std::vector<PagedSequence> batch = {{f.pages, context, 1}};
+  time_attention(state, f, batch, 2, threads);
+  state.SetBytesProcessed(state.iterations() * kv_bytes(dtype, context));
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(state.iterations() * context), benchmark::Counter::kIsRate);
-  state.SetLabel(simd_target());
 }
 
 // A decode batch: `requests` requests of `context` tokens each, one query row apiece, in one
@@ -185,29 +199,12 @@ void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool
 void run_decode_batch(benchmark::State& state, DType dtype, std::int64_t requests,
                       std::int64_t context, int threads) {
   const CacheFixture& f = cache_of(dtype, requests * context, true);
-  const std::int64_t pages = context / kPageTokens;
+  const auto pages = static_cast<std::size_t>(context / kPageTokens);
   std::vector<PagedSequence> batch;
-  for (std::int64_t r = 0; r < requests; ++r) {
-    batch.push_back(
-        {std::span<const std::int64_t>(f.pages).subspan(static_cast<std::size_t>(r * pages),
-                                                        static_cast<std::size_t>(pages)),
-         context, 1});
-  }
-  const std::vector<float> queries =
-      random_floats(static_cast<std::size_t>(requests * kQHeads * kHead), 2);
-  std::vector<float> out(queries.size());
-  AttentionInputs inputs{f.copy(0), batch, queries, {}, {}};
-  inputs.pool = pool_of(threads);
-  std::int64_t call = 0;
-  for (auto _ : state) {
-    inputs.cache = f.copy(call++);
-    paged_attention(f.spec, f.layer, inputs, out);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * requests * context * 2 * kKvHeads * kHead *
-                          element_bytes(dtype));
-  state.SetLabel(simd_target());
+  for (std::size_t r = 0; r < static_cast<std::size_t>(requests); ++r)
+    batch.push_back({std::span<const std::int64_t>(f.pages).subspan(r * pages, pages), context, 1});
+  time_attention(state, f, batch, 2, threads);
+  state.SetBytesProcessed(state.iterations() * kv_bytes(dtype, requests * context));
 }
 
 // A speculative verify: the last `rows` positions of one request of `context` tokens (causal
@@ -217,21 +214,8 @@ void run_multi_row(benchmark::State& state, DType dtype, std::int64_t rows, std:
                    int threads) {
   const CacheFixture& f = cache_of(dtype, context, true);
   const std::vector<PagedSequence> batch = {{f.pages, context, rows}};
-  const std::vector<float> queries =
-      random_floats(static_cast<std::size_t>(rows * kQHeads * kHead), 2);
-  std::vector<float> out(queries.size());
-  AttentionInputs inputs{f.copy(0), batch, queries, {}, {}};
-  inputs.pool = pool_of(threads);
-  std::int64_t call = 0;
-  for (auto _ : state) {
-    inputs.cache = f.copy(call++);
-    paged_attention(f.spec, f.layer, inputs, out);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * context * 2 * kKvHeads * kHead *
-                          element_bytes(dtype));
-  state.SetLabel(simd_target());
+  time_attention(state, f, batch, 2, threads);
+  state.SetBytesProcessed(state.iterations() * kv_bytes(dtype, context));
 }
 
 // Causal prefill of `tokens` queries over themselves (kv_len == tokens). FLOPs: for each query
@@ -239,23 +223,11 @@ void run_multi_row(benchmark::State& state, DType dtype, std::int64_t rows, std:
 void run_prefill(benchmark::State& state, DType dtype, std::int64_t tokens, int threads) {
   const CacheFixture& f = cache_of(dtype, tokens, true);
   const std::vector<PagedSequence> batch = {{f.pages, tokens, tokens}};
-  const std::vector<float> queries =
-      random_floats(static_cast<std::size_t>(tokens * kQHeads * kHead), 4);
-  std::vector<float> out(queries.size());
-  AttentionInputs inputs{f.copy(0), batch, queries, {}, {}};
-  inputs.pool = pool_of(threads);
-  std::int64_t call = 0;
-  for (auto _ : state) {
-    inputs.cache = f.copy(call++);
-    paged_attention(f.spec, f.layer, inputs, out);
-    benchmark::DoNotOptimize(out.data());
-    benchmark::ClobberMemory();
-  }
+  time_attention(state, f, batch, 4, threads);
   const double visible = static_cast<double>(tokens) * static_cast<double>(tokens + 1) / 2;
   const double flops = visible * kQHeads * 2.0 * (kHead + kHead);
   state.counters["flop_per_s"] = benchmark::Counter(flops * static_cast<double>(state.iterations()),
                                                     benchmark::Counter::kIsRate);
-  state.SetLabel(simd_target());
 }
 
 // f32 matmul of n x n by n x n, 2 n^3 FLOPs.
