@@ -109,6 +109,46 @@ constexpr int panel_factor(WeightType t) {
   return t == WeightType::kQ8_0 ? -128 : t == WeightType::kQ4_0 ? -8 : 0;
 }
 
+// The software prefetch of a tile of kG packed panels (consecutive in memory, each its headers
+// then its codes, all read front to back together): per block of the tile, one block's lines of
+// each panel, about 8 KiB ahead in all (fewer panels, each further ahead: the memory's latency
+// needs that much in flight at every row count). A position past its panel's end is asked for
+// in the same panel of the next tile, where the stream goes on. (Counted within the panel alone,
+// a tile of short panels, SmolLM2's 576 columns of 18 blocks, asked again for lines it was
+// already loading, and the next tile's first lines came unasked: docs/kernels.md.)
+template <PanelFormat kF, int kG>
+class PanelPrefetch {
+ public:
+  explicit PanelPrefetch(std::int64_t blocks) : stride_(kG * kF.bytes(blocks)), blocks_(blocks) {
+    block_ = kAheadBlocks;
+    while (block_ >= blocks_) {
+      block_ -= blocks_;
+      skip_ += stride_;
+    }
+  }
+  // The lines ahead of the current block of the tile's panel that starts at `panel`.
+  void ask(const std::byte* panel) const {
+    const std::byte* base = panel + skip_;
+    prefetch_l2(base + block_ * kF.header);
+    const std::byte* codes = base + kF.codes_at(blocks_, block_);
+    for (std::int64_t o = 0; o < kF.codes; o += 64) prefetch_l2(codes + o);
+  }
+  // On to the next block.
+  void next() {
+    if (++block_ == blocks_) {
+      block_ = 0;
+      skip_ += stride_;
+    }
+  }
+
+ private:
+  static constexpr std::int64_t kAheadBlocks = std::max<std::int64_t>(1, 8192 / kG / kF.codes);
+  std::int64_t stride_;  // bytes from a panel to the same panel of the next tile
+  std::int64_t blocks_;
+  std::int64_t block_ = 0;  // the block asked for, within its panel
+  std::int64_t skip_ = 0;   // bytes from the tile's panel to the one holding it
+};
+
 // Everything one matmul call fixes; checked before any task runs.
 struct MatmulCall {
   WeightType type = WeightType::kFloat32;
@@ -811,23 +851,18 @@ MIXKV_VNNI_ATTR HWY_NOINLINE void ptile(const MatmulCall& c, std::int64_t p0, st
 #pragma GCC unroll 4
     for (int g = 0; g < kG; ++g) y[i][g] = _mm512_setzero_ps();
   const __m512i low4 = _mm512_set1_epi8(15);
-  // Bytes ahead of the loads that each panel is asked for: about 8 KiB in flight whatever the
-  // panels per tile (fewer panels, each further ahead), which the memory's latency needs to be
-  // covered at every row count (2 KiB per panel left a 5-row tile, one panel, stalled on its
-  // loads).
-  constexpr std::int64_t kAhead = 8192 / kG;
+  PanelPrefetch<kF, kG> ahead(blocks);
   for (std::int64_t b = 0; b < blocks; ++b) {
     __m512 dw[kG];
     [[maybe_unused]] __m512 mw[kG];
     for (int g = 0; g < kG; ++g) {
       const std::byte* blk = pw[g] + b * kF.header;
-      const std::byte* codes = pc[g] + b * kF.codes;
-      for (std::int64_t o = 0; o < kF.codes; o += 64) prefetch_l2(codes + kAhead + o);
-      prefetch_l2(blk + kAhead / 8);
+      ahead.ask(pw[g]);
       dw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk)));
       if constexpr (kT == WeightType::kQ4_1)
         mw[g] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 32)));
     }
+    ahead.next();
     __m512i sums[kX][kG];
     for (int i = 0; i < kX; ++i) {
       const __m512i start =
@@ -957,12 +992,11 @@ HWY_NOINLINE void ptile256(const MatmulCall& c, std::int64_t p, std::int64_t i0,
       kT != WeightType::kQ4_1 ? qx.grouped_sum.data() + i0 * blocks : nullptr;
   for (int i = 0; i < kX * 2; ++i) _mm256_store_ps(acc + 8 * i, _mm256_setzero_ps());
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
-  constexpr std::int64_t kAhead = 8192;  // bytes ahead, as ptile's (one panel per tile)
-  for (std::int64_t b = 0; b < blocks; ++b) {
+  PanelPrefetch<kF, 1> ahead(blocks);  // one panel per tile
+  for (std::int64_t b = 0; b < blocks; ++b, ahead.next()) {
     const std::byte* codes = pc + b * kF.codes;
     const std::byte* scales = pw + b * kF.header;
-    for (std::int64_t o = 0; o < kF.codes; o += 64) prefetch_l2(codes + kAhead + o);
-    prefetch_l2(scales + kAhead / 8);
+    ahead.ask(pw);
     const std::int8_t* xb = xq + b * kX * kBlock;
     const auto x4 = [&](int i, std::int64_t e) {  // x row i's codes e .. e + 3 of block b
       std::int32_t v;
