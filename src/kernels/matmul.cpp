@@ -119,6 +119,7 @@ constexpr int panel_factor(WeightType t) {
 template <PanelFormat kF, int kG>
 class PanelPrefetch {
  public:
+  // blocks >= 1 (check_shape refuses empty rows).
   explicit PanelPrefetch(std::int64_t blocks) : stride_(kG * kF.bytes(blocks)), blocks_(blocks) {
     block_ = kAheadBlocks;
     while (block_ >= blocks_) {
