@@ -17,7 +17,8 @@
 // BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n>,
 // BM_DecodeBatch/<dtype>/requests:<n>/ctx:<tokens>/threads:<n> (short contexts, many requests),
 // BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for the
-// block formats in the kBlockSum order.
+// block formats in the kBlockSum order (also over SmolLM2's 1536 x 576 up projection:
+// BM_WeightMatmul/<dtype>_blocksum/1536x576/rows:<r>/threads:<n>).
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -335,15 +336,22 @@ void run_weight_matmul(benchmark::State& state, WeightType type, std::int64_t ro
 
 // The same in the kBlockSum order (BM_WeightMatmul/<dtype>_blocksum/...): every copy of W packed
 // once (pack_weight, as a runner does at load) where this CPU's path reads the packed layout.
+// W is 4096 x 14336 unless `out` x `in` is given (BM_WeightMatmul/<dtype>_blocksum/<out>x<in>/...:
+// SmolLM2's up projection, whose short rows make 18-block panels).
 void run_weight_matmul_blocksum(benchmark::State& state, WeightType type, std::int64_t rows,
-                                int threads) {
-  constexpr std::int64_t kOut = 4096, kIn = 14336;
+                                int threads, std::int64_t out = 4096, std::int64_t in = 14336) {
+  const std::int64_t kOut = out, kIn = in;
   const WeightFixture& f = weight_of(type, kOut, kIn);
-  static std::map<WeightType, std::vector<PackedWeight>> packed;
-  std::vector<PackedWeight>& copies = packed[type];
-  if (copies.empty() && matmul_reads_packed(type)) {
-    for (std::int64_t c = 0; c < f.copies; ++c)
-      copies.push_back(pack_weight({type, kOut, kIn, f.data.data() + c * f.bytes}));
+  // The packed copies of the fixture's weight (one shape at a time, as weight_of keeps).
+  static std::tuple<WeightType, std::int64_t, std::int64_t> packed_shape;
+  static std::vector<PackedWeight> copies;
+  if (packed_shape != std::tuple{type, kOut, kIn}) {
+    copies.clear();
+    packed_shape = {type, kOut, kIn};
+    if (matmul_reads_packed(type)) {
+      for (std::int64_t c = 0; c < f.copies; ++c)
+        copies.push_back(pack_weight({type, kOut, kIn, f.data.data() + c * f.bytes}));
+    }
   }
   const std::vector<float> x = random_floats(static_cast<std::size_t>(rows * kIn), 8);
   std::vector<float> y(static_cast<std::size_t>(rows * kOut));
@@ -581,6 +589,17 @@ const bool registered = [] {
                 .c_str(),
             [=](benchmark::State& s) { run_weight_matmul_blocksum(s, type, rows, t); })
             ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+    for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_1}) {
+      for (std::int64_t rows : {1, 2, 3, 5, 8, 16}) {
+        benchmark::RegisterBenchmark(
+            ("BM_WeightMatmul/" + std::string(to_string(type)) +
+             "_blocksum/1536x576/rows:" + std::to_string(rows) + th)
+                .c_str(),
+            [=](benchmark::State& s) { run_weight_matmul_blocksum(s, type, rows, t, 1536, 576); })
+            ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }
     }
