@@ -340,24 +340,23 @@ void run_weight_matmul(benchmark::State& state, WeightType type, std::int64_t ro
 // SmolLM2's up projection, whose short rows make 18-block panels).
 void run_weight_matmul_blocksum(benchmark::State& state, WeightType type, std::int64_t rows,
                                 int threads, std::int64_t out = 4096, std::int64_t in = 14336) {
-  const std::int64_t kOut = out, kIn = in;
-  const WeightFixture& f = weight_of(type, kOut, kIn);
+  const WeightFixture& f = weight_of(type, out, in);
   // The packed copies of the fixture's weight (one shape at a time, as weight_of keeps).
   static std::tuple<WeightType, std::int64_t, std::int64_t> packed_shape;
   static std::vector<PackedWeight> copies;
-  if (packed_shape != std::tuple{type, kOut, kIn}) {
+  if (packed_shape != std::tuple{type, out, in}) {
     copies.clear();
-    packed_shape = {type, kOut, kIn};
+    packed_shape = {type, out, in};
     if (matmul_reads_packed(type)) {
       for (std::int64_t c = 0; c < f.copies; ++c)
-        copies.push_back(pack_weight({type, kOut, kIn, f.data.data() + c * f.bytes}));
+        copies.push_back(pack_weight({type, out, in, f.data.data() + c * f.bytes}));
     }
   }
-  const std::vector<float> x = random_floats(static_cast<std::size_t>(rows * kIn), 8);
-  std::vector<float> y(static_cast<std::size_t>(rows * kOut));
+  const std::vector<float> x = random_floats(static_cast<std::size_t>(rows * in), 8);
+  std::vector<float> y(static_cast<std::size_t>(rows * out));
   std::int64_t copy = 0;
   for (auto _ : state) {
-    WeightView w{type, kOut, kIn, f.data.data() + copy * f.bytes, ReductionOrder::kBlockSum};
+    WeightView w{type, out, in, f.data.data() + copy * f.bytes, ReductionOrder::kBlockSum};
     if (!copies.empty()) w.packed = copies[static_cast<std::size_t>(copy)].data();
     matmul(w, x, y, pool_of(threads));
     copy = (copy + 1) % f.copies;
