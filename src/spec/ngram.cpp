@@ -123,6 +123,14 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
     pending_.erase(it);
   }
 
+  // An occurrence followed by a stop token ends a message (the prompt's quoted code, then the
+  // chat's end of turn): an answer that repeats its last words goes on instead, as one that
+  // opens a code block repeats the prompt's opening fence, not its closing one.
+  const auto ends_message = [&](std::int64_t end) {
+    return std::find(ctx.stop_tokens.begin(), ctx.stop_tokens.end(), token(end)) !=
+           ctx.stop_tokens.end();
+  };
+
   // Every earlier occurrence of the text's end, latest first: the longest match wins, a later
   // one on a tie, and the followed span on a tie with it (a copy in progress is not dropped for
   // a recent repeat of the same words).
@@ -130,7 +138,7 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
   std::int64_t best_len = 0;
   for (std::int64_t end = size - 1; end >= min_n_; --end) {
     const std::int64_t len = match(end);
-    if (len >= min_n_ && len > best_len) {
+    if (len >= min_n_ && len > best_len && !ends_message(end)) {
       best_len = len;
       best_end = end;
       if (len == max_n_) break;
@@ -164,6 +172,23 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
       best_end = found;
       best_len = 0;
       a->second = {found, size};
+    }
+  }
+  if (best_end < 0 && min_n_ > 1) {
+    // Nothing else: a last token that occurred once before (an identifier, a rare word) is
+    // seldom chance, unlike a common one; its continuation, at the one-token estimates.
+    std::int64_t once = -1;
+    for (std::int64_t end = size - 1; end >= 1; --end) {
+      if (token(end - 1) != token(size - 1)) continue;
+      if (once >= 0) {
+        once = -1;
+        break;
+      }
+      once = end;
+    }
+    if (once >= 0 && !ends_message(once)) {
+      best_end = once;
+      best_len = 1;
     }
   }
   if (best_end < 0) return {};

@@ -19,8 +19,10 @@ DraftContext at(const Tokens& tokens, std::size_t request = 0) {
 TEST(NgramDrafter, CopiesTheLongestMatchTheLatestOnTiesUpToMaxN) {
   const Tokens tokens = {1, 2, 3, 1, 2};
   EXPECT_EQ(NgramDrafter(1, 3).propose(at(tokens), 3), (Tokens{3, 1, 2}));
-  // The default lookup wants 2 matching tokens: one is chance on new text.
-  EXPECT_TRUE(NgramDrafter().propose(at({4, 5, 6, 4}), 3).empty());
+  // The default lookup wants 2 matching tokens: one is chance on new text, unless the token
+  // occurred once before (an identifier, not " the").
+  EXPECT_TRUE(NgramDrafter().propose(at({4, 5, 4, 6, 4}), 3).empty());
+  EXPECT_EQ(NgramDrafter().propose(at({4, 5, 6, 4}), 3), (Tokens{5, 6, 4}));
   EXPECT_EQ(NgramDrafter().propose(at({4, 5, 6, 4, 5}), 3), (Tokens{6, 4, 5}));
   // A cycle is read on through the proposal itself; never more than the scheduler verifies.
   const Tokens cycle = {4, 1, 2, 3, 1, 2, 3};
@@ -77,7 +79,8 @@ TEST(NgramDrafter, ResumesACopyAfterAOneTokenEdit) {
 }
 
 TEST(NgramDrafter, ResumesACopyWhereAnEditInsertedOrDroppedTokens) {
-  const Tokens prompt = {10, 11, 12, 13, 14, 15, 16, 17, 1};
+  // 14 occurs twice, so that a token seen once does not find the copy on its own.
+  const Tokens prompt = {14, 2, 10, 11, 12, 13, 14, 15, 16, 17, 1};
   // 13 rewritten as two tokens (a corrected spelling that tokenizes longer): "97 98" occurs
   // nowhere, and once the copy goes on with 14 no two tokens match; 14 lies just after the
   // place the copy had reached, so the copy resumes after it.
@@ -102,11 +105,31 @@ TEST(NgramDrafter, ResumesACopyWhereAnEditInsertedOrDroppedTokens) {
   EXPECT_TRUE(e.propose(at(dropped, 1), 3).empty());
 
   // An occurrence further than kResyncAfter past that place is not taken for the copy's.
-  Tokens far = {10, 11, 12, 13, 3, 4, 5, 6, 7, 8, 0, 9, 2, 2, 14, 15, 1, 10, 11, 12};
+  Tokens far = {14, 10, 11, 12, 13, 3, 4, 5, 6, 7, 8, 0, 9, 2, 2, 14, 15, 1, 10, 11, 12};
   NgramDrafter f;
   EXPECT_EQ(f.propose(at(far), 2), (Tokens{13, 3}));
   far.insert(far.end(), {97, 14});
   EXPECT_TRUE(f.propose(at(far), 2).empty());
+}
+
+TEST(NgramDrafter, PassesOverAnOccurrenceThatEndsAMessage) {
+  // A prompt quoting code between fences (7 opens it, 5 6 the code, 7 closes it, then the end
+  // of turn 0), and an answer that opens its own fence: "1 7" occurs twice, and the latest is
+  // followed by the end of turn. The answer goes on as after the opening fence.
+  const Tokens text = {1, 7, 5, 6, 1, 7, 0, 9, 1, 7};
+  const Tokens stops = {0};
+  DraftContext ctx = at(text);
+  EXPECT_EQ(NgramDrafter().propose(ctx, 3), (Tokens{0, 9, 1}));  // not told what ends a turn
+  ctx.stop_tokens = stops;
+  EXPECT_EQ(NgramDrafter().propose(ctx, 3), (Tokens{5, 6, 1}));
+  // Nor is a token seen once copied into the end of a turn.
+  const Tokens once = {3, 4, 5, 0, 4};
+  DraftContext c = at(once);
+  EXPECT_EQ(NgramDrafter().propose(c, 2), (Tokens{5, 0}));
+  const Tokens ended = {3, 5, 4, 0, 4};
+  DraftContext e = at(ended);
+  e.stop_tokens = stops;
+  EXPECT_TRUE(NgramDrafter().propose(e, 2).empty());
 }
 
 TEST(NgramDrafter, EstimatesLearnFromTheTokensThatFollowedItsProposals) {

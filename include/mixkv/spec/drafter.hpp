@@ -25,6 +25,9 @@ struct DraftContext {
   // The most drafts the scheduler will verify for it this step (its adaptive draft length, the
   // tokens left to generate): a drafter that pays per draft stops there; more are cut off.
   int max_drafts = std::numeric_limits<int>::max();
+  // The tokens that end the request (end of turn, end of text, stop ids): a draft past one of
+  // them could never be used.
+  std::span<const TokenId> stop_tokens = {};
 };
 
 // What the target computed for one request in a step, shown to the drafter before the manager

@@ -1,8 +1,9 @@
 // Prompt lookup (n-gram) drafting, as vLLM's "ngram" method and llama.cpp's lookup decoding:
 // over the prompt and the generated text, find the earlier occurrence that matches the longest
-// suffix of the tokens (at least min_n, at most max_n; the most recent among equally long ones)
-// and propose what followed it, read on through its own proposal so a repeating cycle yields k
-// tokens. A copy in progress is followed across steps, across a one-token edit (a renamed
+// suffix of the tokens (at least min_n, at most max_n; the most recent among equally long ones,
+// passing over one followed by a stop token: the end of a quoted message) and propose what
+// followed it, read on through its own proposal so a repeating cycle yields k tokens; with no
+// such match, a last token that occurred once before proposes what followed it. A copy in progress is followed across steps, across a one-token edit (a renamed
 // variable), and across an edit that inserted or dropped a few tokens (a corrected spelling that
 // tokenizes longer), where the text's last token reappears near the place the copy had reached.
 // Each draft comes with the drafter's own estimate that it is accepted, learned from how its
@@ -20,8 +21,10 @@ namespace mixkv::spec {
 
 // Default match lengths. A one-token match (" the") is chance on new text, right about one time
 // in six on SmolLM2's answers, and proposing it often displaced a longer match's resumption; from
-// two tokens on the estimates (below) decide what is worth verifying. Longer matches win over
-// shorter ones (a copy in progress beats a phrase that recurs), up to kNgramMaxMatch.
+// two tokens on the estimates (below) decide what is worth verifying. Only where nothing longer
+// (nor a copy to resume) is found does a token seen exactly once before count (a name, a number:
+// rarely chance), at the one-token estimates. Longer matches win over shorter ones (a copy in
+// progress beats a phrase that recurs), up to kNgramMaxMatch.
 inline constexpr int kNgramMinMatch = 2;
 inline constexpr int kNgramMaxMatch = 32;
 
