@@ -417,14 +417,14 @@ void Block::run(const Step& step, std::vector<float>& x, std::vector<float>& nor
   // split across the pool when there are enough of them; each row's bits are its own.
   const auto rows = [&](const std::vector<float>* out_norm, const std::vector<float>* next_norm) {
     ops::for_chunks(step.pool, total, kRowGrain, [&](std::int64_t from, std::int64_t to) {
-      for (std::int64_t t = from; t < to; ++t) {
-        float* xt = x.data() + t * h;
-        if (out_norm != nullptr) {
-          float* mt = tmp.data() + t * h;
-          if (!out_norm->empty()) ops::rms_norm(mt, *out_norm, h, eps, mt);
-          for (std::int64_t i = 0; i < h; ++i) xt[i] += mt[i];
-        }
-        if (next_norm != nullptr) ops::rms_norm(xt, *next_norm, h, eps, normed.data() + t * h);
+      float* xs = x.data() + from * h;
+      if (out_norm != nullptr) {
+        float* ms = tmp.data() + from * h;
+        if (!out_norm->empty()) ops::rms_norm_rows(ms, to - from, *out_norm, h, eps, ms);
+        for (std::int64_t i = 0; i < (to - from) * h; ++i) xs[i] += ms[i];
+      }
+      if (next_norm != nullptr) {
+        ops::rms_norm_rows(xs, to - from, *next_norm, h, eps, normed.data() + from * h);
       }
     });
   };

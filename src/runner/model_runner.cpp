@@ -509,8 +509,9 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
   std::vector<float> normed(static_cast<std::size_t>(total * h));
   for (std::int64_t t = 0; t < total; ++t) {
     const std::int64_t from = rows != nullptr ? (*rows)[static_cast<std::size_t>(t)] : t;
-    ops::rms_norm(x.data() + from * h, norm, h, eps, normed.data() + t * h);
+    std::copy_n(x.data() + from * h, h, normed.data() + t * h);
   }
+  ops::rms_norm_rows(normed.data(), total, norm, h, eps, normed.data());
   ForwardOutput out;
   // The LM head overwrites every value: only values past the spare buffer's size are zeroed.
   out.logits = std::exchange(spare_logits_, {});

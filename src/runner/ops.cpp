@@ -45,12 +45,62 @@ void for_chunks(kernels::ThreadPool* pool, std::int64_t n, std::int64_t grain,
 // double; their mean rounded to float; then 1 / sqrt(mean + eps) in float, x times it, times the
 // weight. The block-format products quantise their input, so a last-bit difference here moves
 // codes there; matching llama.cpp's bits keeps those codes the same.
-void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y) {
-  double ss = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
+namespace {
+
+// y = x / rms(x) * w, given x's sum of squares.
+void rms_scale(const float* x, double ss, std::span<const float> w, std::int64_t n, double eps,
+               float* y) {
   const auto mean = static_cast<float>(ss / static_cast<double>(n));
   const float inv = 1.0f / std::sqrt(mean + static_cast<float>(eps));
   for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[static_cast<std::size_t>(i)];
+}
+
+double sum_of_squares(const float* x, std::int64_t n) {
+  double ss = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
+  return ss;
+}
+
+}  // namespace
+
+void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y) {
+  rms_scale(x, sum_of_squares(x, n), w, n, eps, y);
+}
+
+namespace {
+
+// rms_norm of kRows consecutive rows, their sums side by side: each is still one add after
+// another over its row (the bits of rms_norm), but a row's chain of dependent double adds (~4
+// cycles each, ~1 us for 576) no longer waits for the previous row's.
+template <int kRows>
+void rms_norm_group(const float* x, std::span<const float> w, std::int64_t n, double eps,
+                    float* y) {
+  double ss[kRows] = {};
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (int r = 0; r < kRows; ++r) {
+      const float v = x[r * n + i];
+      ss[r] += static_cast<double>(v * v);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) rms_scale(x + r * n, ss[r], w, n, eps, y + r * n);
+}
+
+}  // namespace
+
+void rms_norm_rows(const float* x, std::int64_t rows, std::span<const float> w, std::int64_t n,
+                   double eps, float* y) {
+  std::int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) rms_norm_group<4>(x + r * n, w, n, eps, y + r * n);
+  switch (rows - r) {
+    case 3:
+      return rms_norm_group<3>(x + r * n, w, n, eps, y + r * n);
+    case 2:
+      return rms_norm_group<2>(x + r * n, w, n, eps, y + r * n);
+    case 1:
+      return rms_norm(x + r * n, w, n, eps, y + r * n);
+    default:
+      return;
+  }
 }
 
 void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w,

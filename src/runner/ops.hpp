@@ -55,6 +55,10 @@ void matmul_many(std::initializer_list<Projection> projections, const float* x, 
 void for_chunks(kernels::ThreadPool* pool, std::int64_t n, std::int64_t grain,
                 const std::function<void(std::int64_t, std::int64_t)>& fn);
 void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y);
+// rms_norm of `rows` consecutive rows of n (y may be x): each row's bits as rms_norm's, several
+// rows' sums computed side by side.
+void rms_norm_rows(const float* x, std::int64_t rows, std::span<const float> w, std::int64_t n,
+                   double eps, float* y);
 // RMSNorm of each `d`-wide head of `v` with the same weights (Qwen3's q_norm and k_norm).
 void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w, double eps);
 // Rotary embedding in three forms. kHalves: the rotate-half (GPT-NeoX / HF Llama) form, dimension
