@@ -1199,6 +1199,82 @@ void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
   }
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// Sixteen vectors of per-lane partials (vector g: block g's) to one vector whose lane g is the
+// reduction of vector g's lanes by `op`: a max, or an add of small integers held as floats, both
+// exact in any order. Halves, then 128-bit quarters, then lanes are combined pairwise (30
+// shuffles for the 16, against ~8 instructions a vector for one at a time).
+template <class Op>
+HWY_INLINE __m512 reduce_lanes16(const __m512* v, Op op) {
+  __m512 h[8], qr[4], p[2];
+  for (int i = 0; i < 8; ++i) {  // [a's 8 | b's 8]
+    h[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {  // quarters: blocks 4i .. 4i + 3, 4 lanes each
+    qr[i] = op(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+               _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {  // inside each quarter: lanes (0, 2) and (1, 3) of two vectors
+    p[i] = op(_mm512_unpacklo_ps(qr[2 * i], qr[2 * i + 1]),
+              _mm512_unpackhi_ps(qr[2 * i], qr[2 * i + 1]));
+  }
+  const __m512 lanes = op(
+      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]))),
+      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]))));
+  // Lane 4k + j now holds vector 4j + k's reduction: back to lane g for vector g.
+  const __m512i order =
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, lanes);
+}
+
+// QuantizeBlocksImpl for 16 blocks of finite values (false, having written nothing, if one is
+// not): the blocks' maxima and code sums reduced together, the scales divided and rounded to
+// fp16 as vectors. Each block's values are quantize_block's.
+HWY_INLINE bool quantize_16_blocks(const float* x, std::int8_t* q, float* d, float* s) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::int8_t, DF> d8;
+  __m512 part[16];
+  auto finite = hn::Eq(hn::Zero(df), hn::Zero(df));
+  for (int g = 0; g < 16; ++g) {
+    const VF lo = hn::LoadU(df, x + 32 * g);
+    const VF hi = hn::LoadU(df, x + 32 * g + 16);
+    finite = hn::And(finite, hn::And(hn::IsFinite(lo), hn::IsFinite(hi)));
+    part[g] = hn::Max(hn::Abs(lo), hn::Abs(hi)).raw;
+  }
+  if (!hn::AllTrue(df, finite)) return false;
+  const VF amax{reduce_lanes16(part, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); })};
+  const VF scale = hn::Div(amax, hn::Set(df, 127.0f));
+  const VF inverse = hn::IfThenZeroElse(hn::Eq(amax, hn::Zero(df)),
+                                        hn::Div(hn::Set(df, 127.0f), amax));
+  alignas(64) float inv[16];
+  hn::Store(inverse, df, inv);
+  for (int g = 0; g < 16; ++g) {
+    const VF by = hn::Set(df, inv[g]);
+    VF total = hn::Zero(df);
+    for (int k = 0; k < 2; ++k) {
+      const VF r = hn::Min(hn::Max(hn::Round(hn::Mul(hn::LoadU(df, x + 32 * g + 16 * k), by)),
+                                   hn::Set(df, -127.0f)),
+                           hn::Set(df, 127.0f));
+      total = hn::Add(total, r);
+      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + 32 * g + 16 * k);
+    }
+    part[g] = total.raw;
+  }
+  const auto fp16 = [](__m512 v) {
+    return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  };
+  _mm512_storeu_ps(d, fp16(scale.raw));
+  if (s != nullptr) {
+    const __m512 sums =
+        reduce_lanes16(part, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+    _mm512_storeu_ps(s, fp16(_mm512_mul_ps(scale.raw, sums)));
+  }
+  return true;
+}
+#endif
+
 // quantize_block over `count` consecutive blocks of 32, in vectors: the same operations (the
 // block's absolute maximum, amax / 127 and 127 / amax in float, x * (127 / amax) rounded to the
 // nearest integer with ties to even, clamped) on each element, so the same codes and scales; a
@@ -1208,7 +1284,14 @@ void QuantizeBlocksImpl(const float* x, std::int64_t count, std::int8_t* q, floa
   const hn::RebindToSigned<DF> di;
   const hn::Rebind<std::int8_t, DF> d8;
   constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DF()));
-  for (std::int64_t b = 0; b < count; ++b) {
+  std::int64_t b = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  for (; b + 16 <= count; b += 16) {
+    if (!quantize_16_blocks(x + b * kBlock, q + b * kBlock, d + b, s != nullptr ? s + b : nullptr))
+      break;
+  }
+#endif
+  for (; b < count; ++b) {
     const float* xb = x + b * kBlock;
     VF v[kVecs];
     for (std::int64_t k = 0; k < kVecs; ++k) v[k] = hn::LoadU(df, xb + k * n);

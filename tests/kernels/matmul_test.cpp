@@ -424,6 +424,65 @@ TEST(WeightMatmul, QuantisesActivationsAsGgmlDoes) {
   for (float v : y) EXPECT_FALSE(std::isfinite(v));
 }
 
+// Rows of x long enough that blocks are quantised sixteen at a time where the target does
+// (AVX-512): each block's codes and scale are still its own, beside blocks of zeros, and a
+// non-finite block among the sixteen spoils only its own row of x (whose every output meets
+// its NaN scale), not the other row's blocks in its group. A q8_0 weight whose row c picks
+// column c gives y = d_x * code exactly.
+TEST(WeightMatmul, QuantisesBlocksTogetherAsOneAtATime) {
+  constexpr std::int64_t kCols = 640;  // 20 blocks a row: groups of 16 and a remainder
+  constexpr std::int64_t kRows = 3;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  std::vector<float> x(static_cast<std::size_t>(kRows * kCols));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t block = i / 32;
+    x[i] = block % 7 == 3 ? 0.0f : std::ldexp(value(rng), exponent(rng) / 4 + int(block % 5) - 2);
+  }
+  std::vector<std::byte> w;
+  for (std::int64_t r = 0; r < kCols; ++r) {
+    put16(w, float_to_fp16(1.0f));
+    for (std::int64_t e = 0; e < 32; ++e)
+      w.push_back(static_cast<std::byte>(r % 32 == e ? 1 : 0));
+    for (std::int64_t b = 1; b < kCols / 32; ++b) {
+      put16(w, float_to_fp16(1.0f));
+      for (int e = 0; e < 32; ++e) w.push_back(std::byte{0});
+    }
+  }
+  // Row r's only nonzero code sits in block 0 at r % 32: move it to block r / 32.
+  const std::int64_t row_bytes = weight_bytes(WeightType::kQ8_0, 1, kCols);
+  for (std::int64_t r = 0; r < kCols; ++r) {
+    std::byte* row = w.data() + r * row_bytes;
+    row[2 + r % 32] = std::byte{0};
+    row[(r / 32) * 34 + 2 + r % 32] = std::byte{1};
+  }
+  const auto check = [&](std::int64_t bad_block) {
+    std::vector<float> y(static_cast<std::size_t>(kRows * kCols));
+    for_each_simd_target([&](const std::string& simd) {
+      matmul({WeightType::kQ8_0, kCols, kCols, w.data()}, x, y);
+      for (std::int64_t t = 0; t < kRows; ++t) {
+        for (std::int64_t b = 0; b < kCols / 32; ++b) {
+          const float* xb = x.data() + t * kCols + b * 32;
+          const XBlock ref = reference_quantize(xb);
+          for (std::int64_t e = 0; e < 32; ++e) {
+            const float got = y[static_cast<std::size_t>(t * kCols + b * 32 + e)];
+            if (bad_block >= 0 && t == bad_block / (kCols / 32)) {  // its row's d_x: NaN x 0
+              EXPECT_FALSE(std::isfinite(got)) << simd;
+            } else {
+              EXPECT_EQ(got, static_cast<float>(ref.d * ref.q[e]))
+                  << simd << ": row " << t << ", block " << b << ", element " << e;
+            }
+          }
+        }
+      }
+    });
+  };
+  check(-1);
+  x[static_cast<std::size_t>(kCols + 5 * 32 + 9)] = std::numeric_limits<float>::quiet_NaN();
+  check(kCols / 32 + 5);  // x's block 25, in the group of blocks 16-31 (rows 0 and 1)
+}
+
 // The activation scale d = amax / 127 rounds to fp16 as float_to_fp16 does on every instruction
 // set (F16C's conversion where the target has it), across fp16's whole range: subnormal scales
 // (amax below 127 x 2^-14), ties between two fp16 values, and overflow to infinity (amax / 127 at
