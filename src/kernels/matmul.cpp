@@ -1219,12 +1219,11 @@ HWY_INLINE __m512 reduce_lanes16(const __m512* v, Op op) {
     p[i] = op(_mm512_unpacklo_ps(qr[2 * i], qr[2 * i + 1]),
               _mm512_unpackhi_ps(qr[2 * i], qr[2 * i + 1]));
   }
-  const __m512 lanes = op(
-      _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]))),
-      _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]))));
+  const __m512 lanes =
+      op(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]))),
+         _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(p[0]), _mm512_castps_pd(p[1]))));
   // Lane 4k + j now holds vector 4j + k's reduction: back to lane g for vector g.
-  const __m512i order =
-      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, lanes);
 }
 
@@ -1246,17 +1245,17 @@ HWY_INLINE bool quantize_16_blocks(const float* x, std::int8_t* q, float* d, flo
   if (!hn::AllTrue(df, finite)) return false;
   const VF amax{reduce_lanes16(part, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); })};
   const VF scale = hn::Div(amax, hn::Set(df, 127.0f));
-  const VF inverse = hn::IfThenZeroElse(hn::Eq(amax, hn::Zero(df)),
-                                        hn::Div(hn::Set(df, 127.0f), amax));
+  const VF inverse =
+      hn::IfThenZeroElse(hn::Eq(amax, hn::Zero(df)), hn::Div(hn::Set(df, 127.0f), amax));
   alignas(64) float inv[16];
   hn::Store(inverse, df, inv);
   for (int g = 0; g < 16; ++g) {
     const VF by = hn::Set(df, inv[g]);
     VF total = hn::Zero(df);
     for (int k = 0; k < 2; ++k) {
-      const VF r = hn::Min(hn::Max(hn::Round(hn::Mul(hn::LoadU(df, x + 32 * g + 16 * k), by)),
-                                   hn::Set(df, -127.0f)),
-                           hn::Set(df, 127.0f));
+      const VF r = hn::Min(
+          hn::Max(hn::Round(hn::Mul(hn::LoadU(df, x + 32 * g + 16 * k), by)), hn::Set(df, -127.0f)),
+          hn::Set(df, 127.0f));
       total = hn::Add(total, r);
       hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + 32 * g + 16 * k);
     }

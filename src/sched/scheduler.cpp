@@ -399,8 +399,8 @@ void Scheduler::step(Model& model, spec::Drafter* drafter) {
       fixed_rows += r.prefilling ? std::ssize(batch[j].tokens) : 1;
       if (r.prefilling) continue;
       limits.push_back(draft_limit(r));
-      ctxs.push_back({batch[j].request, r.tokens, r.computed, batch[j].block_tables,
-                      limits.back(), r.stop_tokens});
+      ctxs.push_back({batch[j].request, r.tokens, r.computed, batch[j].block_tables, limits.back(),
+                      r.stop_tokens});
     }
     const bool adaptive = options_.adaptive_draft && !ctxs.empty();
     const bool free = drafter->drafts_for_free();

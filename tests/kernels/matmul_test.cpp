@@ -443,8 +443,7 @@ TEST(WeightMatmul, QuantisesBlocksTogetherAsOneAtATime) {
   std::vector<std::byte> w;
   for (std::int64_t r = 0; r < kCols; ++r) {
     put16(w, float_to_fp16(1.0f));
-    for (std::int64_t e = 0; e < 32; ++e)
-      w.push_back(static_cast<std::byte>(r % 32 == e ? 1 : 0));
+    for (std::int64_t e = 0; e < 32; ++e) w.push_back(static_cast<std::byte>(r % 32 == e ? 1 : 0));
     for (std::int64_t b = 1; b < kCols / 32; ++b) {
       put16(w, float_to_fp16(1.0f));
       for (int e = 0; e < 32; ++e) w.push_back(std::byte{0});
