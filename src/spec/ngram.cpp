@@ -175,19 +175,22 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
     }
   }
   if (best_end < 0 && min_n_ > 1) {
-    // Nothing else: a last token that occurred once before (an identifier, a rare word) is
-    // seldom chance, unlike a common one; its continuation, at the one-token estimates.
-    std::int64_t once = -1;
-    for (std::int64_t end = size - 1; end >= 1; --end) {
+    // Nothing else: a last token whose every earlier occurrence went on with the same token (an
+    // identifier seen once, a name always followed by its call's parenthesis; not " the", which
+    // goes on every way) is seldom chance: what followed its latest occurrence, at the one-token
+    // estimates.
+    std::int64_t latest = -1;
+    bool agree = true;
+    for (std::int64_t end = size - 1; end >= 1 && agree; --end) {
       if (token(end - 1) != token(size - 1)) continue;
-      if (once >= 0) {
-        once = -1;
-        break;
+      if (latest < 0) {
+        latest = end;
+      } else {
+        agree = token(end) == token(latest);
       }
-      once = end;
     }
-    if (once >= 0 && !ends_message(once)) {
-      best_end = once;
+    if (latest >= 0 && agree && !ends_message(latest)) {
+      best_end = latest;
       best_len = 1;
     }
   }

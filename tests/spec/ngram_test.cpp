@@ -19,10 +19,12 @@ DraftContext at(const Tokens& tokens, std::size_t request = 0) {
 TEST(NgramDrafter, CopiesTheLongestMatchTheLatestOnTiesUpToMaxN) {
   const Tokens tokens = {1, 2, 3, 1, 2};
   EXPECT_EQ(NgramDrafter(1, 3).propose(at(tokens), 3), (Tokens{3, 1, 2}));
-  // The default lookup wants 2 matching tokens: one is chance on new text, unless the token
-  // occurred once before (an identifier, not " the").
+  // The default lookup wants 2 matching tokens: one is chance on new text, unless every
+  // earlier occurrence of the token went on the same way (seen once, or always before the same
+  // token: an identifier, not " the"); then the latest occurrence's continuation.
   EXPECT_TRUE(NgramDrafter().propose(at({4, 5, 4, 6, 4}), 3).empty());
   EXPECT_EQ(NgramDrafter().propose(at({4, 5, 6, 4}), 3), (Tokens{5, 6, 4}));
+  EXPECT_EQ(NgramDrafter().propose(at({4, 5, 7, 4, 5, 8, 4}), 3), (Tokens{5, 8, 4}));
   EXPECT_EQ(NgramDrafter().propose(at({4, 5, 6, 4, 5}), 3), (Tokens{6, 4, 5}));
   // A cycle is read on through the proposal itself; never more than the scheduler verifies.
   const Tokens cycle = {4, 1, 2, 3, 1, 2, 3};

@@ -3,7 +3,8 @@
 // suffix of the tokens (at least min_n, at most max_n; the most recent among equally long ones,
 // passing over one followed by a stop token: the end of a quoted message) and propose what
 // followed it, read on through its own proposal so a repeating cycle yields k tokens; with no
-// such match, a last token that occurred once before proposes what followed it. A copy in
+// such match, a last token whose earlier occurrences all went on alike (one seen once, say)
+// proposes what followed the latest. A copy in
 // progress is followed across steps, across a one-token edit (a renamed variable), and across an
 // edit that inserted or dropped a few tokens (a corrected spelling that tokenizes longer), where
 // the text's last token reappears near the place the copy had reached.
@@ -23,9 +24,10 @@ namespace mixkv::spec {
 // Default match lengths. A one-token match (" the") is chance on new text, right about one time
 // in six on SmolLM2's answers, and proposing it often displaced a longer match's resumption; from
 // two tokens on the estimates (below) decide what is worth verifying. Only where nothing longer
-// (nor a copy to resume) is found does a token seen exactly once before count (a name, a number:
-// rarely chance), at the one-token estimates. Longer matches win over shorter ones (a copy in
-// progress beats a phrase that recurs), up to kNgramMaxMatch.
+// (nor a copy to resume) is found does one token count, and only one whose every earlier
+// occurrence went on with the same token (a name seen once, a number: rarely chance), at the
+// one-token estimates. Longer matches win over shorter ones (a copy in progress beats a phrase
+// that recurs), up to kNgramMaxMatch.
 inline constexpr int kNgramMinMatch = 2;
 inline constexpr int kNgramMaxMatch = 32;
 
