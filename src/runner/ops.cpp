@@ -41,10 +41,6 @@ void for_chunks(kernels::ThreadPool* pool, std::int64_t n, std::int64_t grain,
                      [&](std::int64_t c, int) { fn(c * n / chunks, (c + 1) * n / chunks); });
 }
 
-// ggml's steps (ggml_compute_forward_rms_norm_f32): the squares, rounded to float, summed in
-// double; their mean rounded to float; then 1 / sqrt(mean + eps) in float, x times it, times the
-// weight. The block-format products quantise their input, so a last-bit difference here moves
-// codes there; matching llama.cpp's bits keeps those codes the same.
 namespace {
 
 // y = x / rms(x) * w, given x's sum of squares.
@@ -54,20 +50,6 @@ void rms_scale(const float* x, double ss, std::span<const float> w, std::int64_t
   const float inv = 1.0f / std::sqrt(mean + static_cast<float>(eps));
   for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * inv * w[static_cast<std::size_t>(i)];
 }
-
-double sum_of_squares(const float* x, std::int64_t n) {
-  double ss = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) ss += static_cast<double>(x[i] * x[i]);
-  return ss;
-}
-
-}  // namespace
-
-void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y) {
-  rms_scale(x, sum_of_squares(x, n), w, n, eps, y);
-}
-
-namespace {
 
 // rms_norm of kRows consecutive rows, their sums side by side: each is still one add after
 // another over its row (the bits of rms_norm), but a row's chain of dependent double adds (~4
@@ -87,6 +69,14 @@ void rms_norm_group(const float* x, std::span<const float> w, std::int64_t n, do
 
 }  // namespace
 
+// ggml's steps (ggml_compute_forward_rms_norm_f32): the squares, rounded to float, summed in
+// double; their mean rounded to float; then 1 / sqrt(mean + eps) in float, x times it, times the
+// weight. The block-format products quantise their input, so a last-bit difference here moves
+// codes there; matching llama.cpp's bits keeps those codes the same.
+void rms_norm(const float* x, std::span<const float> w, std::int64_t n, double eps, float* y) {
+  rms_norm_group<1>(x, w, n, eps, y);
+}
+
 void rms_norm_rows(const float* x, std::int64_t rows, std::span<const float> w, std::int64_t n,
                    double eps, float* y) {
   std::int64_t r = 0;
@@ -97,7 +87,7 @@ void rms_norm_rows(const float* x, std::int64_t rows, std::span<const float> w, 
     case 2:
       return rms_norm_group<2>(x + r * n, w, n, eps, y + r * n);
     case 1:
-      return rms_norm(x + r * n, w, n, eps, y + r * n);
+      return rms_norm_group<1>(x + r * n, w, n, eps, y + r * n);
     default:
       return;
   }

@@ -1,9 +1,10 @@
 // The runner's row operations that batch rows for speed give each row the bits of the one-row
-// operation.
+// operation, and those are ggml's steps.
 #include "runner/ops.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -25,7 +26,20 @@ TEST(RmsNormRows, EachRowHasTheBitsOfItsOwnRmsNorm) {
     for (float& v : x) v = std::ldexp(value(rng), exponent(rng));
     std::vector<float> expected(x.size()), got(x.size());
     for (std::int64_t r = 0; r < rows; ++r) {
-      ops::rms_norm(x.data() + r * kWidth, w, kWidth, 1e-5, expected.data() + r * kWidth);
+      // ggml's steps, one row at a time: squares in float, summed in double in order.
+      const float* xr = x.data() + r * kWidth;
+      double ss = 0.0;
+      for (std::int64_t i = 0; i < kWidth; ++i) ss += static_cast<double>(xr[i] * xr[i]);
+      const auto mean = static_cast<float>(ss / static_cast<double>(kWidth));
+      const float inv = 1.0f / std::sqrt(mean + static_cast<float>(1e-5));
+      for (std::int64_t i = 0; i < kWidth; ++i) {
+        expected[static_cast<std::size_t>(r * kWidth + i)] =
+            xr[i] * inv * w[static_cast<std::size_t>(i)];
+      }
+      std::vector<float> one(static_cast<std::size_t>(kWidth));
+      ops::rms_norm(xr, w, kWidth, 1e-5, one.data());
+      EXPECT_EQ(std::memcmp(one.data(), expected.data() + r * kWidth, one.size() * sizeof(float)),
+                0);
     }
     ops::rms_norm_rows(x.data(), rows, w, kWidth, 1e-5, got.data());
     EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0)

@@ -4,10 +4,10 @@
 // passing over one followed by a stop token: the end of a quoted message) and propose what
 // followed it, read on through its own proposal so a repeating cycle yields k tokens; with no
 // such match, a last token whose earlier occurrences all went on alike (one seen once, say)
-// proposes what followed the latest. A copy in
-// progress is followed across steps, across a one-token edit (a renamed variable), and across an
-// edit that inserted or dropped a few tokens (a corrected spelling that tokenizes longer), where
-// the text's last token reappears near the place the copy had reached.
+// proposes what followed the latest. A copy in progress is followed across steps, across a
+// one-token edit (a renamed variable), and across an edit that inserted or dropped a few tokens
+// (a corrected spelling that tokenizes longer), where the text's last token reappears near the
+// place the copy had reached.
 // Each draft comes with the drafter's own estimate that it is accepted, learned from how its
 // earlier proposals fared against the tokens that followed, by the length of the match it
 // extends: the scheduler verifies only the drafts that pay.
