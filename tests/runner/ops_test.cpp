@@ -20,7 +20,8 @@ TEST(RmsNormRows, EachRowHasTheBitsOfItsOwnRmsNorm) {
   std::uniform_int_distribution<int> exponent(-20, 20);
   std::vector<float> w(kWidth);
   for (float& v : w) v = value(rng);
-  // Magnitudes spread over 2^-20 .. 2^20, so a row's double sum rounds, and its order shows.
+  // Magnitudes spread over 2^-20 .. 2^20, rows unlike each other (a sum or scale taken from the
+  // wrong row shows; the double sum's order rarely reaches the float mean).
   for (std::int64_t rows : {1, 2, 3, 4, 5, 7, 8, 9, 16}) {
     std::vector<float> x(static_cast<std::size_t>(rows * kWidth));
     for (float& v : x) v = std::ldexp(value(rng), exponent(rng));
