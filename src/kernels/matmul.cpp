@@ -1199,6 +1199,46 @@ void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
   }
 }
 
+// x's codes of one block of 32 (at xb): x * inverse rounded to the nearest integer (ties to
+// even), clamped to [-127, 127], stored as int8 at q; returns their per-lane sums (small
+// integers: exact in any order).
+HWY_INLINE VF block_codes(const float* xb, VF inverse, std::int8_t* q) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<std::int8_t, DF> d8;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DF()));
+  VF total = hn::Zero(df);
+  for (std::int64_t k = 0; k < kVecs; ++k) {
+    const VF r = hn::Min(
+        hn::Max(hn::Round(hn::Mul(hn::LoadU(df, xb + k * n), inverse)), hn::Set(df, -127.0f)),
+        hn::Set(df, 127.0f));
+    total = hn::Add(total, r);
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + k * n);
+  }
+  return total;
+}
+
+// quantize_block for one block, in vectors: the same operations (the block's absolute maximum,
+// amax / 127 and 127 / amax in float, block_codes) on each element, so the same codes and
+// scales; a block holding a non-finite value takes quantize_block itself.
+HWY_INLINE void quantize_one_block(const float* xb, std::int8_t* q, float* d, float* s) {
+  const DF df;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DF()));
+  auto finite = hn::IsFinite(hn::LoadU(df, xb));
+  VF top = hn::Abs(hn::LoadU(df, xb));
+  for (std::int64_t k = 1; k < kVecs; ++k) {
+    const VF v = hn::LoadU(df, xb + k * n);
+    finite = hn::And(finite, hn::IsFinite(v));
+    top = hn::Max(top, hn::Abs(v));
+  }
+  if (!hn::AllTrue(df, finite)) return quantize_block(xb, q, d, s);
+  const float amax = hn::GetLane(hn::MaxOfLanes(df, top));
+  const float scale = amax / 127.0f;
+  const VF total = block_codes(xb, hn::Set(df, amax != 0.0f ? 127.0f / amax : 0.0f), q);
+  *d = round_to_fp16(scale);
+  if (s != nullptr) *s = round_to_fp16(scale * hn::GetLane(hn::SumOfLanes(df, total)));
+}
+
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Sixteen vectors of per-lane partials (vector g: block g's) to one vector whose lane g is the
 // reduction of vector g's lanes by `op`: a max, or an add of small integers held as floats, both
@@ -1232,8 +1272,6 @@ HWY_INLINE __m512 reduce_lanes16(const __m512* v, Op op) {
 // fp16 as vectors. Each block's values are quantize_block's.
 HWY_INLINE bool quantize_16_blocks(const float* x, std::int8_t* q, float* d, float* s) {
   const DF df;
-  const hn::RebindToSigned<DF> di;
-  const hn::Rebind<std::int8_t, DF> d8;
   __m512 part[16];
   auto finite = hn::Eq(hn::Zero(df), hn::Zero(df));
   for (int g = 0; g < 16; ++g) {
@@ -1250,16 +1288,7 @@ HWY_INLINE bool quantize_16_blocks(const float* x, std::int8_t* q, float* d, flo
   alignas(64) float inv[16];
   hn::Store(inverse, df, inv);
   for (int g = 0; g < 16; ++g) {
-    const VF by = hn::Set(df, inv[g]);
-    VF total = hn::Zero(df);
-    for (int k = 0; k < 2; ++k) {
-      const VF r = hn::Min(
-          hn::Max(hn::Round(hn::Mul(hn::LoadU(df, x + 32 * g + 16 * k), by)), hn::Set(df, -127.0f)),
-          hn::Set(df, 127.0f));
-      total = hn::Add(total, r);
-      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + 32 * g + 16 * k);
-    }
-    part[g] = total.raw;
+    part[g] = block_codes(x + kBlock * g, hn::Set(df, inv[g]), q + kBlock * g).raw;
   }
   const auto fp16 = [](__m512 v) {
     return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -1274,49 +1303,21 @@ HWY_INLINE bool quantize_16_blocks(const float* x, std::int8_t* q, float* d, flo
 }
 #endif
 
-// quantize_block over `count` consecutive blocks of 32, in vectors: the same operations (the
-// block's absolute maximum, amax / 127 and 127 / amax in float, x * (127 / amax) rounded to the
-// nearest integer with ties to even, clamped) on each element, so the same codes and scales; a
-// block holding a non-finite value takes quantize_block itself.
+// quantize_block over `count` consecutive blocks of 32, in vectors (quantize_one_block; sixteen
+// at a time where the target has quantize_16_blocks, a group holding a non-finite value one by
+// one).
 void QuantizeBlocksImpl(const float* x, std::int64_t count, std::int8_t* q, float* d, float* s) {
-  const DF df;
-  const hn::RebindToSigned<DF> di;
-  const hn::Rebind<std::int8_t, DF> d8;
-  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DF()));
+  const auto one = [&](std::int64_t b) {
+    quantize_one_block(x + b * kBlock, q + b * kBlock, d + b, s != nullptr ? s + b : nullptr);
+  };
   std::int64_t b = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   for (; b + 16 <= count; b += 16) {
     if (!quantize_16_blocks(x + b * kBlock, q + b * kBlock, d + b, s != nullptr ? s + b : nullptr))
-      break;
+      for (std::int64_t g = b; g < b + 16; ++g) one(g);
   }
 #endif
-  for (; b < count; ++b) {
-    const float* xb = x + b * kBlock;
-    VF v[kVecs];
-    for (std::int64_t k = 0; k < kVecs; ++k) v[k] = hn::LoadU(df, xb + k * n);
-    auto finite = hn::IsFinite(v[0]);
-    VF top = hn::Abs(v[0]);
-    for (std::int64_t k = 1; k < kVecs; ++k) {
-      finite = hn::And(finite, hn::IsFinite(v[k]));
-      top = hn::Max(top, hn::Abs(v[k]));
-    }
-    if (!hn::AllTrue(df, finite)) {
-      quantize_block(xb, q + b * kBlock, d + b, s != nullptr ? s + b : nullptr);
-      continue;
-    }
-    const float amax = hn::GetLane(hn::MaxOfLanes(df, top));
-    const float scale = amax / 127.0f;
-    const VF inverse = hn::Set(df, amax != 0.0f ? 127.0f / amax : 0.0f);
-    VF total = hn::Zero(df);
-    for (std::int64_t k = 0; k < kVecs; ++k) {
-      const VF r = hn::Min(hn::Max(hn::Round(hn::Mul(v[k], inverse)), hn::Set(df, -127.0f)),
-                           hn::Set(df, 127.0f));
-      total = hn::Add(total, r);  // small integers: exact in any order
-      hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + b * kBlock + k * n);
-    }
-    d[b] = round_to_fp16(scale);
-    if (s != nullptr) s[b] = round_to_fp16(scale * hn::GetLane(hn::SumOfLanes(df, total)));
-  }
+  for (; b < count; ++b) one(b);
 }
 
 // Whether this target's packed blocksum products read QuantizedX's grouped copy (ptile256: AVX2,
