@@ -95,7 +95,7 @@ void rms_norm_rows(const float* x, std::int64_t rows, std::span<const float> w, 
 
 void norm_heads(float* v, std::int64_t heads, std::int64_t d, std::span<const float> w,
                 double eps) {
-  for (std::int64_t hh = 0; hh < heads; ++hh) rms_norm(v + hh * d, w, d, eps, v + hh * d);
+  rms_norm_rows(v, heads, w, d, eps, v);
 }
 
 void rope_angles(RopeMode mode, std::int64_t d, std::int64_t position, double theta, float* cs) {

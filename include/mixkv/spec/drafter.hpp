@@ -25,8 +25,8 @@ struct DraftContext {
   // The most drafts the scheduler will verify for it this step (its adaptive draft length, the
   // tokens left to generate): a drafter that pays per draft stops there; more are cut off.
   int max_drafts = std::numeric_limits<int>::max();
-  // The tokens that end the request (end of turn, end of text, stop ids): a draft past one of
-  // them could never be used.
+  // The tokens that end the request (end of turn, end of text, stop ids): where a message ends,
+  // which prompt lookup does not copy across.
   std::span<const TokenId> stop_tokens = {};
 };
 
