@@ -1826,15 +1826,18 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   }
   first_tile.push_back(tiles);
   if (calls.empty()) return;
-  // The register tiles of all the weights, one after the other, cut into ranges of whole tiles;
-  // a few ranges per worker, so the dynamic hand-out evens out a busy core. Any split gives the
-  // same bits (each output is computed inside one range, in an order fixed by its W row alone).
-  // (The tasks run on other threads too: they see the caller's thread_local buffers through
-  // these spans, not by name.)
+  // The register tiles of all the weights, one after the other, cut into one range of whole
+  // tiles per worker. Each range is one stream through W: a range's start finds its first
+  // panels cold (the hardware prefetcher and PanelPrefetch start over), and with four ranges per
+  // worker, handed out dynamically, those starts cost SmolLM2 more than the hand-out ever saved
+  // (a 5-row step 5-12% slower, a batch of 16 3-11%, on a 2-core Zen 4, busy or not:
+  // docs/kernels.md). Any split gives the same bits (each output is computed inside one range,
+  // in an order fixed by its W row alone). (The tasks run on other threads too: they see the
+  // caller's thread_local buffers through these spans, not by name.)
   const std::span<const detail::MatmulCall> list(calls);
   const std::span<const std::int64_t> first(first_tile);
   const int workers = pool != nullptr ? pool->size() : 1;
-  const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, 4 * workers) : 1;
+  const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, workers) : 1;
   const auto run = [list, first, tiles, tasks, tile_rows, int8_tiles](std::int64_t t, int) {
     const std::int64_t t0 = tiles * t / tasks, t1 = tiles * (t + 1) / tasks;
     for (std::size_t k = 0; k < list.size(); ++k) {
