@@ -1,0 +1,65 @@
+// BM_CoreRoundTrip/cpus:0,1: two threads pinned to CPUs 0 and 1 hand one cache line back and
+// forth (each waits for the other's value, then writes its own); the time per iteration is one
+// round trip. It tells where the machine put the two CPUs: on cores sharing an L3 a round trip
+// takes tens of nanoseconds, across dies or sockets hundreds. On a VM the host may move the vCPUs
+// between the two between runs, and a model step whose threads hand each other many lines (a
+// verify's or a batch's rows: BM_ModelForward) costs more on the far placement, so run this
+// beside those figures (docs/engine.md, "Twelfth pass"). Skipped on one CPU or where threads
+// cannot be pinned.
+#include <benchmark/benchmark.h>
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+
+namespace {
+
+// Pins the calling thread to `cpu`; false where the system refuses.
+bool pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+}
+
+void BM_CoreRoundTrip(benchmark::State& state) {
+  if (std::thread::hardware_concurrency() < 2) {
+    state.SkipWithError("needs two CPUs");
+    return;
+  }
+  cpu_set_t before;
+  if (pthread_getaffinity_np(pthread_self(), sizeof(before), &before) != 0 || !pin_to(0)) {
+    state.SkipWithError("cannot pin this thread to CPU 0");
+    return;
+  }
+  // Odd values are this thread's, even ones the partner's; the line holds nothing else.
+  alignas(64) std::atomic<std::int64_t> line{0};
+  alignas(64) std::atomic<bool> partner_pinned{false};
+  std::thread partner([&] {
+    partner_pinned.store(pin_to(1));
+    for (std::int64_t expected = 1;; expected += 2) {
+      for (std::int64_t v = line.load(std::memory_order_acquire); v != expected;
+           v = line.load(std::memory_order_acquire)) {
+        if (v == -1) return;
+      }
+      line.store(expected + 1, std::memory_order_release);
+    }
+  });
+  std::int64_t next = 1;
+  for (auto _ : state) {
+    line.store(next, std::memory_order_release);
+    while (line.load(std::memory_order_acquire) != next + 1) {
+    }
+    next += 2;
+  }
+  line.store(-1, std::memory_order_release);
+  partner.join();
+  pthread_setaffinity_np(pthread_self(), sizeof(before), &before);
+  if (!partner_pinned.load()) state.SkipWithError("cannot pin a thread to CPU 1");
+}
+
+BENCHMARK(BM_CoreRoundTrip)->Name("BM_CoreRoundTrip/cpus:0,1")->UseRealTime();
+
+}  // namespace
