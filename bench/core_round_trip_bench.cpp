@@ -1,11 +1,12 @@
-// BM_CoreRoundTrip/cpus:0,1: two threads pinned to CPUs 0 and 1 hand one cache line back and
-// forth (each waits for the other's value, then writes its own); the time per iteration is one
-// round trip. It tells where the machine put the two CPUs: on cores sharing an L3 a round trip
-// takes tens of nanoseconds, across dies or sockets hundreds. On a VM the host may move the vCPUs
-// between the two between runs, and a model step whose threads hand each other many lines (a
-// verify's or a batch's rows: BM_ModelForward) costs more on the far placement, so run this
-// beside those figures (docs/engine.md, "Twelfth pass"). Skipped on one CPU or where threads
-// cannot be pinned.
+// What handing work between threads costs on this machine, beside the model figures:
+// - BM_CoreRoundTrip/cpus:0,1: two threads pinned to CPUs 0 and 1 hand one cache line back and
+//   forth (each waits for the other's value, then writes its own); the time per iteration is one
+//   round trip. It tells where the machine put the two CPUs: on cores sharing an L3 a round trip
+//   takes tens of nanoseconds, across dies or sockets hundreds. On a VM the host may move the
+//   vCPUs between the two between runs, and a model step whose threads hand each other many lines
+//   (a verify's or a batch's rows: BM_ModelForward) costs more on the far placement
+//   (docs/engine.md, "Twelfth pass"). Skipped on one CPU or where threads cannot be pinned.
+// - BM_PoolRegion/workers:2: one kernels::ThreadPool region of two empty tasks.
 #include <benchmark/benchmark.h>
 #include <pthread.h>
 #include <sched.h>
@@ -13,6 +14,8 @@
 #include <atomic>
 #include <cstdint>
 #include <thread>
+
+#include "mixkv/kernels/thread_pool.hpp"
 
 namespace {
 
@@ -61,5 +64,19 @@ void BM_CoreRoundTrip(benchmark::State& state) {
 }
 
 BENCHMARK(BM_CoreRoundTrip)->Name("BM_CoreRoundTrip/cpus:0,1")->UseRealTime();
+
+// BM_PoolRegion/workers:2: one parallel region of two empty tasks, what a decode step pays a few
+// hundred times beside its work (a layer opens about ten). Not pinned: the pool's threads sit
+// where the system puts them, as in the engine.
+void BM_PoolRegion(benchmark::State& state) {
+  mixkv::kernels::ThreadPool pool(2);
+  std::atomic<std::int64_t> sink{0};
+  for (auto _ : state) {
+    pool.parallel_for(2, [&](std::int64_t i, int) { sink.fetch_add(i, std::memory_order_relaxed); });
+  }
+  benchmark::DoNotOptimize(sink.load());
+}
+
+BENCHMARK(BM_PoolRegion)->Name("BM_PoolRegion/workers:2")->UseRealTime();
 
 }  // namespace
