@@ -66,13 +66,14 @@ void BM_CoreRoundTrip(benchmark::State& state) {
 BENCHMARK(BM_CoreRoundTrip)->Name("BM_CoreRoundTrip/cpus:0,1")->UseRealTime();
 
 // BM_PoolRegion/workers:2: one parallel region of two empty tasks, what a decode step pays a few
-// hundred times beside its work (a layer opens about ten). Not pinned: the pool's threads sit
+// hundred times beside its work (a layer opens about nine). Not pinned: the pool's threads sit
 // where the system puts them, as in the engine.
 void BM_PoolRegion(benchmark::State& state) {
   mixkv::kernels::ThreadPool pool(2);
   std::atomic<std::int64_t> sink{0};
   for (auto _ : state) {
-    pool.parallel_for(2, [&](std::int64_t i, int) { sink.fetch_add(i, std::memory_order_relaxed); });
+    pool.parallel_for(2,
+                      [&](std::int64_t i, int) { sink.fetch_add(i, std::memory_order_relaxed); });
   }
   benchmark::DoNotOptimize(sink.load());
 }
