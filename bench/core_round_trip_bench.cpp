@@ -1,18 +1,21 @@
 // What handing work between threads costs on this machine, beside the model figures:
 // - BM_CoreRoundTrip/cpus:0,1: two threads pinned to CPUs 0 and 1 hand one cache line back and
-//   forth (each waits for the other's value, then writes its own); the time per iteration is one
-//   round trip. It tells where the machine put the two CPUs: on cores sharing an L3 a round trip
-//   takes tens of nanoseconds, across dies or sockets hundreds. On a VM the host may move the
-//   vCPUs between the two between runs, and a model step whose threads hand each other many lines
-//   (a verify's or a batch's rows: BM_ModelForward) costs more on the far placement
-//   (docs/engine.md, "Twelfth pass"). Skipped on one CPU or where threads cannot be pinned.
+//   forth (kernels::cache_line_round_trip_ns), 2,000 round trips an iteration; the counter
+//   round_trip_ns is one. It tells
+//   where the machine put the two CPUs: on cores sharing an L3 a round trip takes tens of
+//   nanoseconds, across dies or sockets hundreds. On a VM the host may move the vCPUs between the
+//   two between runs, and a model step whose threads hand each other many lines (a verify's or a
+//   batch's rows: BM_ModelForward) costs more on the far placement (docs/engine.md, "Twelfth
+//   pass"). Skipped on one CPU or where threads cannot be pinned.
 // - BM_PoolRegion/workers:2: one kernels::ThreadPool region of two empty tasks.
 #include <benchmark/benchmark.h>
 #include <pthread.h>
 #include <sched.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <optional>
 #include <thread>
 
 #include "mixkv/kernels/thread_pool.hpp"
@@ -37,33 +40,30 @@ void BM_CoreRoundTrip(benchmark::State& state) {
     state.SkipWithError("cannot pin this thread to CPU 0");
     return;
   }
-  // Odd values are this thread's, even ones the partner's; the line holds nothing else.
-  alignas(64) std::atomic<std::int64_t> line{0};
-  alignas(64) std::atomic<bool> partner_pinned{false};
-  std::thread partner([&] {
-    partner_pinned.store(pin_to(1));
-    for (std::int64_t expected = 1;; expected += 2) {
-      for (std::int64_t v = line.load(std::memory_order_acquire); v != expected;
-           v = line.load(std::memory_order_acquire)) {
-        if (v == -1) return;
-      }
-      line.store(expected + 1, std::memory_order_release);
-    }
-  });
-  std::int64_t next = 1;
+  std::atomic<bool> partner_pinned{true};
+  const auto pin_partner = [&] {
+    if (!pin_to(1)) partner_pinned.store(false);
+  };
+  constexpr std::int64_t kTrips = 2000;
+  double sum_ns = 0;
   for (auto _ : state) {
-    line.store(next, std::memory_order_release);
-    while (line.load(std::memory_order_acquire) != next + 1) {
+    const std::optional<double> ns =
+        mixkv::kernels::cache_line_round_trip_ns(kTrips, std::chrono::seconds(1), pin_partner);
+    if (!ns || !partner_pinned.load()) {
+      state.SkipWithError(ns ? "cannot pin a thread to CPU 1" : "no round trip measured");
+      break;
     }
-    next += 2;
+    sum_ns += *ns;
+    // The timed trips' time, not the warm-up's nor the partner's start.
+    state.SetIterationTime(*ns * 1e-9 * kTrips);
   }
-  line.store(-1, std::memory_order_release);
-  partner.join();
+  if (state.iterations() > 0) {
+    state.counters["round_trip_ns"] = sum_ns / static_cast<double>(state.iterations());
+  }
   pthread_setaffinity_np(pthread_self(), sizeof(before), &before);
-  if (!partner_pinned.load()) state.SkipWithError("cannot pin a thread to CPU 1");
 }
 
-BENCHMARK(BM_CoreRoundTrip)->Name("BM_CoreRoundTrip/cpus:0,1")->UseRealTime();
+BENCHMARK(BM_CoreRoundTrip)->Name("BM_CoreRoundTrip/cpus:0,1")->UseManualTime()->Iterations(50);
 
 // BM_PoolRegion/workers:2: one parallel region of two empty tasks, what a decode step pays a few
 // hundred times beside its work (a layer opens about nine). Not pinned: the pool's threads sit

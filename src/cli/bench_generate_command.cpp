@@ -18,6 +18,7 @@
 #include "mixkv/core/error.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/engine/tiny_models.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 #include "mixkv/model/architecture.hpp"
 #include "mixkv/model/describe.hpp"
 #include "mixkv/plan/memory_budget.hpp"
@@ -126,6 +127,15 @@ std::optional<double> load_average() {
   double load = 0;
   if (in >> load) return load;
   return std::nullopt;
+}
+
+// A cache line's round trip between two spinning threads, in ns, unless the runs use one thread:
+// a machine (or a VM's host) may put the threads that share a step on cores sharing an L3 or on
+// cores farther apart, and a verify's or a batch's step costs more on the far placement
+// (docs/engine.md, "Twelfth pass"). Nothing where it could not be measured.
+std::optional<double> thread_round_trip_ns(int threads) {
+  if (threads == 1) return std::nullopt;
+  return kernels::cache_line_round_trip_ns(2000);
 }
 
 // One configuration (a prompt and a drafter, or plain) over the runs.
@@ -355,6 +365,7 @@ Action add_bench_generate_command(CLI::App& app) {
     std::vector<Measured> plain(set.size());
     std::vector<std::vector<Measured>> spec(set.size(), std::vector<Measured>(args->drafts.size()));
     bool all_identical = true;
+    const std::optional<double> trip_before = thread_round_trip_ns(args->threads);
     for (std::size_t i = 0; i < set.size(); ++i) {
       const std::vector<std::vector<engine::TokenId>> prompts(static_cast<std::size_t>(args->batch),
                                                               encode(set[i].text));
@@ -398,6 +409,7 @@ Action add_bench_generate_command(CLI::App& app) {
       }
     }
     if (progress) std::cerr << '\n';
+    const std::optional<double> trip_after = thread_round_trip_ns(args->threads);
 
     // Per category: tokens over the medians' seconds, summed over its prompts.
     std::vector<std::string> categories;
@@ -444,6 +456,12 @@ Action add_bench_generate_command(CLI::App& app) {
                           {"max_tokens", args->max_tokens},
                           {"identical_to_plain", all_identical}};
       if (load) j["load_average"] = *load;
+      if (args->threads != 1) {
+        const auto ns = [](std::optional<double> v) {
+          return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+        };
+        j["thread_round_trip_ns"] = {{"before", ns(trip_before)}, {"after", ns(trip_after)}};
+      }
       if (args->step_cost_per_row) j["step_cost_per_row"] = *args->step_cost_per_row;
       // What the draft policy read at the end: a step of batch + j rows over one of batch rows.
       nlohmann::json ratios = nlohmann::json::array();
@@ -510,6 +528,13 @@ Action add_bench_generate_command(CLI::App& app) {
           args->runs, args->runs == 1 ? "" : "s",
           args->threads > 0 ? fmt::format("{}", args->threads) : "default",
           load ? fmt::format(", load {:.1f}", *load) : "");
+      if (trip_before || trip_after) {
+        const auto ns = [](std::optional<double> v) {
+          return v ? fmt::format("{:.0f} ns", *v) : std::string("not measured");
+        };
+        out << fmt::format("threads' cache-line round trip: {} before the runs, {} after\n",
+                           ns(trip_before), ns(trip_after));
+      }
       out << "step cost, batch + 0.." << args->batch * args->num_spec_tokens
           << " rows over batch rows:";
       for (int extra = 0; extra <= args->batch * args->num_spec_tokens; ++extra) {

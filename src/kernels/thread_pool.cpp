@@ -174,4 +174,46 @@ void ThreadPool::parallel_for(std::int64_t count,
   if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
 }
 
+std::optional<double> cache_line_round_trip_ns(std::int64_t trips, std::chrono::nanoseconds budget,
+                                               const std::function<void()>& partner_start) {
+  if (std::thread::hardware_concurrency() < 2 || trips < 1) return std::nullopt;
+  // The calling thread writes odd values and the partner even ones; -1 sends the partner home.
+  alignas(64) std::atomic<std::int64_t> line{0};
+  std::thread partner([&] {
+    if (partner_start) partner_start();
+    for (std::int64_t expected = 1;; expected += 2) {
+      for (std::int64_t v = line.load(std::memory_order_acquire); v != expected;
+           v = line.load(std::memory_order_acquire)) {
+        if (v < 0) return;
+      }
+      line.store(expected + 1, std::memory_order_release);
+    }
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::int64_t next = 1;
+  // `count` round trips from `next` on; false once the budget (from `start`) is spent.
+  const auto trip = [&](std::int64_t count, std::int64_t& done) {
+    for (done = 0; done < count;) {
+      line.store(next, std::memory_order_release);
+      while (line.load(std::memory_order_acquire) != next + 1) {
+      }
+      next += 2;
+      ++done;
+      if (done % 16 == 0 && std::chrono::steady_clock::now() - start > budget) return false;
+    }
+    return true;
+  };
+  std::int64_t warm = 0, timed = 0;
+  std::optional<double> mean;
+  if (trip(trips, warm)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    trip(trips, timed);
+    const std::chrono::duration<double, std::nano> spent = std::chrono::steady_clock::now() - t0;
+    if (timed > 0) mean = spent.count() / static_cast<double>(timed);
+  }
+  line.store(-1, std::memory_order_release);
+  partner.join();
+  return mean;
+}
+
 }  // namespace mixkv::kernels

@@ -44,6 +44,21 @@ TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCount
     // The oracle proposes plain's own continuation: it is accepted.
     EXPECT_GT(c["oracle"]["acceptance_rate"].get<double>(), 0.9) << c;
   }
+  // Where the threads sat, before and after the runs: a round trip in ns, or null where the
+  // machine has one CPU or was too busy to answer within the probe's budget.
+  ASSERT_TRUE(j.contains("thread_round_trip_ns")) << r.out;
+  for (const char* when : {"before", "after"}) {
+    const auto& v = j["thread_round_trip_ns"][when];
+    EXPECT_TRUE(v.is_null() || (v.is_number() && v.get<double>() > 0)) << v;
+  }
+}
+
+// With one thread nothing is handed between threads: no round trip is measured or reported.
+TEST(BenchGenerateCommand, OneThreadReportsNoRoundTrip) {
+  auto r = run_cli("bench-generate",
+                   {"tiny-swa", "--max-tokens", "4", "--runs", "1", "--threads", "1", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(nlohmann::json::parse(r.out).contains("thread_round_trip_ns")) << r.out;
 }
 
 // A fixed step cost makes the adaptive draft lengths (so the drafting counts) independent of the

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -118,6 +119,24 @@ TEST(ThreadPool, AnIdlePoolSleepsAndWakesForTheNextRegion) {
 TEST(ThreadPool, RefusesZeroWorkers) {
   mixkv::testing::expect_error([] { ThreadPool pool(0); }, ErrorCode::kInvalidInput,
                                {"thread pool", "at least 1"});
+}
+
+// The placement probe: a positive time on a machine with two CPUs, after running the partner's
+// start on the other thread; nothing for no trips, and nothing (not a hang) when the budget is
+// spent before the warm-up ends.
+TEST(CacheLineRoundTrip, MeasuresAfterThePartnersStartAndStopsAtItsBudget) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two CPUs";
+  std::thread::id caller = std::this_thread::get_id(), partner;
+  const std::optional<double> ns = cache_line_round_trip_ns(
+      200, std::chrono::seconds(5), [&] { partner = std::this_thread::get_id(); });
+  ASSERT_TRUE(ns.has_value());
+  EXPECT_GT(*ns, 0.0);
+  EXPECT_NE(partner, std::thread::id());
+  EXPECT_NE(partner, caller);
+  EXPECT_FALSE(cache_line_round_trip_ns(0).has_value());
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(cache_line_round_trip_ns(1'000'000'000, std::chrono::milliseconds(5)).has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 using testing::Layer;

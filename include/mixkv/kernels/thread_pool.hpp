@@ -8,10 +8,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -74,5 +76,16 @@ class ThreadPool {
   std::mutex error_mutex_;
   std::exception_ptr error_;  // guarded by error_mutex_
 };
+
+// The mean time in ns for a cache line to go from the calling thread to a second thread and
+// back, both spinning on it, over `trips` round trips (after as many again to start), or fewer
+// where `budget` runs out first (two threads sharing one CPU take a time slice a trip). It tells
+// where the system put two threads that will share a step's work: on cores sharing an L3 tens of
+// ns, across dies or sockets hundreds, and a step whose threads hand each other many lines costs
+// more on the far placement (docs/engine.md, "Twelfth pass"). `partner_start` runs first on the
+// second thread (a benchmark pins it). Nothing with fewer than two CPUs.
+std::optional<double> cache_line_round_trip_ns(
+    std::int64_t trips, std::chrono::nanoseconds budget = std::chrono::milliseconds(20),
+    const std::function<void()>& partner_start = {});
 
 }  // namespace mixkv::kernels
