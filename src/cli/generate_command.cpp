@@ -19,6 +19,7 @@
 #include "mixkv/model/architecture.hpp"
 #include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/runner/model_runner.hpp"
+#include "mixkv/sample/sampler.hpp"
 #include "mixkv/spec/dflash.hpp"
 #include "mixkv/spec/eagle.hpp"
 #include "mixkv/spec/ngram.hpp"
@@ -154,6 +155,11 @@ Action add_generate_command(CLI::App& app) {
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
+    // Before the model loads and the reply starts: a bad value is refused with nothing printed.
+    if (args->max_tokens < 1) {
+      throw_invalid(fmt::format("--max-tokens {} is not positive", args->max_tokens));
+    }
+    sample::validate(args->sampling);
     if (args->max_model_len < 0) {
       throw_invalid(fmt::format("--max-model-len {} is negative", args->max_model_len));
     }

@@ -135,5 +135,21 @@ TEST(BadInputCommand, SelfDrafterLayerCountsAreChecked) {
                    {"layers.0 is gdn", "first layer is recurrent: choose another drafter"});
 }
 
+// Refused before the model loads or a reply starts: the error is all that is printed.
+TEST(BadInputCommand, GenerateChecksItsSamplingAndLengthBeforeTheReply) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--max-tokens", "-1"}, "--max-tokens -1 is not positive"},
+      {{"--temperature", "-1"}, "temperature = -1 is out of range"},
+      {{"--top-p", "2"}, "top_p = 2 is out of range"},
+  };
+  for (const auto& [flags, needle] : cases) {
+    std::vector<std::string> args = {"generate", "tiny-swa"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    expect_bad_input(args, {needle});
+    const testing::CliResult r = testing::run_cli("", args);
+    EXPECT_EQ(r.out, "") << flags[0];
+  }
+}
+
 }  // namespace
 }  // namespace mixkv::cli
