@@ -267,10 +267,7 @@ Action add_bench_generate_command(CLI::App& app) {
     if (args->runs < 1 || args->runs > 100) {
       throw_invalid(fmt::format("--runs {} is out of range; use 1 to 100", args->runs));
     }
-    if (args->num_spec_tokens < 1 || args->num_spec_tokens > 32) {
-      throw_invalid(
-          fmt::format("--num-spec-tokens {} is out of range; use 1 to 32", args->num_spec_tokens));
-    }
+    check_num_spec_tokens(args->num_spec_tokens);
     for (const std::string& d : args->drafts) {
       if (d != "oracle" && d != "ngram" && d != "random" && d != model::kSelfDraft) {
         throw_invalid(fmt::format(

@@ -31,6 +31,13 @@ void add_seed_option(CLI::App& cmd, const std::string& name, std::uint64_t& seed
       ->default_str(std::to_string(seed));
 }
 
+void check_num_spec_tokens(int k) {
+  if (k < 1 || k > kMostSpecTokens) {
+    throw_invalid(
+        fmt::format("--num-spec-tokens {} is out of range; use 1 to {}", k, kMostSpecTokens));
+  }
+}
+
 void add_sampling_options(CLI::App& cmd, sample::SamplingParams& params) {
   cmd.add_option("--temperature", params.temperature,
                  "Sampling temperature; 0 (the default) is greedy")

@@ -152,6 +152,7 @@ Action add_generate_command(CLI::App& app) {
           "drafter or a checkpoint directory), or drop --num-spec-tokens",
           args->num_spec_tokens));
     }
+    if (!args->draft.empty()) check_num_spec_tokens(args->num_spec_tokens);
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }

@@ -141,6 +141,7 @@ Action add_serve_command(CLI::App& app) {
           "--num-spec-tokens {} needs a drafter: add --draft, or drop --num-spec-tokens",
           args->num_spec_tokens));
     }
+    if (!args->draft.empty()) check_num_spec_tokens(args->num_spec_tokens);
     if (args->draft == "oracle") {
       throw_invalid(
           "--draft oracle replays known outputs, which a server does not have; use ngram, a "

@@ -135,6 +135,17 @@ TEST(BadInputCommand, SelfDrafterLayerCountsAreChecked) {
                    {"layers.0 is gdn", "first layer is recurrent: choose another drafter"});
 }
 
+// A drafter proposes 1 to 32 tokens a step in every command that takes one; the serve command
+// refuses before it loads the model or listens.
+TEST(BadInputCommand, EveryCommandTakesOneToThirtyTwoSpecTokens) {
+  for (const char* command : {"generate", "bench-generate", "serve"}) {
+    for (const char* k : {"0", "33"}) {
+      expect_bad_input({command, "tiny-swa", "--draft", "ngram", "--num-spec-tokens", k},
+                       {std::string("--num-spec-tokens ") + k + " is out of range; use 1 to 32"});
+    }
+  }
+}
+
 // Refused before the model loads or a reply starts: the error is all that is printed.
 TEST(BadInputCommand, GenerateChecksItsSamplingAndLengthBeforeTheReply) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
