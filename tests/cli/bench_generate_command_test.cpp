@@ -91,6 +91,27 @@ TEST(BenchGenerateCommand, AnUnknownDrafterIsAUsageError) {
   const auto r = run_cli("bench-generate", {"tiny-swa", "--draft", "bogus", "--max-tokens", "4"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("bogus"), std::string::npos) << r.err;
+  // none is plain decoding alone, so it goes with no drafter.
+  const auto mixed = run_cli("bench-generate", {"tiny-swa", "--draft", "none,ngram"});
+  EXPECT_EQ(mixed.status, 2);
+  EXPECT_NE(mixed.err.find("none alone (plain only)"), std::string::npos) << mixed.err;
+}
+
+// --draft none measures plain decoding alone: no drafter's figures, and no claim about drafts.
+TEST(BenchGenerateCommand, DraftNoneRunsPlainOnly) {
+  const auto r = run_cli("bench-generate", {"tiny-swa", "--draft", "none", "--max-tokens", "4",
+                                            "--runs", "1", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  for (const auto& c : j["categories"]) {
+    EXPECT_GT(c["plain_decode_tokens_per_second"].get<double>(), 0) << c;
+    for (const char* d : {"ngram", "oracle"}) EXPECT_FALSE(c.contains(d)) << c;
+  }
+  const auto text = run_cli("bench-generate", {"tiny-swa", "--draft", "none", "--max-tokens",
+                                               "4", "--runs", "1"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("plain t/s"), std::string::npos) << text.out;
+  EXPECT_EQ(text.out.find("identical to plain"), std::string::npos) << text.out;
 }
 
 // --kv-dtype plans the cache in that dtype (greedy speculation still matches plain in it) and
