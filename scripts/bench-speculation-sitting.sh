@@ -5,7 +5,7 @@
 # batch 1 and batch 16 on the poem prompt, plain only. scripts/speculation_sitting.py prints the
 # table, each round marked with where the host put the two threads (bench-generate's
 # `thread_round_trip_ns`: tens of ns near, hundreds far; docs/engine.md, "Twelfth pass"). Not run
-# by CI: a sitting takes about 15 minutes.
+# by CI: about a minute a round and 15 s a pair on a 2-core Zen 4.
 #   usage: [LLAMACPP_PYTHON=venv/bin/python] scripts/bench-speculation-sitting.sh
 #            [--rounds N (3)] [--pairs N (5)] [--out DIR (a new temporary folder)]
 #   Without LLAMACPP_PYTHON the llama.cpp columns stay empty (scripts/llamacpp-venv.sh makes one;
