@@ -65,8 +65,11 @@ def main(folder):
         row["oracle_acceptance"] = cats["copy"]["oracle"]["acceptance_rate"]
         row["ngram_acceptance"] = cats["copy"]["ngram"]["acceptance_rate"]
         row["heldout"] = by_category(held)["copy"]["ngram"]["decode_ratio_to_plain"] if held else None
-        row["novel_worst"] = min(p["ngram"]["decode_ratio_to_plain"] for p in built["prompts"]
-                                 if p["category"] == "novel")
+        novel = [p["ngram"] for p in built["prompts"] if p["category"] == "novel"]
+        row["novel_worst"] = min(n["decode_ratio_to_plain"] for n in novel)
+        paired = [n["paired_decode_ratio_to_plain"] for n in novel
+                  if "paired_decode_ratio_to_plain" in n]
+        row["novel_worst_paired"] = min(paired) if paired else None
         row["verify_cost"] = built["step_cost_ratio"][-1] if built.get("step_cost_ratio") else None
         row["identical"] = built["identical_to_plain"] and (held is None or held["identical_to_plain"])
         rows.append(row)
@@ -76,7 +79,7 @@ def main(folder):
 
     print("| round (placement, round trip ns) | llama.cpp plain copy / novel | mixkv plain copy / novel "
           "| oracle k 4 copy / novel | ngram copy / novel | held-out ngram | ngram copy x llama.cpp "
-          "| worst novel ngram | 5-row step |")
+          "| worst novel ngram (medians; paired) | 5-row step |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         ngram_tps = row["plain_copy"] * row["ngram_copy"]
@@ -88,19 +91,22 @@ def main(folder):
               f"| {row['oracle_copy']:.2f}x / {row['oracle_novel']:.2f}x "
               f"| {row['ngram_copy']:.2f}x / {row['ngram_novel']:.2f}x "
               f"| {fmt(row['heldout'], '.2f', 'x')} | {fmt(vs_llama, '.2f', 'x')} "
-              f"| {row['novel_worst']:.3f}x | {fmt(row['verify_cost'], '.2f')} |")
+              f"| {row['novel_worst']:.3f}x; {fmt(row['novel_worst_paired'], '.3f', 'x')} "
+              f"| {fmt(row['verify_cost'], '.2f')} |")
     print()
     for where in ("all", "near", "far"):
         chosen = [row for row in rows if where == "all" or row["where"] == where]
         if not chosen:
             continue
         medians = {k: median([row[k] for row in chosen])
-                   for k in ("oracle_copy", "ngram_copy", "heldout", "novel_worst")}
+                   for k in ("oracle_copy", "ngram_copy", "heldout", "novel_worst",
+                             "novel_worst_paired")}
         plain_vs_llama = median([row["plain_copy"] / row["llama_copy"]
                                  for row in chosen if row["llama_copy"]])
         print(f"medians, {where} rounds ({len(chosen)}): oracle {fmt(medians['oracle_copy'])}x, "
               f"ngram copy {fmt(medians['ngram_copy'])}x, held out {fmt(medians['heldout'])}x, "
-              f"worst novel {fmt(medians['novel_worst'], '.3f')}x, plain x llama.cpp "
+              f"worst novel {fmt(medians['novel_worst'], '.3f')}x "
+              f"(paired {fmt(medians['novel_worst_paired'], '.3f', 'x')}), plain x llama.cpp "
               f"{fmt(plain_vs_llama)}")
     print("acceptance on the copy set: oracle "
           f"{min(r['oracle_acceptance'] for r in rows):.0%}-{max(r['oracle_acceptance'] for r in rows):.0%}, "

@@ -191,6 +191,19 @@ void record(Measured& m, const engine::GenerateReport& r) {
 
 double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
+// The median over runs of a drafter's decode tokens/s over those of the plain run just before
+// it: each pair ran within a second, so a machine that changes speed between runs (a host moving
+// the threads: docs/engine.md, "Twelfth pass") moves both sides of a pair alike.
+double paired_decode_ratio(const Measured& spec, const Measured& plain) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0;
+       r < std::min(spec.decode_tokens_per_second.size(), plain.decode_tokens_per_second.size());
+       ++r) {
+    ratios.push_back(ratio(spec.decode_tokens_per_second[r], plain.decode_tokens_per_second[r]));
+  }
+  return median(ratios);
+}
+
 }  // namespace
 
 Action add_bench_generate_command(CLI::App& app) {
@@ -487,6 +500,7 @@ Action add_bench_generate_command(CLI::App& app) {
               {"decode_tokens_per_second", median(m.decode_tokens_per_second)},
               {"decode_ratio_to_plain", ratio(median(m.decode_tokens_per_second),
                                               median(plain[i].decode_tokens_per_second))},
+              {"paired_decode_ratio_to_plain", paired_decode_ratio(m, plain[i])},
               {"acceptance_rate", rate(m.accepted, m.drafted)},
               {"mean_accepted_length", rate(m.accepted + m.decode_steps, m.decode_steps)},
               {"accepted_per_position", m.accepted_per_position},

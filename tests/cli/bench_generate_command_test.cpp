@@ -44,6 +44,17 @@ TEST(BenchGenerateCommand, JsonReportsEachCategoryAndDrafterWithPerPositionCount
     // The oracle proposes plain's own continuation: it is accepted.
     EXPECT_GT(c["oracle"]["acceptance_rate"].get<double>(), 0.9) << c;
   }
+  // Per prompt, beside the ratio of the medians, the median of each run's ratio to the plain run
+  // before it (one run here: the two are the same number).
+  for (const auto& p : j["prompts"]) {
+    for (const char* d : {"ngram", "oracle"}) {
+      const auto& s = p[d];
+      ASSERT_TRUE(s.contains("paired_decode_ratio_to_plain")) << s;
+      EXPECT_DOUBLE_EQ(s["paired_decode_ratio_to_plain"].get<double>(),
+                       s["decode_ratio_to_plain"].get<double>())
+          << p["name"] << " " << d;
+    }
+  }
   // Where the threads sat, before and after the runs: a round trip in ns, or null where the
   // machine has one CPU or was too busy to answer within the probe's budget.
   ASSERT_TRUE(j.contains("thread_round_trip_ns")) << r.out;
