@@ -9,6 +9,7 @@
 #include <ostream>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/sched/scheduler.hpp"
 
 namespace mixkv::cli {
 
@@ -32,9 +33,9 @@ void add_seed_option(CLI::App& cmd, const std::string& name, std::uint64_t& seed
 }
 
 void check_num_spec_tokens(int k) {
-  if (k < 1 || k > kMostSpecTokens) {
-    throw_invalid(
-        fmt::format("--num-spec-tokens {} is out of range; use 1 to {}", k, kMostSpecTokens));
+  if (k < 1 || k > sched::kMaxDraftTokens) {
+    throw_invalid(fmt::format("--num-spec-tokens {} is out of range; use 1 to {}", k,
+                              sched::kMaxDraftTokens));
   }
 }
 

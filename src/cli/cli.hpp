@@ -42,9 +42,8 @@ void add_seed_option(CLI::App& cmd, const std::string& name, std::uint64_t& seed
 // --presence-penalty, --frequency-penalty) into `params`; their ranges are sample::validate's.
 void add_sampling_options(CLI::App& cmd, sample::SamplingParams& params);
 
-// The most tokens a drafter may propose a step (`--num-spec-tokens`), the same for every command:
-// throws InvalidInput naming the flag unless 1 <= k <= kMostSpecTokens.
-constexpr int kMostSpecTokens = 32;
+// `--num-spec-tokens` with a drafter, the same in every command: throws InvalidInput naming the
+// flag unless 1 <= k <= sched::kMaxDraftTokens.
 void check_num_spec_tokens(int k);
 
 // Thrown by an action whose output is complete but whose exit status is not 0 (`verify`: 3 on a

@@ -19,7 +19,6 @@
 #include "mixkv/model/architecture.hpp"
 #include "mixkv/plan/memory_budget.hpp"
 #include "mixkv/runner/model_runner.hpp"
-#include "mixkv/sample/sampler.hpp"
 #include "mixkv/spec/dflash.hpp"
 #include "mixkv/spec/eagle.hpp"
 #include "mixkv/spec/ngram.hpp"
@@ -156,11 +155,14 @@ Action add_generate_command(CLI::App& app) {
     if (args->batch < 1 || args->batch > 256) {
       throw_invalid(fmt::format("--batch {} is out of range; use 1 to 256", args->batch));
     }
+    engine::GenerateOptions go;
+    go.max_tokens = args->max_tokens;
+    go.sampling = args->sampling;
+    go.sampling.seed = args->seed;
+    go.max_batch = args->batch;
+    go.adaptive_draft = true;
     // Before the model loads and the reply starts: a bad value is refused with nothing printed.
-    if (args->max_tokens < 1) {
-      throw_invalid(fmt::format("--max-tokens {} is not positive", args->max_tokens));
-    }
-    sample::validate(args->sampling);
+    engine::validate(go);
     if (args->max_model_len < 0) {
       throw_invalid(fmt::format("--max-model-len {} is negative", args->max_model_len));
     }
@@ -212,12 +214,6 @@ Action add_generate_command(CLI::App& app) {
         prompts.push_back(encode(prompt_text + suffix));
       }
     }
-    engine::GenerateOptions go;
-    go.max_tokens = args->max_tokens;
-    go.sampling = args->sampling;
-    go.sampling.seed = args->seed;
-    go.max_batch = args->batch;
-    go.adaptive_draft = true;
     if (gguf && !args->ignore_eos) go.stop_tokens = end_of_generation_ids(*setup.tokenizer);
     const bool stream = gguf && !args->json && prompts.size() == 1;
     std::optional<tokenizer::StreamDecoder> decoder;

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/sample/sampler.hpp"
 #include "mixkv/sched/scheduler.hpp"
 
 namespace mixkv::engine {
@@ -68,18 +69,23 @@ double GenerateReport::tokens_per_second() const {
   return seconds > 0 ? static_cast<double>(generated_tokens()) / seconds : 0.0;
 }
 
-GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector<TokenId>> prompts,
-                        spec::Drafter* drafter, const GenerateOptions& options) {
+void validate(const GenerateOptions& options) {
   if (options.max_tokens < 1) {
     throw_invalid(fmt::format("--max-tokens {} is not positive", options.max_tokens));
   }
-  if (options.num_spec_tokens < 0 || options.num_spec_tokens > 32) {
-    throw_invalid(
-        fmt::format("--num-spec-tokens {} is out of range; use 0 to 32", options.num_spec_tokens));
+  if (options.num_spec_tokens < 0 || options.num_spec_tokens > sched::kMaxDraftTokens) {
+    throw_invalid(fmt::format("--num-spec-tokens {} is out of range; use 0 to {}",
+                              options.num_spec_tokens, sched::kMaxDraftTokens));
   }
   if (options.max_batch < 1 || options.prefill_chunk < 1) {
     throw_invalid("generate: max_batch and prefill_chunk must be positive");
   }
+  sample::validate(options.sampling);
+}
+
+GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector<TokenId>> prompts,
+                        spec::Drafter* drafter, const GenerateOptions& options) {
+  validate(options);
   const int k = drafter != nullptr ? options.num_spec_tokens : 0;
   if (k > runner.desc().num_spec_tokens) {
     // The plan sized the look-ahead, the recurrent checkpoints and conv rows for that many.

@@ -67,9 +67,9 @@ Scheduler::Scheduler(cache::KvCacheManager& manager, const plan::CachePlan& plan
   for (const plan::KvCacheGroup& g : plan.groups) {
     recurrent_.push_back(g.behaviour == plan::Behaviour::kRecurrent);
   }
-  if (options.num_spec_tokens < 0 || options.num_spec_tokens > 32) {
-    throw_invalid(
-        fmt::format("--num-spec-tokens {} is out of range; use 0 to 32", options.num_spec_tokens));
+  if (options.num_spec_tokens < 0 || options.num_spec_tokens > kMaxDraftTokens) {
+    throw_invalid(fmt::format("--num-spec-tokens {} is out of range; use 0 to {}",
+                              options.num_spec_tokens, kMaxDraftTokens));
   }
   if (options.max_batch < 1 || options.prefill_chunk < 0) {
     throw_invalid(fmt::format(

@@ -74,6 +74,11 @@ struct GenerateReport {
   double tokens_per_second() const;
 };
 
+// Throws InvalidInput naming the flag when an option is out of range (max_tokens, num_spec_tokens,
+// max_batch, prefill_chunk, the sampling parameters): what generate checks before any work, for a
+// caller that wants to refuse bad options before it loads a model.
+void validate(const GenerateOptions& options);
+
 // Generates for every prompt. `drafter` may be null (plain decoding). The runner's cache is
 // reused; a fresh manager is made per call. Throws Error when a request cannot fit the cache
 // even alone, or options are out of range.

@@ -133,6 +133,10 @@ struct Counters {
   double manager_seconds = 0;        // inside KvCacheManager calls only
 };
 
+// The most tokens a drafter may propose for one request in one step (`--num-spec-tokens`,
+// SchedulerOptions::num_spec_tokens), in every command and the server.
+inline constexpr int kMaxDraftTokens = 32;
+
 struct SchedulerOptions {
   int num_spec_tokens = 0;          // k: drafts per decode step (0 or no drafter: plain)
   std::int64_t max_batch = 16;      // requests running at once
