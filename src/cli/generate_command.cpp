@@ -163,6 +163,7 @@ Action add_generate_command(CLI::App& app) {
     go.adaptive_draft = true;
     // Before the model loads and the reply starts: a bad value is refused with nothing printed.
     engine::validate(go);
+    sample::validate(go.sampling);
     if (args->max_model_len < 0) {
       throw_invalid(fmt::format("--max-model-len {} is negative", args->max_model_len));
     }

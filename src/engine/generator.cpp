@@ -6,7 +6,6 @@
 #include <chrono>
 
 #include "mixkv/core/error.hpp"
-#include "mixkv/sample/sampler.hpp"
 #include "mixkv/sched/scheduler.hpp"
 
 namespace mixkv::engine {
@@ -80,7 +79,6 @@ void validate(const GenerateOptions& options) {
   if (options.max_batch < 1 || options.prefill_chunk < 1) {
     throw_invalid("generate: max_batch and prefill_chunk must be positive");
   }
-  sample::validate(options.sampling);
 }
 
 GenerateReport generate(runner::ModelRunner& runner, std::span<const std::vector<TokenId>> prompts,

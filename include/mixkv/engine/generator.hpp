@@ -74,9 +74,10 @@ struct GenerateReport {
   double tokens_per_second() const;
 };
 
-// Throws InvalidInput naming the flag when an option is out of range (max_tokens, num_spec_tokens,
-// max_batch, prefill_chunk, the sampling parameters): what generate checks before any work, for a
-// caller that wants to refuse bad options before it loads a model.
+// Throws InvalidInput naming the flag when max_tokens, num_spec_tokens, max_batch or
+// prefill_chunk is out of range: what generate checks before any work, for a caller that wants to
+// refuse bad options before it loads a model. (The sampling parameters are checked per request,
+// naming it: sample::validate checks them alone.)
 void validate(const GenerateOptions& options);
 
 // Generates for every prompt. `drafter` may be null (plain decoding). The runner's cache is
