@@ -1,7 +1,9 @@
-// Pieces shared by the deterministic mutation fuzz tests of the planner and the trace reader
-// (tests/plan/plan_fuzz_test.cpp, tests/engine/trace_fuzz_test.cpp): a generator per input seeded
-// from its iteration alone (so MIXKV_FUZZ_REPLAY=N reproduces input N), edge-case integers, and
-// the iteration count (each test's own default, sized to seconds under the sanitizers;
+// Pieces shared by the deterministic mutation fuzz tests of the planner, the trace reader, the
+// server's request bodies and the safetensors reader (tests/plan/plan_fuzz_test.cpp,
+// tests/engine/trace_fuzz_test.cpp, tests/server/server_test.cpp,
+// tests/weights/safetensors_test.cpp): a generator per input seeded from its iteration alone (so
+// MIXKV_FUZZ_REPLAY=N reproduces input N), edge-case integers and JSON values, and the iteration
+// count (each test's own default, sized to seconds under the sanitizers;
 // MIXKV_FUZZ_ITERATIONS overrides every fuzz test's count at once).
 #pragma once
 
@@ -13,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace mixkv::testing {
@@ -80,6 +83,51 @@ inline void fuzz_numbers(nlohmann::json& node, std::vector<nlohmann::json*>& out
     out.push_back(&node);
   } else if (node.is_structured()) {
     for (auto& child : node) fuzz_numbers(child, out);
+  }
+}
+
+// Every value inside `node`, `node` itself included, to aim a mutation at any of them.
+inline void fuzz_values(nlohmann::json& node, std::vector<nlohmann::json*>& out) {
+  out.push_back(&node);
+  if (node.is_structured()) {
+    for (auto& child : node) fuzz_values(child, out);
+  }
+}
+
+// A value of any JSON type, what a parser of typed fields must take or refuse by name: edge
+// integers, fractions and huge floats, empty, long and non-ASCII strings, empty and nested
+// arrays and objects.
+inline nlohmann::json fuzz_json_value(FuzzRng& rng) {
+  using nlohmann::json;
+  switch (rng() % 9) {
+    case 0:
+      return nullptr;
+    case 1:
+      return fuzz_chance(rng, 50);
+    case 2:
+      return fuzz_pick(rng, fuzz_edge_ints());
+    case 3: {
+      static const std::vector<double> floats = {-0.0,  0.5,    1.5,    -2.5,   1e-310,
+                                                 1e300, -1e300, 9.3e18, 1.8e19, 4294967296.0};
+      return fuzz_pick(rng, floats);
+    }
+    case 4:
+      return static_cast<std::uint64_t>(rng());
+    case 5: {
+      static const std::vector<std::string> strings = {
+          "", "a", "\n", "\xc3\xa9\xe2\x82\xac", std::string(3000, 'x'), "user", "text"};
+      return fuzz_pick(rng, strings);
+    }
+    case 6:
+      return json::array();
+    case 7:
+      return json::object();
+    default: {
+      json nested = json::array({1, "a", json::array({2})});
+      const auto depth = rng() % 40;
+      for (std::uint64_t d = 0; d < depth; ++d) nested = json::array({nested});
+      return nested;
+    }
   }
 }
 

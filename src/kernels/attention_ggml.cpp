@@ -33,6 +33,7 @@
 // the same written operations either way, so the bits are too.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MIXKV_GGML_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #define MIXKV_GGML_INLINE [[gnu::always_inline]] inline
 #else
@@ -266,8 +267,11 @@ MIXKV_GGML_AVX2 void swiglu_avx2(const float* gate, float* up, std::int64_t n) {
 }
 std::atomic<bool> avx2_allowed{true};
 bool has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no name for it.
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+  }();
   return yes && avx2_allowed.load(std::memory_order_relaxed);
 }
 #endif

@@ -856,7 +856,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
   const int fd = connection_fd(req);
 
   // Feeds a job's new tokens to its text; true when the choice is complete.
-  auto advance = [this](Job& j, ChoiceText& t, std::size_t& consumed) {
+  auto advance = [](Job& j, ChoiceText& t, std::size_t& consumed) {
     while (consumed < j.tokens.size()) {
       if (!t.push(j.tokens[consumed++])) return true;
     }

@@ -15,6 +15,7 @@
 #include "mixkv/server/api.hpp"
 #include "mixkv/server/server.hpp"
 #include "mixkv/tokenizer/byte_tokenizer.hpp"
+#include "mutation_fuzz.hpp"
 
 namespace mixkv::server {
 namespace {
@@ -123,6 +124,102 @@ TEST(ApiParse, MalformedJsonIsA400) {
     ADD_FAILURE();
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status(), 400);
+  }
+}
+
+// Valid bodies of every endpoint with their values replaced by values of any type, members
+// dropped or added, or the text cut or a byte changed: each parser returns a request or throws
+// ApiError 400, never another exception (a JSON type error, say) that the HTTP layer would turn
+// into a 500. schemathesis (tests/server/clients_test.py) does the same over HTTP;
+// fuzz/http_body_fuzzer.cpp at length.
+TEST(ApiParse, MutatedBodiesParseOrFailWithA400) {
+  const std::vector<json> seeds = {
+      json{{"prompt", "hi"},
+           {"max_tokens", 4},
+           {"stop", {"a", "b"}},
+           {"stream", true},
+           {"stream_options", {{"include_usage", true}}},
+           {"temperature", 0.5},
+           {"top_p", 0.9},
+           {"top_k", 3},
+           {"seed", 7},
+           {"n", 1},
+           {"logprobs", nullptr},
+           {"presence_penalty", 0},
+           {"model", "tiny-swa"},
+           {"ignore_eos", false}},
+      json{{"prompt", {{1, 2}, {3}}}, {"max_tokens", 2}, {"stop", "x"}},
+      json{{"messages",
+            {{{"role", "system"}, {"content", "be brief"}},
+             {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "a"}}}}},
+             {{"role", "assistant"}, {"content", "b"}}}},
+           {"max_completion_tokens", 3},
+           {"stream", false}},
+      json{{"prompt", "hello"}, {"add_special_tokens", true}},
+      json{{"tokens", {1, 2, 3}}, {"model", "tiny-swa"}}};
+  static const std::vector<std::string> names = {"prompt",
+                                                 "messages",
+                                                 "tokens",
+                                                 "max_tokens",
+                                                 "max_completion_tokens",
+                                                 "stop",
+                                                 "stream",
+                                                 "stream_options",
+                                                 "temperature",
+                                                 "top_p",
+                                                 "top_k",
+                                                 "seed",
+                                                 "n",
+                                                 "role",
+                                                 "content",
+                                                 "text"};
+  const std::int64_t iterations = mixkv::testing::fuzz_iterations(4000);
+  std::int64_t parsed = 0, refused = 0;
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    mixkv::testing::FuzzRng rng = mixkv::testing::fuzz_rng(0x6d69786b76617069, i);  // "mixkvapi"
+    json body = mixkv::testing::fuzz_pick(rng, seeds);
+    for (auto edits = 1 + rng() % 3; edits > 0; --edits) {
+      std::vector<json*> values;
+      mixkv::testing::fuzz_values(body, values);
+      json& at = *values[rng() % values.size()];
+      if (at.is_object() && mixkv::testing::fuzz_chance(rng, 30)) {
+        at[mixkv::testing::fuzz_pick(rng, names)] = mixkv::testing::fuzz_json_value(rng);
+      } else if (at.is_structured() && !at.empty() && mixkv::testing::fuzz_chance(rng, 20)) {
+        at.erase(at.begin());
+      } else {
+        at = mixkv::testing::fuzz_json_value(rng);
+      }
+    }
+    std::string text = body.dump();
+    if (mixkv::testing::fuzz_chance(rng, 20)) {
+      const std::size_t cut = rng() % (text.size() + 1);
+      if (mixkv::testing::fuzz_chance(rng, 50)) {
+        text.resize(cut);
+      } else if (cut < text.size()) {
+        text[cut] = static_cast<char>(rng() & 0xFF);
+      }
+    }
+    const auto outcome = [&](const auto& parse) {
+      try {
+        parse(parse_body(text));
+        ++parsed;
+      } catch (const ApiError& e) {
+        EXPECT_EQ(e.status(), 400) << text << ": " << e.what();
+        ++refused;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "iteration " << i << ": " << text << "\nescaped as " << e.what();
+      }
+    };
+    outcome([&](const json& b) { (void)parse_completion(b, limits()); });
+    outcome([&](const json& b) { (void)parse_chat(b, limits()); });
+    outcome([&](const json& b) { (void)parse_tokenize(b); });
+    outcome([&](const json& b) { (void)parse_detokenize(b, limits()); });
+    if (::testing::Test::HasFailure()) break;
+  }
+  // Mostly one outcome would leave the other side of the parser untested.
+  if (iterations >= 100) {
+    EXPECT_GT(parsed, iterations / 10);
+    EXPECT_GT(refused, iterations / 10);
   }
 }
 

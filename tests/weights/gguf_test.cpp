@@ -6,6 +6,7 @@
 
 #include <random>
 
+#include "mutation_fuzz.hpp"
 #include "test_support.hpp"
 #include "weights/gguf_builder.hpp"
 
@@ -281,7 +282,7 @@ TEST(Gguf, MutatedFilesParseOrFailCleanly) {
   const std::vector<std::byte> base = b.build();
   std::mt19937_64 rng(13);
   int parsed = 0, refused = 0;
-  for (int iter = 0; iter < 3000; ++iter) {
+  for (std::int64_t iter = 0; iter < mixkv::testing::fuzz_iterations(3000); ++iter) {
     std::vector<std::byte> m = base;
     const int edits = 1 + int(rng() % 4);
     for (int e = 0; e < edits; ++e) {
