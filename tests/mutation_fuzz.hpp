@@ -9,8 +9,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -83,6 +86,27 @@ inline void fuzz_numbers(nlohmann::json& node, std::vector<nlohmann::json*>& out
     out.push_back(&node);
   } else if (node.is_structured()) {
     for (auto& child : node) fuzz_numbers(child, out);
+  }
+}
+
+// 1 to `max_edits` kinds of damage to a file's bytes: a byte changed, a 64-bit field overwritten
+// with a large value, the file cut (no further edit once it is shorter than 8 bytes).
+inline void fuzz_damage_bytes(std::vector<std::byte>& file, FuzzRng& rng, int max_edits) {
+  for (auto edits = 1 + rng() % static_cast<std::uint64_t>(max_edits); edits > 0; --edits) {
+    if (file.size() < 8) break;
+    const std::size_t at = rng() % file.size();
+    switch (rng() % 3) {
+      case 0:
+        file[at] = static_cast<std::byte>(rng() & 0xFF);
+        break;
+      case 1: {
+        const std::uint64_t big = rng() >> (rng() % 64);
+        std::memcpy(file.data() + std::min(at, file.size() - 8), &big, 8);
+        break;
+      }
+      default:
+        file.resize(at);
+    }
   }
 }
 

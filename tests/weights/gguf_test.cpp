@@ -284,24 +284,7 @@ TEST(Gguf, MutatedFilesParseOrFailCleanly) {
   int parsed = 0, refused = 0;
   for (std::int64_t iter = 0; iter < mixkv::testing::fuzz_iterations(3000); ++iter) {
     std::vector<std::byte> m = base;
-    const int edits = 1 + int(rng() % 4);
-    for (int e = 0; e < edits; ++e) {
-      const std::size_t at = rng() % m.size();
-      switch (rng() % 3) {
-        case 0:
-          m[at] = std::byte(rng() & 0xFF);
-          break;
-        case 1: {
-          const std::uint64_t big = rng() >> (rng() % 64);
-          std::memcpy(m.data() + std::min(at, m.size() - 8), &big, 8);
-          break;
-        }
-        default:
-          m.resize(at);
-          break;
-      }
-      if (m.size() < 8) break;
-    }
+    mixkv::testing::fuzz_damage_bytes(m, rng, 4);
     try {
       const GgufFile f = parse(m);
       for (const GgufTensor& t : f.tensors()) {

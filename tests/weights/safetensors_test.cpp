@@ -166,21 +166,7 @@ TEST(Safetensors, MutatedFilesParseOrFailCleanly) {
       file = file_with_header(header.dump(), data.size());
       std::copy(data.begin(), data.end(), file.end() - static_cast<std::ptrdiff_t>(data.size()));
     } else {
-      for (auto edits = 1 + rng() % 3; edits > 0 && file.size() >= 8; --edits) {
-        const std::size_t at = rng() % file.size();
-        switch (rng() % 3) {
-          case 0:
-            file[at] = static_cast<std::byte>(rng() & 0xFF);
-            break;
-          case 1: {
-            const std::uint64_t big = rng() >> (rng() % 64);
-            std::memcpy(file.data() + std::min(at, file.size() - 8), &big, 8);
-            break;
-          }
-          default:
-            file.resize(at);
-        }
-      }
+      mixkv::testing::fuzz_damage_bytes(file, rng, 3);
     }
     TensorMap tensors;
     try {
