@@ -1,10 +1,10 @@
-// Pieces shared by the deterministic mutation fuzz tests of the planner, the trace reader, the
-// server's request bodies and the safetensors reader (tests/plan/plan_fuzz_test.cpp,
-// tests/engine/trace_fuzz_test.cpp, tests/server/server_test.cpp,
-// tests/weights/safetensors_test.cpp): a generator per input seeded from its iteration alone (so
-// MIXKV_FUZZ_REPLAY=N reproduces input N), edge-case integers and JSON values, and the iteration
-// count (each test's own default, sized to seconds under the sanitizers;
-// MIXKV_FUZZ_ITERATIONS overrides every fuzz test's count at once).
+// Pieces shared by the deterministic mutation fuzz tests (the planner, the trace reader, the
+// server's request bodies, the GGUF and safetensors readers, a transfer peer's descriptor:
+// tests/plan/plan_fuzz_test.cpp, tests/engine/trace_fuzz_test.cpp, tests/server/server_test.cpp,
+// tests/weights/, tests/transfer/descriptor_fuzz_test.cpp): a generator per input seeded from its
+// iteration alone (so MIXKV_FUZZ_REPLAY=N reproduces input N), edge-case integers, JSON values
+// and byte damage, and the iteration count (each test's own default, sized to seconds under the
+// sanitizers; MIXKV_FUZZ_ITERATIONS overrides every fuzz test's count at once).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,11 +14,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mixkv::testing {
@@ -78,6 +80,47 @@ inline std::optional<std::int64_t> fuzz_env(const char* name) {
 
 inline std::int64_t fuzz_iterations(std::int64_t default_count) {
   return fuzz_env("MIXKV_FUZZ_ITERATIONS").value_or(default_count);
+}
+
+// The loop of a fuzz test over inputs 0, 1, ...: `make(i)` builds input i, `check(input,
+// &accepted)` returns the problem it finds ("" when the input was handled as it should) and says
+// whether the input got through (planned, simulated) rather than being refused, `describe(input)`
+// prints it. MIXKV_FUZZ_REPLAY=N runs input N alone and prints it; otherwise
+// fuzz_iterations(default_count) inputs, stopping after three failures, each reported with its
+// replay setting. From 500 inputs on, at least one in `accepted_one_in` must get through: inputs
+// that are mostly refused would leave the stages behind the first check untested.
+template <typename Make, typename Check, typename Describe>
+void run_fuzz(std::string_view name, std::int64_t default_count, std::int64_t accepted_one_in,
+              Make make, Check check, Describe describe) {
+  if (const auto replay = fuzz_env("MIXKV_FUZZ_REPLAY")) {
+    const auto input = make(static_cast<std::uint64_t>(*replay));
+    bool accepted = false;
+    const std::string problem = check(input, &accepted);
+    std::cout << name << " iteration " << *replay << ": " << describe(input)
+              << "\noutcome: " << (problem.empty() ? (accepted ? "accepted" : "refused") : problem)
+              << "\n";
+    EXPECT_TRUE(problem.empty()) << problem;
+    return;
+  }
+  const std::int64_t iterations = fuzz_iterations(default_count);
+  std::int64_t accepted_count = 0;
+  int failures = 0;
+  for (std::int64_t i = 0; i < iterations && failures < 3; ++i) {
+    const auto input = make(static_cast<std::uint64_t>(i));
+    bool accepted = false;
+    const std::string problem = check(input, &accepted);
+    accepted_count += accepted ? 1 : 0;
+    if (!problem.empty()) {
+      ++failures;
+      ADD_FAILURE() << name << " iteration " << i << " (replay with MIXKV_FUZZ_REPLAY=" << i
+                    << "): " << problem << "\n"
+                    << describe(input);
+    }
+  }
+  if (iterations >= 500) {
+    EXPECT_GE(accepted_count * accepted_one_in, iterations)
+        << accepted_count << " of " << iterations << " inputs got through";
+  }
 }
 
 // Every number inside `node`, to aim a mutation straight at one.

@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -135,33 +134,8 @@ std::string check(const std::string& text, bool* simulated) {
 }
 
 TEST(TraceFuzz, EveryMutatedTraceSimulatesOrThrowsMixkvError) {
-  if (const auto replay = testing::fuzz_env("MIXKV_FUZZ_REPLAY")) {
-    const std::string text = make_input(static_cast<std::uint64_t>(*replay));
-    bool simulated = false;
-    const std::string problem = check(text, &simulated);
-    std::cout << "iteration " << *replay << ":\n"
-              << text << "outcome: " << (problem.empty() ? "ok" : problem) << "\n";
-    EXPECT_TRUE(problem.empty()) << problem;
-    return;
-  }
-  const std::int64_t iterations = testing::fuzz_iterations(kDefaultIterations);
-  std::int64_t simulated_count = 0;
-  int failures = 0;
-  for (std::int64_t i = 0; i < iterations && failures < 3; ++i) {
-    const std::string text = make_input(static_cast<std::uint64_t>(i));
-    bool simulated = false;
-    const std::string problem = check(text, &simulated);
-    simulated_count += simulated ? 1 : 0;
-    if (!problem.empty()) {
-      ++failures;
-      ADD_FAILURE() << "trace fuzz iteration " << i << " (replay with MIXKV_FUZZ_REPLAY=" << i
-                    << "): " << problem << "\n"
-                    << text;
-    }
-  }
-  if (iterations >= 500) {
-    EXPECT_GE(simulated_count * 5, iterations) << simulated_count << " simulated";
-  }
+  testing::run_fuzz("trace fuzz", kDefaultIterations, 5, make_input, check,
+                    [](const std::string& text) { return "\n" + text; });
 }
 
 }  // namespace

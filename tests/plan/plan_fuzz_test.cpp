@@ -10,7 +10,6 @@
 
 #include <fmt/format.h>
 
-#include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -162,34 +161,8 @@ std::string check(const Input& in, bool* planned) {
 }
 
 TEST(PlanFuzz, EveryMutatedModelFileAndOptionPlansOrThrowsMixkvError) {
-  if (const auto replay = mixkv::testing::fuzz_env("MIXKV_FUZZ_REPLAY")) {
-    const Input in = make_input(static_cast<std::uint64_t>(*replay));
-    bool planned = false;
-    const std::string problem = check(in, &planned);
-    std::cout << "iteration " << *replay << ": " << in.report()
-              << "\noutcome: " << (problem.empty() ? "ok" : problem) << "\n";
-    EXPECT_TRUE(problem.empty()) << problem;
-    return;
-  }
-  const std::int64_t iterations = mixkv::testing::fuzz_iterations(kDefaultIterations);
-  std::int64_t planned_count = 0;
-  int failures = 0;
-  for (std::int64_t i = 0; i < iterations && failures < 3; ++i) {
-    const Input in = make_input(static_cast<std::uint64_t>(i));
-    bool planned = false;
-    const std::string problem = check(in, &planned);
-    planned_count += planned ? 1 : 0;
-    if (!problem.empty()) {
-      ++failures;
-      ADD_FAILURE() << "plan fuzz iteration " << i << " (replay with MIXKV_FUZZ_REPLAY=" << i
-                    << "): " << problem << "\n"
-                    << in.report();
-    }
-  }
-  // Mostly-rejected inputs would leave the planner's later stages untested.
-  if (iterations >= 500) {
-    EXPECT_GE(planned_count * 10, iterations) << planned_count << " planned";
-  }
+  mixkv::testing::run_fuzz("plan fuzz", kDefaultIterations, 10, make_input, check,
+                           [](const Input& in) { return in.report(); });
 }
 
 }  // namespace
