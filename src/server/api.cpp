@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "mixkv/core/json_int.hpp"
+
 namespace mixkv::server {
 namespace {
 
@@ -30,14 +32,7 @@ const json& field(const json& body, std::string_view name) {
 
 // An integer: a JSON integer, or a number with no fractional part (JSON Schema's integer).
 std::optional<std::int64_t> as_integer(const json& v) {
-  if (v.is_number_integer()) {
-    if (v.is_number_unsigned() &&
-        v.get<std::uint64_t>() >
-            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      return std::nullopt;
-    }
-    return v.get<std::int64_t>();
-  }
+  if (v.is_number_integer()) return json_int64(v);
   if (v.is_number_float()) {
     const double d = v.get<double>();
     if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {

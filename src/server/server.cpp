@@ -28,6 +28,7 @@
 
 #include "metrics.hpp"
 #include "mixkv/core/error.hpp"
+#include "mixkv/core/json_int.hpp"
 #include "mixkv/engine/generator.hpp"
 #include "mixkv/sched/scheduler.hpp"
 #include "mixkv/server/api.hpp"
@@ -715,13 +716,17 @@ struct Server::Impl {
       message = fmt::format("the prefill server answered {}: {}", res->status,
                             printable(res->body.substr(0, 300)));
     } else {
-      try {
-        j.kv_request = json::parse(res->body).at("kv_request").get<std::int64_t>();
+      // Read exactly (json_int64): a float or an out-of-range id is no request of ours.
+      const json answer = json::parse(res->body, nullptr, false);
+      const std::optional<std::int64_t> id = answer.is_object() && answer.contains("kv_request")
+                                                 ? json_int64(answer.at("kv_request"))
+                                                 : std::nullopt;
+      if (id) {
+        j.kv_request = *id;
         return;
-      } catch (const json::exception&) {
-        reason = transfer::to_string(transfer::FailureReason::kRefused);
-        message = "the prefill server's answer has no kv_request";
       }
+      reason = transfer::to_string(transfer::FailureReason::kRefused);
+      message = "the prefill server's answer has no kv_request";
     }
     metrics.transfer_failure(reason).Increment();
     if (opt.kv.fail_on_load_failure) {

@@ -1,13 +1,16 @@
 #include "mixkv/transfer/layout_descriptor.hpp"
 
+#include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <xxhash.h>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/core/json_int.hpp"
 #include "mixkv/core/json_optional.hpp"
 
 namespace mixkv::transfer {
@@ -238,17 +241,51 @@ nlohmann::json to_json(const LayoutDescriptor& d) {
 
 namespace {
 
+// `v` as exactly a T (a boolean, an integer that T holds, a string, an array of those; a JSON
+// value: an array, whose elements the caller reads), or false: a peer's 4294967297 is not
+// tensor 1, nor 1.5 a head size of 1.
+template <typename T>
+bool read_exactly(const nlohmann::json& v, T& out) {
+  if constexpr (std::is_same_v<T, nlohmann::json>) {
+    if (!v.is_array()) return false;
+    out = v;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return false;
+    out = v.get<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    const std::optional<std::int64_t> x = json_int64(v);
+    if (!x || *x < std::numeric_limits<T>::min() || *x > std::numeric_limits<T>::max()) {
+      return false;
+    }
+    out = static_cast<T>(*x);
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return false;
+    out = v.get<std::string>();
+  } else {  // a std::vector
+    if (!v.is_array()) return false;
+    out.clear();
+    for (const auto& e : v) {
+      typename T::value_type x{};
+      if (!read_exactly(e, x)) return false;
+      out.push_back(std::move(x));
+    }
+  }
+  return true;
+}
+
 template <typename T>
 T get(const nlohmann::json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) {
     throw_invalid(fmt::format("layout descriptor: {} has no key '{}'", where, key));
   }
-  try {
-    return j.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw_invalid(fmt::format("layout descriptor: {}.{} has the wrong type ({})", where, key,
-                              j.at(key).type_name()));
+  T out{};
+  if (!read_exactly(j.at(key), out)) {
+    std::string shown = j.at(key).dump();
+    if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+    throw_invalid(fmt::format("layout descriptor: {}.{} has the wrong type or range ({} {})", where,
+                              key, j.at(key).type_name(), shown));
   }
+  return out;
 }
 
 template <typename T>

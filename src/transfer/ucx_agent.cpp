@@ -15,6 +15,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -22,6 +23,7 @@
 #include <ucp/api/ucp.h>
 
 #include "mixkv/core/error.hpp"
+#include "mixkv/core/json_int.hpp"
 
 namespace mixkv::transfer {
 
@@ -983,19 +985,47 @@ void DecodeAgent::connect(const std::string& host, std::uint16_t port) {
   } catch (const nlohmann::json::exception&) {
     throw_invalid("KV transfer handshake: the prefill side sent malformed JSON");
   }
-  if (reply.contains("error")) throw_invalid(reply.at("error").get<std::string>());
+  // The reply's fields, read exactly: a reply that lacks one or gives another type (a float for
+  // an address, a string for the id) is the prefill side's fault, an Error, not a JSON exception
+  // or a value converted without a word.
+  const auto field = [&](const char* key) -> const nlohmann::json& {
+    if (!reply.is_object() || !reply.contains(key)) {
+      throw_invalid(
+          fmt::format("KV transfer handshake: the prefill side's reply has no '{}'", key));
+    }
+    return reply.at(key);
+  };
+  const auto malformed = [](const char* key) {
+    throw_invalid(fmt::format("KV transfer handshake: the prefill side's '{}' is malformed", key));
+  };
+  if (reply.is_object() && reply.contains("error")) {
+    const nlohmann::json& error = reply.at("error");
+    throw_invalid(error.is_string() ? error.get<std::string>() : error.dump());
+  }
   auto peer = std::make_unique<Peer>();
-  peer->layout = descriptor_from_json(reply.at("layout"));
+  peer->layout = descriptor_from_json(field("layout"));
   reconcile(peer->layout, impl_->layout);
-  const auto rkeys = reply.at("rkeys").get<std::vector<std::string>>();
-  peer->remote_base = reply.at("bases").get<std::vector<std::uint64_t>>();
+  std::vector<std::string> rkeys;
+  if (!field("rkeys").is_array()) malformed("rkeys");
+  for (const nlohmann::json& k : field("rkeys")) {
+    if (!k.is_string()) malformed("rkeys");
+    rkeys.push_back(k.get<std::string>());
+  }
+  if (!field("bases").is_array()) malformed("bases");
+  for (const nlohmann::json& b : field("bases")) {
+    if (!b.is_number_unsigned()) malformed("bases");  // an address: a non-negative integer
+    peer->remote_base.push_back(b.get<std::uint64_t>());
+  }
   if (rkeys.size() != peer->layout.tensor_bytes.size() || peer->remote_base.size() != rkeys.size())
     throw_invalid("KV transfer handshake: rkeys do not match the prefill side's tensors");
-  peer->id = reply.at("peer").get<std::int64_t>();
+  const std::optional<std::int64_t> id = json_int64(field("peer"));
+  if (!id) malformed("peer");
+  peer->id = *id;
   if (reply.contains("control") && reply.at("control").is_string()) {
     peer->control = reply.at("control").get<std::string>();
   }
-  peer->open(*impl_->endpoint, reply.at("address").get<std::string>(),
+  if (!field("address").is_string()) malformed("address");
+  peer->open(*impl_->endpoint, field("address").get<std::string>(),
              impl_->options.peer_failure_detection);
   for (const auto& hex : rkeys) {
     const std::vector<unsigned char> buf = from_hex(hex);

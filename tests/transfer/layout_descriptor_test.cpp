@@ -1,6 +1,7 @@
 // The layout descriptor: JSON round trip, what reconcile() accepts and what it refuses.
 #include "mixkv/transfer/layout_descriptor.hpp"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -70,6 +71,34 @@ TEST(LayoutDescriptor, MalformedJsonNamesTheKey) {
   j["layers"][0]["tensor"] = 99;
   EXPECT_THAT([&] { descriptor_from_json(j); },
               ::testing::ThrowsMessage<Error>(HasSubstr("inconsistent geometry")));
+}
+
+// nlohmann's own conversions would take 4294967297 as tensor 1, 1.5 as head size 1, true as 1 and
+// 1e30 as undefined behaviour: a peer's numbers are read exactly or refused.
+TEST(LayoutDescriptor, NumbersAreExactIntegersInRange) {
+  const auto s = make_side({});
+  const nlohmann::json j = to_json(s.descriptor);
+  const auto refused = [&](const nlohmann::json& m, const std::string& field) {
+    EXPECT_THAT([&] { descriptor_from_json(m); },
+                ::testing::ThrowsMessage<Error>(HasSubstr(field + " has the wrong type or range")))
+        << m.dump().substr(0, 200);
+  };
+  for (const nlohmann::json& bad : {nlohmann::json(1.5), nlohmann::json(1e30), nlohmann::json(true),
+                                    nlohmann::json("1"), nlohmann::json(18446744073709551615ULL)}) {
+    for (const char* key : {"tensor", "head_size", "offset"}) {
+      nlohmann::json m = j;
+      m["layers"][0][key] = bad;
+      refused(m, std::string(".") + key);
+    }
+    nlohmann::json m = j;
+    m["tensor_bytes"][0] = bad;
+    refused(m, "tensor_bytes");
+  }
+  for (const char* key : {"tensor", "head_size"}) {  // 32-bit fields: 2^32 + 1 is not 1
+    nlohmann::json m = j;
+    m["layers"][0][key] = 4294967297LL;
+    refused(m, std::string(".") + key);
+  }
 }
 
 TEST(Reconcile, AcceptsOtherBlockSizesPoliciesAndTpAndSaysSo) {
