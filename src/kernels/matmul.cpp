@@ -493,6 +493,7 @@ void rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
 // y = ((acc_0 + acc_4) + (acc_2 + acc_6)) + ((acc_1 + acc_5) + (acc_3 + acc_7)) (+ summs).
 // The integers are exact on every path, and the float steps are the same operations in the
 // same order on every path, so every instruction set gives the same bits.
+
 // Code e (0..31) of a weight block: q4_0 as q - 8, q8_0 signed, q4_1 as stored.
 template <WeightType kT>
 HWY_INLINE int weight_code(const std::byte* block, int e) {

@@ -2,6 +2,7 @@
 // error naming the tensor or field, and damaged files are read or refused, never anything else.
 #include "mixkv/weights/safetensors.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -141,9 +142,7 @@ TEST(Safetensors, MutatedFilesParseOrFailCleanly) {
   with_metadata["d.empty"] = Tensor{DType::kFloat32, {0, 3}, {}};
   const std::vector<std::vector<std::byte>> bases = {serialize_safetensors(sample_tensors()),
                                                      serialize_safetensors(with_metadata)};
-  const std::int64_t iterations = mixkv::testing::fuzz_iterations(3000);
-  std::int64_t parsed = 0, refused = 0;
-  for (std::int64_t i = 0; i < iterations && !::testing::Test::HasFailure(); ++i) {
+  const auto make = [&](std::uint64_t i) {
     mixkv::testing::FuzzRng rng = mixkv::testing::fuzz_rng(0x6d69786b76737431, i);  // "mixkvst1"
     std::vector<std::byte> file = mixkv::testing::fuzz_pick(rng, bases);
     std::uint64_t n = 0;
@@ -168,29 +167,32 @@ TEST(Safetensors, MutatedFilesParseOrFailCleanly) {
     } else {
       mixkv::testing::fuzz_damage_bytes(file, rng, 3);
     }
+    return file;
+  };
+  const auto check = [](const std::vector<std::byte>& file, bool* parsed) -> std::string {
     TensorMap tensors;
     try {
       tensors = parse_safetensors(file, "fuzz.safetensors");
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidInput) << "iteration " << i << ": " << e.what();
-      ++refused;
-      continue;
+      return e.code() == ErrorCode::kInvalidInput ? "" : fmt::format("not bad input: {}", e.what());
     } catch (const std::exception& e) {
-      ADD_FAILURE() << "iteration " << i << " escaped as " << e.what();
-      continue;
+      return fmt::format("escaped as {}", e.what());
     }
-    ++parsed;
+    *parsed = true;
     for (const auto& [name, t] : tensors) {
-      EXPECT_EQ(std::ssize(t.values), t.numel()) << "iteration " << i << ": " << name;
+      if (std::ssize(t.values) != t.numel()) {
+        return fmt::format("{} holds {} values for {} elements", name, t.values.size(), t.numel());
+      }
     }
     const std::vector<std::byte> again = serialize_safetensors(tensors);
-    EXPECT_EQ(serialize_safetensors(parse_safetensors(again, "again")), again) << "iteration " << i;
-  }
-  // Mostly one outcome would leave the other side of the parser untested.
-  if (iterations >= 100) {
-    EXPECT_GT(parsed, iterations / 10);
-    EXPECT_GT(refused, iterations / 10);
-  }
+    if (serialize_safetensors(parse_safetensors(again, "again")) != again) {
+      return "writing and reading again changed the file";
+    }
+    return "";
+  };
+  mixkv::testing::run_fuzz(
+      "safetensors fuzz", 3000, 10, make, check,
+      [](const std::vector<std::byte>& file) { return fmt::format("{} bytes", file.size()); });
 }
 
 }  // namespace
