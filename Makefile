@@ -5,6 +5,9 @@
 #   make python-test   `pip install .` into a fresh virtual environment, then the Python tests
 BUILD_DIR ?= build
 SANITIZE_DIR ?= build-sanitize
+FUZZ_DIR ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZERS = config plan trace gguf safetensors http_body descriptor
 JOBS ?= $(shell nproc)
 CMAKE_GENERATOR ?= Ninja
 DEMO_TARGET ?= qwen3.5-27b
@@ -16,7 +19,7 @@ PY_VENV ?= build-venv
 # position-independent for the extension) from its cache.
 CCACHE_LAUNCHER = $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: all deps configure build demo test test-sanitize python-test bench format tidy clean
+.PHONY: all deps configure build demo test test-sanitize python-test bench fuzz format tidy clean
 
 all: build
 
@@ -89,6 +92,20 @@ python-test: deps
 bench: build
 	./$(BUILD_DIR)/bench/mixkv_bench
 
+# Every libFuzzer target (fuzz/CMakeLists.txt), FUZZ_SECONDS each on its seeds (findings are
+# written to the working directory). Not part of CI: the instrumented library alone takes about
+# 25 minutes to build on 2 cores.
+fuzz:
+	@./scripts/install-deps.sh deps/debian-packages-fuzz.txt
+	CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G "$(CMAKE_GENERATOR)" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMIXKV_BUILD_FUZZ=ON -DMIXKV_BUILD_BENCH=OFF
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target $(FUZZERS:%=mixkv_%_fuzzer)
+	set -e; for f in $(FUZZERS); do \
+	  echo "== mixkv_$${f}_fuzzer, $(FUZZ_SECONDS) s"; \
+	  $(FUZZ_DIR)/fuzz/mixkv_$${f}_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 \
+	    -print_final_stats=1 $(FUZZ_DIR)/fuzz/corpus-$$f; \
+	done
+
 format:
 	find include src tests bench fuzz -name '*.hpp' -o -name '*.cpp' | xargs clang-format -i
 
@@ -96,4 +113,4 @@ tidy: configure
 	find src -name '*.cpp' | xargs clang-tidy -p $(BUILD_DIR) --quiet
 
 clean:
-	rm -rf $(BUILD_DIR) $(SANITIZE_DIR) build-python $(PY_VENV)
+	rm -rf $(BUILD_DIR) $(SANITIZE_DIR) $(FUZZ_DIR) build-python $(PY_VENV)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in deps/debian-packages.txt that are not yet installed.
+# Installs the Debian packages listed in deps/debian-packages.txt (or the list given, e.g.
+# deps/debian-packages-fuzz.txt) that are not yet installed.
 # Idempotent: does nothing (and needs no privileges) when everything is present.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-list="$here/deps/debian-packages.txt"
+list="${1:-$here/deps/debian-packages.txt}"
+[ -f "$list" ] || { echo "mixkv: no package list at $list" >&2; exit 2; }
 
 missing=()
 while read -r pkg; do
