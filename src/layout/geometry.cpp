@@ -120,14 +120,20 @@ TokenLocation locate_token(const LayerGeometry& layer, std::span<const std::int6
                               position, blocks.size(), layer.block_tokens));
   }
   const std::int64_t in_block = position % layer.block_tokens;
+  // Checked: the geometry may be a transfer peer's (transfer::plan_pull), whose block ids and
+  // strides are its own to send; a location past 2^63 is bad input, not a wrapped offset.
+  constexpr std::string_view kWhat = "a token's location in the KV cache";
+  const auto mul = [&](std::int64_t a, std::int64_t b) { return checked_mul(a, b, kWhat); };
+  const auto add = [&](std::int64_t a, std::int64_t b) { return checked_add(a, b, kWhat); };
   TokenLocation loc;
-  loc.kernel_page = blocks[static_cast<std::size_t>(block_index)] * layer.kernel_pages_per_block +
-                    in_block / layer.kernel_tokens;
+  loc.kernel_page =
+      add(mul(blocks[static_cast<std::size_t>(block_index)], layer.kernel_pages_per_block),
+          in_block / layer.kernel_tokens);
   const std::int64_t in_page = in_block % layer.kernel_tokens;
-  loc.slot = loc.kernel_page * layer.kernel_tokens + in_page;
-  const std::int64_t page_base = layer.offset + loc.kernel_page * layer.kernel_page_stride;
-  loc.k_offset = page_base + in_page * layer.k_token_bytes;
-  loc.v_offset = page_base + layer.v_offset + in_page * layer.v_token_bytes;
+  loc.slot = add(mul(loc.kernel_page, layer.kernel_tokens), in_page);
+  const std::int64_t page_base = add(layer.offset, mul(loc.kernel_page, layer.kernel_page_stride));
+  loc.k_offset = add(page_base, mul(in_page, layer.k_token_bytes));
+  loc.v_offset = add(add(page_base, layer.v_offset), mul(in_page, layer.v_token_bytes));
   return loc;
 }
 

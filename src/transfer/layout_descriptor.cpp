@@ -315,7 +315,11 @@ StateTensorLayout state_from_json(const nlohmann::json& sj, const std::string& w
   }
   std::int64_t sum = 0;
   for (const auto& g : t.segments) {
-    if (g.size <= 0 || g.size > (std::int64_t{1} << 40)) bad = true;
+    // The sum stays at most 2^41: it must come to a dimension of at most 2^40.
+    if (g.size <= 0 || g.size > (std::int64_t{1} << 40) || sum > (std::int64_t{1} << 40)) {
+      bad = true;
+      break;
+    }
     sum += g.size;
   }
   if (!bad && t.split_dim >= 0 && sum != t.shape[static_cast<std::size_t>(t.split_dim)]) bad = true;
@@ -371,6 +375,12 @@ LayoutDescriptor descriptor_from_json(const nlohmann::json& j) {
   }
   d.policy = get<std::string>(j, "policy", "descriptor");
   d.tensor_bytes = get<std::vector<std::int64_t>>(j, "tensor_bytes", "descriptor");
+  for (std::size_t t = 0; t < d.tensor_bytes.size(); ++t) {
+    if (d.tensor_bytes[t] < 0 || d.tensor_bytes[t] > kMaxTensorBytes) {
+      throw_invalid(fmt::format("layout descriptor: tensor {} has {} bytes (0 to 2^50)", t,
+                                d.tensor_bytes[t]));
+    }
+  }
   for (const auto& gj : get<nlohmann::json>(j, "groups", "descriptor")) {
     GroupLayout g;
     g.id = get<int>(gj, "id", "group");
@@ -419,15 +429,26 @@ LayoutDescriptor descriptor_from_json(const nlohmann::json& j) {
     }
     // Every number later used as a byte offset or count is checked here, once, so a peer's
     // descriptor cannot make the transfer read outside a tensor.
+    // In an order that overflows nothing: the sums and products of a peer's numbers are formed
+    // only once they are known to be non-negative, and the product with overflow checked.
     const bool bad_tensor =
         l.tensor < 0 || static_cast<std::size_t>(l.tensor) >= d.tensor_bytes.size();
+    // Byte counts and offsets at most a tensor's bytes, token counts at most 2^31, so that the
+    // plan's sums of them stay far from overflow (its products of a peer's block ids are
+    // checked there).
+    const auto bytes_ok = [](std::int64_t v) { return v >= 0 && v <= kMaxTensorBytes; };
+    const auto tokens_ok = [](std::int64_t v) { return v >= 1 && v <= kMaxBlockTokens; };
     const bool bad_numbers =
-        l.offset < 0 || l.block_tokens < 0 || l.kernel_tokens < 0 || l.kernel_pages_per_block < 1 ||
-        l.kernel_page_stride < 0 || l.k_token_bytes < 0 || l.v_token_bytes < 0 || l.v_offset < 0 ||
-        l.state_bytes < 0 || l.num_kv_heads < 0 || l.total_kv_heads < 0 || l.kv_head_begin < 0 ||
-        l.kv_head_begin + l.num_kv_heads > l.total_kv_heads ||
+        !bytes_ok(l.offset) || !bytes_ok(l.kernel_page_stride) || !bytes_ok(l.k_token_bytes) ||
+        !bytes_ok(l.v_token_bytes) || !bytes_ok(l.v_offset) || !bytes_ok(l.state_bytes) ||
+        l.block_tokens < 0 || l.kernel_tokens < 0 || !tokens_ok(l.kernel_pages_per_block) ||
+        l.num_kv_heads < 0 || l.total_kv_heads < 0 || l.kv_head_begin < 0 ||
+        l.kv_head_begin > l.total_kv_heads || l.num_kv_heads > l.total_kv_heads - l.kv_head_begin ||
         (!l.recurrent &&
-         (l.kernel_tokens == 0 || l.block_tokens != l.kernel_tokens * l.kernel_pages_per_block));
+         (!tokens_ok(l.kernel_tokens) || !tokens_ok(l.block_tokens) || l.num_kv_heads < 1 ||
+          l.block_tokens / l.kernel_pages_per_block != l.kernel_tokens ||
+          l.block_tokens % l.kernel_pages_per_block != 0 || (l.window && *l.window < 1) ||
+          (l.chunk && *l.chunk < 1)));
     if (bad_tensor || bad_numbers) {
       throw_invalid(fmt::format("layout descriptor: {} has an inconsistent geometry", w));
     }

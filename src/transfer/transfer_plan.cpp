@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string_view>
 
 #include <fmt/format.h>
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
@@ -11,6 +12,7 @@
 #define MIXKV_XXH3_DISPATCH 1
 #endif
 
+#include "mixkv/core/checked_math.hpp"
 #include "mixkv/core/error.hpp"
 
 namespace mixkv::transfer {
@@ -81,8 +83,9 @@ struct Side {
   std::int64_t head_offset_v = 0;
   bool whole_token = false;  // the slice is the whole token: tokens of a page are contiguous
   std::int64_t offset(std::int64_t token, bool v) const {
-    const layout::TokenLocation loc = layout::locate_token(geo, *blocks, token);
-    return v ? loc.v_offset + head_offset_v : loc.k_offset + head_offset_k;
+    const layout::TokenLocation loc = layout::locate_token(geo, *blocks, token);  // checked
+    return checked_add(v ? loc.v_offset : loc.k_offset, v ? head_offset_v : head_offset_k,
+                       "a KV-head slice's offset");
   }
   std::int64_t contiguous(std::int64_t token) const {
     return whole_token ? geo.kernel_tokens - (token % geo.block_tokens) % geo.kernel_tokens : 1;
@@ -197,8 +200,12 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
         throw_invalid(fmt::format("recurrent layer {}: a side has no live state block", pl.name));
       }
       const std::size_t run_begin = plan.runs.size();
-      const std::int64_t src = pl.offset + pb[0] * pl.kernel_page_stride;
-      const std::int64_t dst = dl.offset + db[0] * dl.kernel_page_stride;
+      // Block ids are the sides' own to send: their products are checked.
+      constexpr std::string_view kState = "a recurrent state's offset";
+      const std::int64_t src =
+          checked_add(pl.offset, checked_mul(pb[0], pl.kernel_page_stride, kState), kState);
+      const std::int64_t dst =
+          checked_add(dl.offset, checked_mul(db[0], dl.kernel_page_stride, kState), kState);
       if (prefill.tp_size == decode.tp_size) {
         plan.runs.push_back({pl.tensor, src, dl.tensor, dst, pl.state_bytes});
       } else {
@@ -207,7 +214,7 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
       // One unit: the state's bytes this pair moves, in the runs' order.
       for (std::size_t i = run_begin; i < plan.runs.size(); ++i) {
         check_run(plan.runs[i], prefill, decode, pl);
-        plan.bytes += plan.runs[i].length;
+        plan.bytes = checked_add(plan.bytes, plan.runs[i].length, "the transfer's bytes");
       }
       if (plan.runs.size() > run_begin) {
         plan.units.push_back({static_cast<int>(li), 0, spec.num_tokens, run_begin, plan.runs.size(),
@@ -233,10 +240,11 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
     const std::int64_t end = spec.num_tokens;
     check_blocks(pl, pb, first, end, "prefill");
     check_blocks(dl, db, first, end, "decode");
-    Side src{geometry_of(pl), &pb, (hb - pl.kv_head_begin) * k_head,
-             (hb - pl.kv_head_begin) * v_head, heads == pl.num_kv_heads};
-    Side dst{geometry_of(dl), &db, (hb - dl.kv_head_begin) * k_head,
-             (hb - dl.kv_head_begin) * v_head, heads == dl.num_kv_heads};
+    constexpr std::string_view kSlice = "a KV-head slice's offset";
+    Side src{geometry_of(pl), &pb, checked_mul(hb - pl.kv_head_begin, k_head, kSlice),
+             checked_mul(hb - pl.kv_head_begin, v_head, kSlice), heads == pl.num_kv_heads};
+    Side dst{geometry_of(dl), &db, checked_mul(hb - dl.kv_head_begin, k_head, kSlice),
+             checked_mul(hb - dl.kv_head_begin, v_head, kSlice), heads == dl.num_kv_heads};
     // One checksum unit per prefill kernel page; in it, K then V, run by run.
     for (std::int64_t a = first; a < end;) {
       const std::int64_t b = std::min(
@@ -244,14 +252,15 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
       ChecksumUnit unit{static_cast<int>(li), a, b, plan.runs.size(), 0, src.whole_token};
       for (int part = 0; part < 2; ++part) {
         const bool v = part == 1;
-        const std::int64_t slice = heads * (v ? v_head : k_head);
+        const std::int64_t slice = checked_mul(heads, v ? v_head : k_head, kSlice);
         if (slice == 0) continue;
         for (std::int64_t t = a; t < b;) {
           const std::int64_t n = std::min({b - t, src.contiguous(t), dst.contiguous(t)});
-          const CopyRun run{pl.tensor, src.offset(t, v), dl.tensor, dst.offset(t, v), n * slice};
+          const CopyRun run{pl.tensor, src.offset(t, v), dl.tensor, dst.offset(t, v),
+                            checked_mul(n, slice, "a copy run's length")};
           check_run(run, prefill, decode, pl);
           plan.runs.push_back(run);
-          plan.bytes += run.length;
+          plan.bytes = checked_add(plan.bytes, run.length, "the transfer's bytes");
           t += n;
         }
       }

@@ -4,6 +4,10 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "mixkv/core/error.hpp"
 #include "mixkv/model/describe.hpp"
@@ -99,6 +103,35 @@ TEST(LayoutDescriptor, NumbersAreExactIntegersInRange) {
     m["layers"][0][key] = 4294967297LL;
     refused(m, std::string(".") + key);
   }
+}
+
+// Found by DescriptorFuzz under the sanitizers: a peer's numbers that were in range for their
+// type but whose sums and products overflowed (an offset of 2^63 - 1 plus a page, a block id of
+// 2^62 times a stride, a segment list adding past 2^63, a window of 0).
+TEST(LayoutDescriptor, NumbersThatWouldOverflowThePlanAreRefused) {
+  const auto s = make_side(side("tiny-swa"));
+  const nlohmann::json j = to_json(s.descriptor);
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"offset", std::numeric_limits<std::int64_t>::max()},
+           {"kernel_page_stride", std::int64_t{1} << 51},
+           {"kernel_pages_per_block", std::int64_t{1} << 40},
+           {"kernel_tokens", std::int64_t{1} << 40},
+           {"num_kv_heads", 0}}) {
+    nlohmann::json m = j;
+    m["layers"][0][key] = value;
+    EXPECT_THAT([&] { descriptor_from_json(m); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("inconsistent geometry")))
+        << key;
+  }
+  nlohmann::json big = j;
+  big["tensor_bytes"][0] = std::numeric_limits<std::int64_t>::max();
+  EXPECT_THAT([&] { descriptor_from_json(big); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("(0 to 2^50)")));
+  // A block id the peer sends, far past its pool: refused, not wrapped into range.
+  RequestBlocks blocks = testing::make_blocks(s, 64, 1);
+  RequestBlocks far = blocks;
+  far.groups.at(0).back() = std::int64_t{1} << 62;
+  EXPECT_THROW(plan_pull(s.descriptor, s.descriptor, far, blocks, {64, 0}), Error);
 }
 
 TEST(Reconcile, AcceptsOtherBlockSizesPoliciesAndTpAndSaysSo) {

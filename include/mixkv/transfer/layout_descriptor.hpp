@@ -100,6 +100,11 @@ struct LayoutDescriptor {
   bool operator==(const LayoutDescriptor&) const = default;
 };
 
+// Bounds descriptor_from_json() puts on a peer's numbers: a tensor's bytes (and every byte
+// offset, stride and count inside it), and a block's or kernel page's tokens.
+inline constexpr std::int64_t kMaxTensorBytes = std::int64_t{1} << 50;
+inline constexpr std::int64_t kMaxBlockTokens = std::int64_t{1} << 31;
+
 struct DescriptorOptions {
   int tp_rank = 0;
   // The same model described at TP 1, for the whole model's KV-head counts. Without it a layer
