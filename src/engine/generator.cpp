@@ -72,10 +72,7 @@ void validate(const GenerateOptions& options) {
   if (options.max_tokens < 1) {
     throw_invalid(fmt::format("--max-tokens {} is not positive", options.max_tokens));
   }
-  if (options.num_spec_tokens < 0 || options.num_spec_tokens > sched::kMaxDraftTokens) {
-    throw_invalid(fmt::format("--num-spec-tokens {} is out of range; use 0 to {}",
-                              options.num_spec_tokens, sched::kMaxDraftTokens));
-  }
+  sched::validate_num_spec_tokens(options.num_spec_tokens);
   if (options.max_batch < 1 || options.prefill_chunk < 1) {
     throw_invalid("generate: max_batch and prefill_chunk must be positive");
   }

@@ -57,6 +57,13 @@ double RequestStats::decode_tokens_per_second() const {
                                            : 0.0;
 }
 
+void validate_num_spec_tokens(int k) {
+  if (k < 0 || k > kMaxDraftTokens) {
+    throw_invalid(
+        fmt::format("--num-spec-tokens {} is out of range; use 0 to {}", k, kMaxDraftTokens));
+  }
+}
+
 Scheduler::Scheduler(cache::KvCacheManager& manager, const plan::CachePlan& plan,
                      const SchedulerOptions& options)
     : manager_(manager),
@@ -67,10 +74,7 @@ Scheduler::Scheduler(cache::KvCacheManager& manager, const plan::CachePlan& plan
   for (const plan::KvCacheGroup& g : plan.groups) {
     recurrent_.push_back(g.behaviour == plan::Behaviour::kRecurrent);
   }
-  if (options.num_spec_tokens < 0 || options.num_spec_tokens > kMaxDraftTokens) {
-    throw_invalid(fmt::format("--num-spec-tokens {} is out of range; use 0 to {}",
-                              options.num_spec_tokens, kMaxDraftTokens));
-  }
+  validate_num_spec_tokens(options.num_spec_tokens);
   if (options.max_batch < 1 || options.prefill_chunk < 0) {
     throw_invalid(fmt::format(
         "scheduler: max_batch ({}) must be positive and prefill_chunk ({}) not negative",

@@ -121,18 +121,7 @@ std::string check(const Input& in, bool* planned) {
         plan_pull(pre, dec, in.prefill_blocks, in.decode_blocks, {kFuzzTokens, 0});
     *planned = true;
     // The real side's tensors are its descriptor's sizes; the peer's are what it claims.
-    const auto inside = [](const std::vector<std::int64_t>& sizes, int tensor, std::int64_t offset,
-                           std::int64_t length) {
-      return tensor >= 0 && static_cast<std::size_t>(tensor) < sizes.size() && offset >= 0 &&
-             length >= 0 && offset <= sizes[static_cast<std::size_t>(tensor)] - length;
-    };
-    for (const CopyRun& r : plan.runs) {
-      if (!inside(pre.tensor_bytes, r.src_tensor, r.src_offset, r.length) ||
-          !inside(dec.tensor_bytes, r.dst_tensor, r.dst_offset, r.length)) {
-        return fmt::format("a run outside a tensor: {}[{}, +{}) -> {}[{}, +{})", r.src_tensor,
-                           r.src_offset, r.length, r.dst_tensor, r.dst_offset, r.length);
-      }
-    }
+    return testing::run_outside_tensors(plan, pre, dec);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kInvalidInput) {
       return fmt::format("not a bad-input error ({}): {}", static_cast<int>(e.code()), e.what());

@@ -131,7 +131,21 @@ TEST(LayoutDescriptor, NumbersThatWouldOverflowThePlanAreRefused) {
   RequestBlocks blocks = testing::make_blocks(s, 64, 1);
   RequestBlocks far = blocks;
   far.groups.at(0).back() = std::int64_t{1} << 62;
-  EXPECT_THROW(plan_pull(s.descriptor, s.descriptor, far, blocks, {64, 0}), Error);
+  EXPECT_THAT(
+      [&] {
+        plan_pull(s.descriptor, s.descriptor, far, blocks, {64, 0});
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("overflows a 64-bit integer")));
+  // A window (or chunk) of no tokens: the plan would divide by it.
+  for (std::size_t i = 0; i < j["layers"].size(); ++i) {
+    if (j["layers"][i]["window"].is_null()) continue;
+    nlohmann::json m = j;
+    m["layers"][i]["window"] = 0;
+    EXPECT_THAT([&] { descriptor_from_json(m); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("inconsistent geometry")));
+    return;
+  }
+  ADD_FAILURE() << "tiny-swa has no sliding layer to test a window of 0 on";
 }
 
 TEST(Reconcile, AcceptsOtherBlockSizesPoliciesAndTpAndSaysSo) {

@@ -253,4 +253,25 @@ inline std::int64_t expected_bytes(const Side& s, const RequestBlocks& blocks, s
   return n;
 }
 
+// The first of `plan`'s runs that does not lie inside both sides' tensors (as their descriptors
+// give their sizes), described; empty when all do. Checked here, apart from plan_pull's own check,
+// so that a fuzz input the plan lets through is judged by code the plan does not share.
+inline std::string run_outside_tensors(const PullPlan& plan, const LayoutDescriptor& prefill,
+                                       const LayoutDescriptor& decode) {
+  const auto inside = [](const std::vector<std::int64_t>& sizes, int tensor, std::int64_t offset,
+                         std::int64_t length) {
+    return tensor >= 0 && static_cast<std::size_t>(tensor) < sizes.size() && offset >= 0 &&
+           length >= 0 && offset <= sizes[static_cast<std::size_t>(tensor)] - length;
+  };
+  for (const CopyRun& r : plan.runs) {
+    if (!inside(prefill.tensor_bytes, r.src_tensor, r.src_offset, r.length) ||
+        !inside(decode.tensor_bytes, r.dst_tensor, r.dst_offset, r.length)) {
+      return "a run outside a tensor: " + std::to_string(r.src_tensor) + "[" +
+             std::to_string(r.src_offset) + ", +" + std::to_string(r.length) + ") -> " +
+             std::to_string(r.dst_tensor) + "[" + std::to_string(r.dst_offset) + ")";
+    }
+  }
+  return "";
+}
+
 }  // namespace mixkv::transfer::testing

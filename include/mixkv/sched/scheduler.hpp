@@ -136,6 +136,8 @@ struct Counters {
 // The most tokens a drafter may propose for one request in one step (`--num-spec-tokens`,
 // SchedulerOptions::num_spec_tokens), in every command and the server.
 inline constexpr int kMaxDraftTokens = 32;
+// Throws InvalidInput naming `--num-spec-tokens` unless 0 <= k <= kMaxDraftTokens (0: plain).
+void validate_num_spec_tokens(int k);
 
 struct SchedulerOptions {
   int num_spec_tokens = 0;          // k: drafts per decode step (0 or no drafter: plain)
