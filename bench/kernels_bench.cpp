@@ -12,14 +12,16 @@
 // Issue 14 aims at: decode >= 70% of streaming; weight matmul 1 row >= 80% of streaming, 8 rows
 // <= 1.3x the time of 1 row.
 // Names: BM_Decode/<paged|contiguous>/<dtype>/ctx:<tokens>/threads:<n>, BM_StreamRead/threads:<n>,
-// BM_ComputePeak/<vnni_int8|fma_f32>/threads:<n> (multiply-adds per second: the compute yardstick),
-// BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
+// BM_ComputePeak/<vnni_int8|bf16_dot|fma_f32>/threads:<n> (multiply-adds per second: the compute
+// yardstick), BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
 // BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n>,
 // BM_DecodeBatch/<dtype>/requests:<n>/ctx:<tokens>/threads:<n> (short contexts, many requests),
-// BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for the
-// block formats in the kBlockSum order (also over SmolLM2's 1536 x 576 up projection:
+// BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for
+// bfloat16 and the block formats in the kBlockSum order (also over SmolLM2's 1536 x 576 up
+// projection:
 // BM_WeightMatmul/<dtype>_blocksum/1536x576/rows:<r>/threads:<n>).
 #include <benchmark/benchmark.h>
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -492,6 +494,34 @@ __attribute__((target("avx512f"))) std::int64_t fma_peak_512(float seed) {
   return kPeakIterations * kPeakChains * 16;
 }
 
+// VDPBF16PS (AVX512-BF16): 32 bf16 products a lane pair per instruction, bfloat16's blocksum
+// order.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) std::int64_t bf16_dot_peak(float seed) {
+  __m512 acc[kPeakChains];
+  for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_set1_ps(seed + static_cast<float>(c));
+  __m512i x = _mm512_set1_epi16(0x3F80);  // bf16 1.0
+  const __m512i w = _mm512_set1_epi16(0x3F80);
+  for (std::int64_t i = 0; i < kPeakIterations; ++i) {
+    for (int c = 0; c < kPeakChains; ++c)
+      acc[c] =
+          _mm512_dpbf16_ps(acc[c], reinterpret_cast<__m512bh>(x), reinterpret_cast<__m512bh>(w));
+    asm volatile("" : "+v"(x));
+  }
+  __m512 total = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, total);
+  benchmark::DoNotOptimize(lanes);
+  return kPeakIterations * kPeakChains * 32;
+}
+
+bool cpu_has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7 || !__builtin_cpu_supports("avx512bw")) return false;
+  __cpuid_count(7, 1, a, b, c, d);
+  return ((a >> 5) & 1u) != 0;
+}
+
 __attribute__((target("avx2,fma"))) std::int64_t fma_peak_256(float seed) {
   __m256 acc[kPeakChains];
   for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm256_set1_ps(seed + static_cast<float>(c));
@@ -509,19 +539,39 @@ __attribute__((target("avx2,fma"))) std::int64_t fma_peak_256(float seed) {
   return kPeakIterations * kPeakChains * 8;
 }
 
-void run_compute_peak(benchmark::State& state, bool vnni, int threads) {
-  if (vnni ? !__builtin_cpu_supports("avx512vnni")
-           : !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
-    state.SkipWithError(vnni ? "this CPU has no AVX512-VNNI" : "this CPU has no AVX2 and FMA");
+enum class Peak { kVnniInt8, kBf16Dot, kFmaF32 };
+
+void run_compute_peak(benchmark::State& state, Peak peak, int threads) {
+  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (peak == Peak::kVnniInt8 && !__builtin_cpu_supports("avx512vnni")) {
+    state.SkipWithError("this CPU has no AVX512-VNNI");
+    return;
+  }
+  if (peak == Peak::kBf16Dot && !cpu_has_avx512_bf16()) {
+    state.SkipWithError("this CPU has no AVX512-BF16");
+    return;
+  }
+  if (peak == Peak::kFmaF32 && !avx2_fma) {
+    state.SkipWithError("this CPU has no AVX2 and FMA");
     return;
   }
   const int lanes = __builtin_cpu_supports("avx512f") ? 16 : 8;
   std::vector<std::int64_t> macs(static_cast<std::size_t>(threads));
   const auto spin = [&](std::int64_t part, int) {
     const auto seed = static_cast<std::int32_t>(part);
-    macs[static_cast<std::size_t>(part)] = vnni          ? vnni_peak(seed)
-                                           : lanes == 16 ? fma_peak_512(static_cast<float>(seed))
-                                                         : fma_peak_256(static_cast<float>(seed));
+    std::int64_t& done = macs[static_cast<std::size_t>(part)];
+    switch (peak) {
+      case Peak::kVnniInt8:
+        done = vnni_peak(seed);
+        break;
+      case Peak::kBf16Dot:
+        done = bf16_dot_peak(static_cast<float>(seed));
+        break;
+      case Peak::kFmaF32:
+        done = lanes == 16 ? fma_peak_512(static_cast<float>(seed))
+                           : fma_peak_256(static_cast<float>(seed));
+        break;
+    }
   };
   std::int64_t total = 0;
   for (auto _ : state) {
@@ -534,7 +584,10 @@ void run_compute_peak(benchmark::State& state, bool vnni, int threads) {
   }
   state.counters["macs_per_second"] =
       benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsRate);
-  state.SetLabel(vnni ? "vpdpbusd zmm" : lanes == 16 ? "vfmadd zmm" : "vfmadd ymm");
+  state.SetLabel(peak == Peak::kVnniInt8  ? "vpdpbusd zmm"
+                 : peak == Peak::kBf16Dot ? "vdpbf16ps zmm"
+                 : lanes == 16            ? "vfmadd zmm"
+                                          : "vfmadd ymm");
 }
 
 const bool registered = [] {
@@ -547,10 +600,11 @@ const bool registered = [] {
                                  [t](benchmark::State& s) { run_stream(s, kBeyondCaches, t); })
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
-    for (const bool vnni : {true, false}) {
-      benchmark::RegisterBenchmark(
-          ((vnni ? "BM_ComputePeak/vnni_int8" : "BM_ComputePeak/fma_f32") + th).c_str(),
-          [=](benchmark::State& s) { run_compute_peak(s, vnni, t); })
+    for (const auto& [peak, name] :
+         {std::pair{Peak::kVnniInt8, "vnni_int8"}, std::pair{Peak::kBf16Dot, "bf16_dot"},
+          std::pair{Peak::kFmaF32, "fma_f32"}}) {
+      benchmark::RegisterBenchmark((std::string("BM_ComputePeak/") + name + th).c_str(),
+                                   [=](benchmark::State& s) { run_compute_peak(s, peak, t); })
           ->Unit(benchmark::kMillisecond)
           ->UseRealTime();
     }
@@ -617,7 +671,8 @@ const bool registered = [] {
             ->UseRealTime();
       }
     }
-    for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1}) {
+    for (WeightType type :
+         {WeightType::kBfloat16, WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1}) {
       for (std::int64_t rows : {1, 2, 4, 5, 8, 16, 64}) {
         benchmark::RegisterBenchmark(
             ("BM_WeightMatmul/" + std::string(to_string(type)) +
@@ -628,7 +683,7 @@ const bool registered = [] {
             ->UseRealTime();
       }
     }
-    for (WeightType type : {WeightType::kQ8_0, WeightType::kQ4_1}) {
+    for (WeightType type : {WeightType::kBfloat16, WeightType::kQ8_0, WeightType::kQ4_1}) {
       for (std::int64_t rows : {1, 2, 3, 5, 8, 16}) {
         benchmark::RegisterBenchmark(
             ("BM_WeightMatmul/" + std::string(to_string(type)) +

@@ -76,9 +76,10 @@ Loaded load_model(const std::string& ref) {
 
 void add_weight_order_option(CLI::App& cmd, std::string& order) {
   cmd.add_option("--weight-order", order,
-                 "Reduction order of the q8_0/q4_0/q4_1 weight products: blocksum (packed "
-                 "weights; verify and batched rows cost little more than one row) or ggml "
-                 "(llama.cpp's bits); docs/kernels.md")
+                 "Reduction order of the q8_0/q4_0/q4_1 and bf16 weight products: blocksum "
+                 "(packed block formats, bf16 products over x rounded to bf16; verify and "
+                 "batched rows cost little more than one row) or ggml (llama.cpp's bits for "
+                 "the block formats, float x for bf16); docs/kernels.md")
       ->capture_default_str()
       ->check(CLI::IsMember({"ggml", "blocksum"}));
 }

@@ -19,6 +19,10 @@
 #include <new>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr on every x86 target, the scalar one too
+#endif
+
 #include "kernels/element_load.hpp"
 #include "kernels/prefetch.hpp"
 #include "mixkv/kernels/convert.hpp"
@@ -72,6 +76,29 @@ struct QuantizedX {
   // elsewhere (and for a missing last block).
   std::vector<std::int8_t> a16;
 };
+
+// The kBlockSum order of bfloat16 weights reads x rounded to bf16 (float_to_bf16), once per call,
+// in `steps` steps of 32 columns (zeros past the last column). `codes` holds them for VDPBF16PS
+// in groups of kBf16GroupRows rows (the last group m <= 8 rows), step by step: row 8 g + i's step
+// s at (8 g steps + s m + i) 32, so a register tile's x lines for one step are one run of memory.
+// `even` and `odd` hold the same values as floats split by column parity (even[k] is column 2k,
+// odd[k] column 2k + 1; [n][steps * 16]) for the paths without AVX512-BF16.
+constexpr std::int64_t kBf16GroupRows = 8;
+struct Bf16X {
+  std::int64_t steps = 0;
+  std::vector<std::uint16_t> codes;
+  std::vector<float> even, odd;
+};
+
+// The kBlockSum order of bfloat16 weights ends each output with its 16 lanes summed in this
+// fixed tree (lane l with l + 8, then with l + 4, l + 2, l + 1), on every path.
+inline float tree_sum16(const float* lanes) {
+  float a[8];
+  for (int l = 0; l < 8; ++l) a[l] = lanes[l] + lanes[l + 8];
+  for (int l = 0; l < 4; ++l) a[l] = a[l] + a[l + 4];
+  for (int l = 0; l < 2; ++l) a[l] = a[l] + a[l + 2];
+  return a[0] + a[1];
+}
 
 // kBlockSum's packed layout (pack_weight): panels of this many W rows, one VNNI lane each.
 constexpr std::int64_t kPanelRows = 16;
@@ -163,8 +190,10 @@ struct MatmulCall {
   float* y = nullptr;              // [n, rows]
   const QuantizedX* qx = nullptr;  // the block formats: x quantised (x itself is not read)
   bool vnni = false;               // the CPU has AVX512-VNNI and tests have not switched it off
-  ReductionOrder order = ReductionOrder::kGgml;  // the block formats' (WeightView::order)
+  ReductionOrder order = ReductionOrder::kGgml;  // WeightView::order, where it applies
   const std::byte* packed = nullptr;             // kBlockSum: pack_weight's copy of W, or null
+  const Bf16X* bx = nullptr;  // bfloat16 weights in the kBlockSum order: x as bf16 codes
+  bool bf16_dots = false;     // ... on AVX512-BF16's VDPBF16PS (the CPU has it, not switched off)
 };
 
 // quantize_x for one block of 32 (QuantizedX says what it stores). The steps are ggml's (its
@@ -1171,6 +1200,210 @@ void brows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
     for (std::int64_t i = 0; i < c.n; ++i) c.y[i * c.rows + r] = bdot<kT>(c, r, i);
 }
 
+// ---- bfloat16 weights in the kBlockSum order: x as bf16 codes (Bf16X), pairs of products ----
+// y[i][r] keeps 16 float lanes, all +0 at first. Per step s of 32 columns, lane l adds the
+// product of column 32 s + 2 l + 1 (x's code times W's: exact in float), rounding, then that of
+// column 32 s + 2 l, rounding; columns past the row's end count as zeros in both. Then
+// tree_sum16. That is AVX512-BF16's VDPBF16PS lane for lane (one instruction per 32 products of
+// an x row and a W row, where float x needs two fused multiply-adds and W's widening); the other
+// paths do the same two additions as fused multiply-adds of exact products. VDPBF16PS treats
+// subnormal inputs as zero and flushes subnormal results to zero whatever the MXCSR says, so on
+// x86 every path runs the whole order in that mode (FTZ and DAZ), and all give the same bits.
+
+// W's rows from r0 at step s: in place for whole steps (32 codes, 64 bytes), the last partial
+// step zero-padded into `tail`.
+template <int kW>
+HWY_INLINE void bf16_step_rows(const MatmulCall& c, std::int64_t r0, std::int64_t s,
+                               std::uint16_t (&tail)[kW][32], const std::byte* (&w)[kW]) {
+  const std::int64_t full = c.cols / 32;
+  for (int r = 0; r < kW; ++r) {
+    const std::byte* row = c.w + (r0 + r) * c.row_bytes;
+    if (s < full) {
+      w[r] = row + s * 64;
+      continue;
+    }
+    std::fill(tail[r], tail[r] + 32, std::uint16_t{0});
+    std::memcpy(tail[r], row + full * 64, static_cast<std::size_t>((c.cols - full * 32) * 2));
+    w[r] = reinterpret_cast<const std::byte*>(tail[r]);
+  }
+}
+
+// Asks for W's lines some steps ahead of step s in each of a tile's rows. With one to four rows of
+// x a step is quick and 1 KiB ahead covers the memory's latency (as tile_registers); with 5-8
+// rows a step takes about three times as long, and at 1 KiB the loads still waited for W
+// (a 4096 x 14336 weight, 8 rows: 9.1 ms on one Zen 4 core, 6.8 at 3 KiB; docs/kernels.md).
+template <int kX>
+HWY_INLINE void bf16_prefetch(const MatmulCall& c, std::int64_t r0, int rows, std::int64_t s) {
+  constexpr std::int64_t kAhead = kX <= 4 ? 1024 : 3072;
+  for (int r = 0; r < rows; ++r) prefetch_w(c, (r0 + r) * c.row_bytes + s * 64 + kAhead, 64);
+}
+
+// kX rows of x (from i0) against kW rows of W (from r0) in float lanes: every target.
+template <int kX, int kW>
+HWY_NOINLINE void bf16_tile(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
+  using D = hn::CappedTag<float, 16>;
+  const D df;
+  const hn::RebindToUnsigned<D> du;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(D()));
+  constexpr std::int64_t kSub = 16 / n;  // vectors per 16 lanes
+  static_assert(kSub * n == 16);
+  const Bf16X& bx = *c.bx;
+  const float* xe[kX];
+  const float* xo[kX];
+  for (int i = 0; i < kX; ++i) {
+    xe[i] = bx.even.data() + (i0 + i) * bx.steps * 16;
+    xo[i] = bx.odd.data() + (i0 + i) * bx.steps * 16;
+  }
+  hn::Vec<D> acc[kX][kW][kSub];
+  for (int i = 0; i < kX; ++i)
+    for (int r = 0; r < kW; ++r)
+      for (std::int64_t v = 0; v < kSub; ++v) acc[i][r][v] = hn::Zero(df);
+  // Whole steps from W in place, then a partial one from `tail` (one loop body, no branch in it).
+  std::uint16_t tail[kW][32];
+  const auto step = [&](std::int64_t s, const std::byte* const(&w)[kW]) HWY_ATTR {
+    for (std::int64_t v = 0; v < kSub; ++v) {
+      hn::Vec<D> we[kW], wo[kW];
+      for (int r = 0; r < kW; ++r) {
+        const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(w[r]) + v * n);
+        wo[r] = hn::BitCast(df, hn::And(u, hn::Set(du, 0xFFFF0000u)));
+        we[r] = hn::BitCast(df, hn::ShiftLeft<16>(u));
+      }
+      for (int i = 0; i < kX; ++i) {
+        const auto odd = hn::LoadU(df, xo[i] + s * 16 + v * n);
+        const auto even = hn::LoadU(df, xe[i] + s * 16 + v * n);
+        for (int r = 0; r < kW; ++r) {
+          acc[i][r][v] = hn::MulAdd(odd, wo[r], acc[i][r][v]);
+          acc[i][r][v] = hn::MulAdd(even, we[r], acc[i][r][v]);
+        }
+      }
+    }
+  };
+  for (std::int64_t s = 0; s < bx.steps; ++s) {
+    bf16_prefetch<kX>(c, r0, kW, s);
+    const std::byte* w[kW];
+    bf16_step_rows<kW>(c, r0, s, tail, w);
+    step(s, w);
+  }
+  for (int i = 0; i < kX; ++i) {
+    for (int r = 0; r < kW; ++r) {
+      float lanes[16];
+      for (std::int64_t v = 0; v < kSub; ++v) hn::StoreU(acc[i][r][v], df, lanes + v * n);
+      c.y[(i0 + i) * c.rows + r0 + r] = tree_sum16(lanes);
+    }
+  }
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// The same on VDPBF16PS (checked at run time: Highway's AVX3 target does not imply AVX512-BF16).
+#define MIXKV_BF16_ATTR \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+// 32 bf16 codes as VDPBF16PS's operand type (a vector cast: no instruction).
+MIXKV_BF16_ATTR HWY_INLINE __m512bh as_bf16_pairs(__m512i v) {
+  return (__m512bh)v;  // NOLINT(google-readability-casting): GCC's vector cast
+}
+
+template <int kX, int kW>
+MIXKV_BF16_ATTR HWY_NOINLINE void bf16_tile_dots(const MatmulCall& c, std::int64_t r0,
+                                                 std::int64_t i0) {
+  const Bf16X& bx = *c.bx;
+  // x tiles are whole groups (i0 a multiple of 8, kX = the group's rows).
+  const std::int64_t m = std::min(kBf16GroupRows, c.n - i0);
+  const std::uint16_t* xg = bx.codes.data() + i0 * bx.steps * 32;
+  __m512 acc[kX][kW];
+  for (int i = 0; i < kX; ++i)
+    for (int r = 0; r < kW; ++r) acc[i][r] = _mm512_setzero_ps();
+  const std::byte* row[kW];
+  for (int r = 0; r < kW; ++r) row[r] = c.w + (r0 + r) * c.row_bytes;
+  const auto step = [&](std::int64_t s, const __m512i(&w)[kW]) MIXKV_BF16_ATTR {
+    for (int i = 0; i < kX; ++i) {
+      const __m512i x = _mm512_loadu_si512(xg + (s * m + i) * 32);
+      for (int r = 0; r < kW; ++r)
+        acc[i][r] = _mm512_dpbf16_ps(acc[i][r], as_bf16_pairs(x), as_bf16_pairs(w[r]));
+    }
+  };
+  const std::int64_t full = c.cols / 32;
+  for (std::int64_t s = 0; s < full; ++s) {
+    bf16_prefetch<kX>(c, r0, kW, s);
+    __m512i w[kW];
+    for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(row[r] + s * 64);
+    step(s, w);
+  }
+  if (full < bx.steps) {  // the last partial step, zero-padded
+    std::uint16_t tail[kW][32];
+    const std::byte* padded[kW];
+    bf16_step_rows<kW>(c, r0, full, tail, padded);
+    __m512i w[kW];
+    for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(padded[r]);
+    step(full, w);
+  }
+  for (int i = 0; i < kX; ++i) {
+    for (int r = 0; r < kW; ++r) {
+      float lanes[16];
+      _mm512_storeu_ps(lanes, acc[i][r]);
+      c.y[(i0 + i) * c.rows + r0 + r] = tree_sum16(lanes);
+    }
+  }
+}
+#undef MIXKV_BF16_ATTR
+#endif
+
+// f(integral_constant<int, m>) for the row count m of an x tile, 1 <= m <= kMax.
+template <int kMax, int kX = 1, class F>
+HWY_INLINE void with_x_rows(std::int64_t m, F&& f) {
+  if constexpr (kX < kMax) {
+    if (m > kX) return with_x_rows<kMax, kX + 1>(m, f);
+  }
+  f(std::integral_constant<int, kX>{});
+}
+
+// W rows [r_begin, r_end) in tiles of kW (the last ones one by one), each against every x row in
+// tiles of at most kMaxTileX (W's tile comes back from the cache for the later x tiles).
+template <int kW, int kMaxTileX, bool kDots>
+void bf16_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  const auto run = [&](std::int64_t r0, auto w_rows) {
+    for (std::int64_t i0 = 0; i0 < c.n; i0 += kMaxTileX) {
+      with_x_rows<kMaxTileX>(std::min<std::int64_t>(kMaxTileX, c.n - i0), [&](auto x_rows) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+        if constexpr (kDots)
+          return bf16_tile_dots<decltype(x_rows)::value, decltype(w_rows)::value>(c, r0, i0);
+#endif
+        bf16_tile<decltype(x_rows)::value, decltype(w_rows)::value>(c, r0, i0);
+      });
+    }
+  };
+  std::int64_t r = r_begin;
+  for (; r + kW <= r_end; r += kW) run(r, std::integral_constant<int, kW>{});
+  for (; r < r_end; ++r) run(r, std::integral_constant<int, 1>{});
+}
+
+void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+#if HWY_ARCH_X86
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
+#endif
+  // Register tiles: AVX-512 4 x 4 (up to 4 rows of x) or 8 x 3 (VDPBF16PS reads x from memory)
+  // and 8 x 2 accumulators; other targets 2 x 2 of 16 lanes each.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (c.bf16_dots) {
+    if (c.n <= 4) {
+      bf16_rows<4, 4, true>(c, r_begin, r_end);
+    } else {
+      bf16_rows<3, 8, true>(c, r_begin, r_end);
+    }
+  } else if (c.n <= 4) {
+    bf16_rows<4, 4, false>(c, r_begin, r_end);
+  } else {
+    bf16_rows<2, 8, false>(c, r_begin, r_end);
+  }
+#else
+  bf16_rows<2, 2, false>(c, r_begin, r_end);
+#endif
+#if HWY_ARCH_X86
+  _mm_setcsr(csr);
+#endif
+}
+
 template <WeightType kT>
 void block_rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   if (c.order == ReductionOrder::kBlockSum) return brows_task<kT>(c, r_begin, r_end);
@@ -1184,6 +1417,7 @@ void MatmulRowsImpl(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_en
     case WeightType::kFloat32:
       return rows_task<WeightType::kFloat32>(c, r_begin, r_end);
     case WeightType::kBfloat16:
+      if (c.order == ReductionOrder::kBlockSum) return bf16_pairs_task(c, r_begin, r_end);
       return rows_task<WeightType::kBfloat16>(c, r_begin, r_end);
     case WeightType::kFloat16:
       return rows_task<WeightType::kFloat16>(c, r_begin, r_end);
@@ -1331,6 +1565,17 @@ bool ReadsGroupedXImpl(bool vnni) {
 #endif
 }
 
+// Whether this target runs bfloat16's blocksum order on VDPBF16PS when the CPU may (AVX-512; the
+// others read Bf16X's float halves).
+bool UsesBf16DotsImpl(bool bf16_dots) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return bf16_dots;
+#else
+  (void)bf16_dots;
+  return false;
+#endif
+}
+
 void DequantizeRowImpl(WeightType type, const std::byte* row, std::int64_t cols, float* out) {
   // decode_cols writes whole (zero-padded) blocks: through a buffer.
   std::vector<float> buffer(static_cast<std::size_t>((cols + kBlock - 1) / kBlock * kBlock));
@@ -1373,6 +1618,11 @@ HWY_AFTER_NAMESPACE();
 #include <atomic>
 #include <limits>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "kernels/convert_simd.hpp"
 #include "kernels/matmul_amx.hpp"
 #include "mixkv/core/checked_math.hpp"
 #include "mixkv/core/error.hpp"
@@ -1384,6 +1634,7 @@ namespace detail {
 HWY_EXPORT(MatmulRowsImpl);
 HWY_EXPORT(QuantizeBlocksImpl);
 HWY_EXPORT(ReadsGroupedXImpl);
+HWY_EXPORT(UsesBf16DotsImpl);
 HWY_EXPORT(DequantizeRowImpl);
 HWY_EXPORT(FloatLanesImpl);
 HWY_EXPORT(MatmulTargetImpl);
@@ -1410,6 +1661,10 @@ std::string_view to_string(WeightType type) {
 
 std::string_view to_string(ReductionOrder order) {
   return order == ReductionOrder::kBlockSum ? "blocksum" : "ggml";
+}
+
+bool weight_order_applies(WeightType type) {
+  return weight_block_elements(type) == 32 || type == WeightType::kBfloat16;
 }
 
 std::optional<WeightType> weight_type_from_ggml(std::uint32_t ggml_type) {
@@ -1465,6 +1720,10 @@ std::int64_t block_bytes(WeightType type) {
 
 bool quantizes_x(WeightType type) { return weight_block_elements(type) == 32; }
 
+ReductionOrder order_of(const WeightView& w) {
+  return weight_order_applies(w.dtype) ? w.order : ReductionOrder::kGgml;
+}
+
 // Whether the block formats' AVX-512 path may use VPDPBUSD: the CPU has AVX512-VNNI (probed
 // once) and tests have not switched it off to check the path without it.
 std::atomic<bool>& vnni_switched_on() {
@@ -1479,6 +1738,53 @@ bool vnni_available() {
   constexpr bool cpu = false;
 #endif
   return cpu && vnni_switched_on().load(std::memory_order_relaxed);
+}
+
+// Whether bfloat16 weights in the kBlockSum order may use VDPBF16PS: the CPU has AVX512-BF16
+// (CPUID leaf 7, sub-leaf 1, EAX bit 5) beside an OS-enabled AVX-512 (probed once), and tests
+// have not switched it off to check the other paths.
+std::atomic<bool>& bf16_dots_switched_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+
+bool bf16_dots_available() {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+  static const bool cpu = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_max(0, nullptr) < 7 || !__builtin_cpu_supports("avx512bw")) return false;
+    __cpuid_count(7, 1, a, b, c, d);
+    return ((a >> 5) & 1u) != 0;
+  }();
+#else
+  constexpr bool cpu = false;
+#endif
+  return cpu && bf16_dots_switched_on().load(std::memory_order_relaxed);
+}
+
+// The kBlockSum order's x for bfloat16 weights (Bf16X): n rows of cols floats, rounded in vectors
+// (encode_bf16_row: float_to_bf16's bits); the float halves only for the paths that read them.
+void round_x_to_bf16(const float* x, std::int64_t n, std::int64_t cols, bool floats,
+                     detail::Bf16X& bx) {
+  bx.steps = ceil_div(cols, 32);
+  const std::int64_t width = bx.steps * 32;
+  bx.codes.resize(static_cast<std::size_t>(n * width));
+  bx.even.resize(floats ? static_cast<std::size_t>(n * width / 2) : 0);
+  bx.odd.resize(bx.even.size());
+  thread_local std::vector<std::uint16_t> row;
+  row.assign(static_cast<std::size_t>(width), 0);  // zeros past the last column
+  for (std::int64_t i = 0; i < n; ++i) {
+    detail::encode_bf16_row(x + i * cols, static_cast<std::size_t>(cols), row.data());
+    const std::int64_t g0 = i / detail::kBf16GroupRows * detail::kBf16GroupRows;
+    const std::int64_t m = std::min(detail::kBf16GroupRows, n - g0);
+    for (std::int64_t s = 0; s < bx.steps; ++s) {
+      std::memcpy(bx.codes.data() + g0 * width + (s * m + i - g0) * 32, row.data() + s * 32, 64);
+    }
+    for (std::int64_t k = 0; floats && k < width / 2; ++k) {
+      bx.even[static_cast<std::size_t>(i * width / 2 + k)] = bf16_to_float(row[2 * k]);
+      bx.odd[static_cast<std::size_t>(i * width / 2 + k)] = bf16_to_float(row[2 * k + 1]);
+    }
+  }
 }
 
 void check_shape(WeightType type, std::int64_t rows, std::int64_t cols, std::string_view where) {
@@ -1767,6 +2073,16 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   const bool vnni = vnni_available();
   thread_local detail::QuantizedX quantized[6];  // q8_0, q4_0, q4_1; ggml's order, then blocksum
   bool done[6] = {false, false, false, false, false, false};
+  // bfloat16 weights in the blocksum order read x as bf16 codes, rounded once per call.
+  thread_local detail::Bf16X bf16_x;
+  bool bf16_done = false;
+  const bool bf16_dots = HWY_DYNAMIC_DISPATCH(detail::UsesBf16DotsImpl)(bf16_dots_available());
+  const auto bf16_x_for = [&](const detail::MatmulCall& c) -> const detail::Bf16X* {
+    if (c.type != WeightType::kBfloat16 || c.order != ReductionOrder::kBlockSum) return nullptr;
+    if (!bf16_done) round_x_to_bf16(x.data(), n, cols, !bf16_dots, bf16_x);
+    bf16_done = true;
+    return &bf16_x;
+  };
   const auto quantized_for = [&](WeightType type,
                                  ReductionOrder order) -> const detail::QuantizedX* {
     if (!quantizes_x(type)) return nullptr;
@@ -1807,12 +2123,15 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
     c.x_stride = x_stride;
     c.n = n;
     c.y = p.y.data();
-    c.order = quantizes_x(p.w.dtype) ? p.w.order : ReductionOrder::kGgml;
+    c.order = order_of(p.w);
     c.packed = p.w.packed;
     c.qx = quantized_for(p.w.dtype, c.order);
     c.vnni = vnni && c.qx != nullptr;
+    c.bx = bf16_x_for(c);
+    c.bf16_dots = bf16_dots && c.bx != nullptr;
 #ifdef MIXKV_MATMUL_AMX
-    if (detail::amx::handles(c.type) && detail::amx::available()) {
+    // (bfloat16's blocksum order is VDPBF16PS's, which AMX CPUs have: not the tiles' three terms.)
+    if (detail::amx::handles(c.type) && detail::amx::available() && c.bx == nullptr) {
       run_amx(c, pool);
       continue;
     }
@@ -1886,6 +2205,8 @@ bool matmul_uses_amx(WeightType type) {
 }
 
 void set_matmul_vnni(bool on) { vnni_switched_on().store(on, std::memory_order_relaxed); }
+
+void set_matmul_bf16_dots(bool on) { bf16_dots_switched_on().store(on, std::memory_order_relaxed); }
 
 void set_matmul_amx(bool on) {
 #ifdef MIXKV_MATMUL_AMX

@@ -249,9 +249,10 @@ Matrix WeightSource::matrix(const std::string& name, std::int64_t rows, std::int
     m.view.dtype = *kernel_type;  // in place, in the mapping
     m.view.data = g->bytes.data();
     if (order_ == kernels::ReductionOrder::kBlockSum &&
-        kernels::weight_block_elements(*kernel_type) > 1) {
+        kernels::weight_order_applies(*kernel_type)) {
       m.view.order = order_;
-      if (kernels::matmul_reads_packed(*kernel_type)) {
+      if (kernels::weight_block_elements(*kernel_type) > 1 &&
+          kernels::matmul_reads_packed(*kernel_type)) {
         m.packed = std::make_shared<const kernels::PackedWeight>(kernels::pack_weight(m.view));
         m.view.packed = m.packed->data();
         if (store_.gguf->mapped()) release_pages(g->bytes);

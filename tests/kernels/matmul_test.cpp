@@ -731,6 +731,168 @@ TEST(BlockSumOrder, RefusesWhatCannotBePacked) {
   EXPECT_EQ(to_string(ReductionOrder::kBlockSum), "blocksum");
 }
 
+// ---- bfloat16 in the kBlockSum order: x as bf16, pairs of products in 16 lanes ----
+
+// The order's definition (matmul.hpp), written here from it: lane l of step s adds the product
+// of column 32 s + 2 l + 1, then that of 32 s + 2 l (x rounded to bf16; past the row: zeros),
+// then lane l + 8 into l, l + 4, l + 2, l + 1. Products of two bf16 values are exact in float.
+float bf16_pairs_emulated(const std::vector<std::byte>& w, std::int64_t cols, std::int64_t r,
+                          const float* x) {
+  const std::byte* row = w.data() + r * 2 * cols;
+  const auto value = [&](std::int64_t col, bool of_x) -> float {
+    if (col >= cols) return 0.0f;
+    return bf16_to_float(of_x ? float_to_bf16(x[col]) : u16(row + 2 * col));
+  };
+  float lanes[16] = {};
+  for (std::int64_t s = 0; s * 32 < cols; ++s) {
+    for (std::int64_t l = 0; l < 16; ++l) {
+      for (const std::int64_t col : {32 * s + 2 * l + 1, 32 * s + 2 * l}) {
+        const float product = value(col, true) * value(col, false);
+        lanes[l] = lanes[l] + product;
+      }
+    }
+  }
+  for (int half = 8; half >= 1; half /= 2)
+    for (int l = 0; l < half; ++l) lanes[l] = lanes[l] + lanes[l + half];
+  return lanes[0];
+}
+
+// Every way this machine computes the order: VDPBF16PS where the CPU has it, and every
+// instruction set's float lanes.
+template <typename F>
+void for_each_bf16_pairs_path(F&& check) {
+  for (const bool dots : {true, false}) {
+    set_matmul_bf16_dots(dots);
+    for_each_simd_target(
+        [&](const std::string& simd) { check(simd + (dots ? "" : " without BF16 dots")); });
+  }
+  set_matmul_bf16_dots(true);
+}
+
+// Shapes: W row tiles with tails (37 = 9 x 4 + 1 = 12 x 3 + 1), whole steps (64, 1056), rows
+// that end inside a step (100, 521, 3).
+constexpr std::pair<std::int64_t, std::int64_t> kBf16PairShapes[] = {
+    {37, 1056}, {6, 64}, {5, 100}, {9, 521}, {3, 3}};
+
+// Bit for bit the definition, for 1 .. 17 rows of x, on every path, with 1, 2 and 3 threads.
+TEST(Bf16PairOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
+  std::mt19937_64 rng(21);
+  ThreadPool two(2), three(3);
+  for (const auto& [rows, cols] : kBf16PairShapes) {
+    const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
+    const std::int64_t n_max = 17;
+    const auto x = random_x(n_max, cols, rng);
+    std::vector<float> expect(static_cast<std::size_t>(n_max * rows));
+    for (std::int64_t i = 0; i < n_max; ++i)
+      for (std::int64_t r = 0; r < rows; ++r)
+        expect[static_cast<std::size_t>(i * rows + r)] =
+            bf16_pairs_emulated(w, cols, r, x.data() + i * cols);
+    const WeightView view{WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum};
+    for_each_bf16_pairs_path([&](const std::string& path) {
+      for (std::int64_t n : {1, 2, 3, 4, 5, 8, 9, 17}) {
+        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+          std::vector<float> y(static_cast<std::size_t>(n * rows));
+          matmul(view, std::span(x).first(static_cast<std::size_t>(n * cols)), y, pool);
+          expect_same_bits(y, std::vector<float>(expect.begin(), expect.begin() + n * rows),
+                           std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                               std::to_string(n) + " rows, " +
+                               std::to_string(pool ? pool->size() : 1) + " threads, " + path);
+        }
+      }
+    });
+  }
+}
+
+// Within float rounding (two additions per step, four in the tree) of the double product over x
+// rounded to bf16, and within x's rounding (2^-9 of each product) of the product over x itself.
+TEST(Bf16PairOrder, MatchesTheDoubleReferenceWithinXsRounding) {
+  std::mt19937_64 rng(22);
+  const std::int64_t rows = 37, cols = 1056, n = 5;
+  const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
+  const auto x = random_x(n, cols, rng);
+  std::vector<float> x_bf16(x.size());
+  for (std::size_t e = 0; e < x.size(); ++e) x_bf16[e] = bf16_to_float(float_to_bf16(x[e]));
+  std::vector<float> y(static_cast<std::size_t>(n * rows));
+  matmul({WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum}, x, y);
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double mag = 0;
+      const double rounded_x =
+          reference_product(WeightType::kBfloat16, w, cols, r, x_bf16.data() + i * cols, mag);
+      const double exact_x =
+          reference_product(WeightType::kBfloat16, w, cols, r, x.data() + i * cols, mag);
+      const auto at = static_cast<std::size_t>(i * rows + r);
+      ASSERT_NEAR(y[at], rounded_x, (2.0 * static_cast<double>(cols / 32) + 4) * 0x1p-24 * mag)
+          << "row " << i << " output " << r;
+      ASSERT_NEAR(y[at], exact_x, 0x1p-9 * mag) << "row " << i << " output " << r;
+    }
+  }
+}
+
+// Subnormal weights, activations, products and sums: VDPBF16PS reads subnormal inputs as zero
+// and flushes subnormal results; every other path does the same (FTZ and DAZ on x86), so all
+// give the same bits, and a weight or activation of 2^-130 contributes nothing.
+TEST(Bf16PairOrder, SubnormalsAreFlushedOnEveryPath) {
+  std::mt19937_64 rng(23);
+  const std::int64_t rows = 9, cols = 96, n = 3;
+  std::vector<std::byte> w;
+  std::uniform_int_distribution<int> exponent(-150, -110);
+  std::vector<float> x(static_cast<std::size_t>(n * cols));
+  for (std::int64_t e = 0; e < rows * cols; ++e)
+    put16(w, float_to_bf16(std::ldexp(rng() % 2 ? 1.5f : -1.25f, exponent(rng) / 2 - 10)));
+  for (auto& v : x) v = std::ldexp(rng() % 2 ? 1.0f : -1.75f, exponent(rng) / 2 - 20);
+  const WeightView view{WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum};
+  std::vector<float> first;
+  std::string first_path;
+  for_each_bf16_pairs_path([&](const std::string& path) {
+    std::vector<float> y(static_cast<std::size_t>(n * rows));
+    matmul(view, x, y);
+    if (first.empty()) {
+      first = y;
+      first_path = path;
+    } else {
+      expect_same_bits(y, first, path + " vs " + first_path);
+    }
+  });
+#if defined(__x86_64__) || defined(__i386__)
+  // One product of normal inputs and one of a subnormal weight: the second counts as zero.
+  std::vector<std::byte> pair;
+  put16(pair, float_to_bf16(1.0f));
+  put16(pair, static_cast<std::uint16_t>(0x0001));  // the smallest subnormal bf16, 2^-133
+  const std::vector<float> ones{0.5f, 1.0f};
+  std::vector<float> y(1);
+  matmul({WeightType::kBfloat16, 1, 2, pair.data(), ReductionOrder::kBlockSum}, ones, y);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(y[0]), std::bit_cast<std::uint32_t>(0.5f));
+  std::vector<std::byte> tiny;
+  put16(tiny, float_to_bf16(0x1p-100f));
+  const std::vector<float> tiny_x{0x1p-100f};
+  matmul({WeightType::kBfloat16, 1, 1, tiny.data(), ReductionOrder::kBlockSum}, tiny_x, y);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(y[0]), 0u) << "2^-200 flushed to zero";
+#endif
+}
+
+// Infinities and NaN in x reach their row's outputs; the other rows stay finite.
+TEST(Bf16PairOrder, NonFiniteActivationsGiveNonFiniteOutputs) {
+  std::mt19937_64 rng(24);
+  const auto w = random_weight(WeightType::kBfloat16, 20, 70, rng);
+  auto x = random_x(3, 70, rng);
+  x[70 + 40] = std::numeric_limits<float>::infinity();
+  x[140 + 69] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> y(60);
+  for_each_bf16_pairs_path([&](const std::string& path) {
+    matmul({WeightType::kBfloat16, 20, 70, w.data(), ReductionOrder::kBlockSum}, x, y);
+    for (int r = 0; r < 20; ++r) {
+      EXPECT_TRUE(std::isfinite(y[static_cast<std::size_t>(r)])) << path;
+      EXPECT_FALSE(std::isfinite(y[static_cast<std::size_t>(20 + r)])) << path;
+      EXPECT_TRUE(std::isnan(y[static_cast<std::size_t>(40 + r)])) << path;
+    }
+  });
+  EXPECT_TRUE(weight_order_applies(WeightType::kBfloat16));
+  EXPECT_FALSE(weight_order_applies(WeightType::kFloat16));
+  EXPECT_FALSE(weight_order_applies(WeightType::kFloat32));
+  EXPECT_TRUE(weight_order_applies(WeightType::kQ4_1));
+}
+
 TEST(WeightMatmul, ReadsGgufTypeIds) {
   EXPECT_EQ(weight_type_from_ggml(0), WeightType::kFloat32);
   EXPECT_EQ(weight_type_from_ggml(1), WeightType::kFloat16);

@@ -37,19 +37,30 @@ std::int64_t weight_block_elements(WeightType type);
 // not a multiple of the block, or an overflow.
 std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols);
 
-// How the block formats (q8_0, q4_0, q4_1) reduce each output; both read x quantised the same
-// way (ggml's q8_0 / q8_1 codes and scales) and both are the same bits for 1 row and n rows,
-// on every instruction set (docs/kernels.md, "Reduction order"):
+// How the block formats (q8_0, q4_0, q4_1) and bfloat16 reduce each output. Every order gives
+// the same bits for 1 row and n rows (docs/kernels.md, "Reduction order"). The block formats
+// read x quantised the same way in both (ggml's q8_0 / q8_1 codes and scales), and give the same
+// bits on every instruction set in both:
 // - kGgml: ggml's float steps (eight float chains per output, fed per block), llama.cpp's bits.
 // - kBlockSum: one exact integer sum I_b per (x row, W row, block) and one float chain over the
 //   blocks in order, y = fma(d_w * d_x, I_b, y) (q4_1 then y = fma(m_w, s_x, y)): about a fifth
 //   of the vector work per row, so n rows cost little more than one.
-// A property of the weight, fixed by the model (never chosen by the row count); float types
-// ignore it.
+// bfloat16:
+// - kGgml: x in float32, each instruction set's float order (as float32 and float16 weights).
+// - kBlockSum: x rounded to bf16 once (as ggml's own bf16 dot products read it), each pair of
+//   columns' products added into one of 16 float lanes (AVX512-BF16's VDPBF16PS), the lanes
+//   summed in a fixed tree: half the instructions of float x per row, so 8 rows cost little more
+//   than one; the same bits on every instruction set (on x86; subnormals flushed to zero, as
+//   VDPBF16PS does). x's rounding costs accuracy: about 2^-9 of each product.
+// A property of the weight, fixed by the model (never chosen by the row count); float32 and
+// float16 ignore it (weight_order_applies).
 enum class ReductionOrder { kGgml, kBlockSum };
 
 // "ggml", "blocksum".
 std::string_view to_string(ReductionOrder order);
+
+// Whether a weight of `type` reads WeightView::order: the block formats and bfloat16.
+bool weight_order_applies(WeightType type);
 
 // A weight the caller owns (typically a view into a memory-mapped GGUF/safetensors file):
 // `rows` outputs of `cols` inputs, weight_bytes(dtype, rows, cols) bytes at `data` (any
@@ -131,8 +142,9 @@ void dequantize_row(const WeightView& w, std::int64_t row, std::span<float> out)
 // The instruction set matmul uses on this CPU (e.g. "AVX3"), chosen at run time.
 const char* matmul_target();
 
-// Whether matmul runs weights of `type` on AMX tiles here: bf16, q8_0, q4_0 and q4_1 do on CPUs
-// with AMX-BF16 whose OS grants the tile state (Linux 5.16+), unless switched off. The AMX path
+// Whether matmul runs weights of `type` on AMX tiles here: bf16 (in the kGgml order), q8_0, q4_0
+// and q4_1 do on CPUs with AMX-BF16 whose OS grants the tile state (Linux 5.16+), unless switched
+// off. The AMX path
 // has its own reduction order (docs/kernels.md), as each instruction set does.
 bool matmul_uses_amx(WeightType type);
 
@@ -140,6 +152,11 @@ bool matmul_uses_amx(WeightType type);
 // tests check the AVX-512 path without VNNI on a CPU that has it (both give the same bits);
 // not meant to be flipped while products run.
 void set_matmul_vnni(bool on);
+
+// Switches bfloat16's kBlockSum products on AVX512-BF16's VDPBF16PS off (or back on) for the
+// whole process: tests check the other paths against it on a CPU that has it (the same bits);
+// not meant to be flipped while products run.
+void set_matmul_bf16_dots(bool on);
 
 // Switches the AMX path off (or back on) for the whole process: tests check the AVX paths on an
 // AMX machine with it; not meant to be flipped while products run.

@@ -93,10 +93,12 @@ struct RunnerOptions {
   // Threads for the matrix products and attention (the caller's included); 0: one per core,
   // at most 8. Results are the same bits whatever the count.
   int threads = 0;
-  // How block-format (q8_0, q4_0, q4_1) weights reduce (kernels::ReductionOrder): kGgml gives
-  // llama.cpp's bits; kBlockSum mixkv's cheaper order, for which each such weight is packed once
-  // at load where the CPU's path reads the packed layout (AVX-512 VNNI), the file's pages of it
-  // then released (docs/kernels.md). Either way a token's logits are the same alone or batched.
+  // How block-format (q8_0, q4_0, q4_1) and bf16 weights reduce (kernels::ReductionOrder): kGgml
+  // gives llama.cpp's bits for the block formats (bf16: float x); kBlockSum mixkv's cheaper
+  // order, for which each block-format weight is packed once at load where the CPU's path reads
+  // the packed layout (AVX-512 VNNI), the file's pages of it then released, and bf16 products
+  // read x rounded to bf16 (docs/kernels.md). Either way a token's logits are the same alone or
+  // batched.
   kernels::ReductionOrder weight_order = kernels::ReductionOrder::kGgml;
 };
 
