@@ -3,7 +3,8 @@
 // scales), products within float rounding of a double reference (for the block formats: of the
 // product over x quantised as ggml quantises it, q8_1 / q8_0, with a quantiser written here from
 // ggml's definition), and the same bits whatever the number of rows, the thread count or the
-// instruction set's register tiling (the block formats: the same bits on every instruction set).
+// instruction set's register tiling (the block formats, and bfloat16 in the blocksum order: the
+// same bits on every instruction set).
 #include "mixkv/kernels/matmul.hpp"
 
 #include <gtest/gtest.h>
