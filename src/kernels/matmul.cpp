@@ -1228,13 +1228,12 @@ HWY_INLINE void bf16_step_rows(const MatmulCall& c, std::int64_t r0, std::int64_
   }
 }
 
-// Asks for W's lines some steps ahead of step s in each of a tile's rows. With one to four rows of
-// x a step is quick and 1 KiB ahead covers the memory's latency (as tile_registers); with 5-8
-// rows a step takes about three times as long, and at 1 KiB the loads still waited for W
-// (a 4096 x 14336 weight, 8 rows: 9.1 ms on one Zen 4 core, 6.8 at 3 KiB; docs/kernels.md).
-template <int kX>
+// Asks for W's line 3 KiB ahead of step s in each of a tile's rows. At 1 KiB (tile_registers'
+// distance) the 8-row tile's loads still waited for W (a 4096 x 14336 weight: 9.1 ms on one Zen 4
+// core, 6.8 at 3 KiB), and one to four rows ran 5-12% slower on one core (level on two);
+// docs/kernels.md.
 HWY_INLINE void bf16_prefetch(const MatmulCall& c, std::int64_t r0, int rows, std::int64_t s) {
-  constexpr std::int64_t kAhead = kX <= 4 ? 1024 : 3072;
+  constexpr std::int64_t kAhead = 3072;
   for (int r = 0; r < rows; ++r) prefetch_w(c, (r0 + r) * c.row_bytes + s * 64 + kAhead, 64);
 }
 
@@ -1279,7 +1278,7 @@ HWY_NOINLINE void bf16_tile(const MatmulCall& c, std::int64_t r0, std::int64_t i
     }
   };
   for (std::int64_t s = 0; s < bx.steps; ++s) {
-    bf16_prefetch<kX>(c, r0, kW, s);
+    bf16_prefetch(c, r0, kW, s);
     const std::byte* w[kW];
     bf16_step_rows<kW>(c, r0, s, tail, w);
     step(s, w);
@@ -1324,7 +1323,7 @@ MIXKV_BF16_ATTR HWY_NOINLINE void bf16_tile_dots(const MatmulCall& c, std::int64
   };
   const std::int64_t full = c.cols / 32;
   for (std::int64_t s = 0; s < full; ++s) {
-    bf16_prefetch<kX>(c, r0, kW, s);
+    bf16_prefetch(c, r0, kW, s);
     __m512i w[kW];
     for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(row[r] + s * 64);
     step(s, w);
