@@ -7,8 +7,12 @@
 #include <string>
 
 #include "mixkv/engine/tiny_models.hpp"
+#include "mixkv/kernels/matmul.hpp"
 #include "mixkv/model/architecture.hpp"
 #include "mixkv/runner/model_runner.hpp"
+#include "mixkv/weights/gguf.hpp"
+#include "runner/names.hpp"
+#include "weights/gguf_builder.hpp"
 
 namespace mixkv::runner {
 namespace {
@@ -65,6 +69,43 @@ TEST(NameTables, EachFamilyListsHfAndGgufNamesOfTheSameShapesOnce) {
   const Listed hybrid = listed("tiny-hybrid");
   EXPECT_TRUE(has(hybrid.hf, "model.layers.0.linear_attn.in_proj_qkvz.weight"));
   EXPECT_TRUE(has(hybrid.gguf, "blk.0.ssm_ba.weight"));
+}
+
+// --weight-order blocksum reaches every GGUF matrix whose type reads an order: bf16 (as stored,
+// x rounded to bf16 in the products) and the block formats (packed where this CPU's path reads
+// the packed layout); float32 matrices keep the default. The ggml order leaves them all alone.
+TEST(WeightSource, BlocksumOrderReachesTheBf16AndBlockMatricesOfAGguf) {
+  mixkv::testing::GgufBuilder b;
+  b.str("general.architecture", "llama");
+  const auto zeros = [](std::int64_t n) {
+    return std::vector<std::byte>(static_cast<std::size_t>(n));
+  };
+  b.tensor("blk.0.attn_q.weight", {64, 32}, 30,
+           zeros(kernels::weight_bytes(kernels::WeightType::kBfloat16, 32, 64)));
+  b.tensor("blk.0.attn_k.weight", {64, 32}, 8,
+           zeros(kernels::weight_bytes(kernels::WeightType::kQ8_0, 32, 64)));
+  b.tensor("blk.0.attn_v.weight", {64, 32}, 0,
+           zeros(kernels::weight_bytes(kernels::WeightType::kFloat32, 32, 64)));
+  const std::vector<std::byte> bytes = b.build();
+  const weights::GgufFile file = weights::GgufFile::parse(bytes, "test.gguf");
+  for (const auto order : {kernels::ReductionOrder::kGgml, kernels::ReductionOrder::kBlockSum}) {
+    WeightSource source(llama_names(), {nullptr, &file}, "test.gguf", WeightNaming::kGguf);
+    source.set_weight_order(order);
+    const std::string prefix = source.layer_prefix(0);
+    const Matrix q = source.layer_matrix(prefix, Role::kAttnQ, 32, 64);
+    const Matrix k = source.layer_matrix(prefix, Role::kAttnK, 32, 64);
+    const Matrix v = source.layer_matrix(prefix, Role::kAttnV, 32, 64);
+    EXPECT_EQ(q.view.dtype, kernels::WeightType::kBfloat16);
+    EXPECT_EQ(q.view.order, order);
+    EXPECT_EQ(q.packed, nullptr);
+    EXPECT_EQ(k.view.dtype, kernels::WeightType::kQ8_0);
+    EXPECT_EQ(k.view.order, order);
+    const bool packs = order == kernels::ReductionOrder::kBlockSum &&
+                       kernels::matmul_reads_packed(kernels::WeightType::kQ8_0);
+    EXPECT_EQ(k.packed != nullptr, packs);
+    EXPECT_EQ(v.view.dtype, kernels::WeightType::kFloat32);
+    EXPECT_EQ(v.view.order, kernels::ReductionOrder::kGgml);
+  }
 }
 
 }  // namespace
