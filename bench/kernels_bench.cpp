@@ -477,6 +477,15 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) std::int64_t vnni_peak(st
   return kPeakIterations * kPeakChains * 64;
 }
 
+// The chains' sum, kept from the optimiser, so the loops above it are not removed.
+__attribute__((target("avx512f"))) void keep_chains(const __m512 (&acc)[kPeakChains]) {
+  __m512 total = acc[0];
+  for (int c = 1; c < kPeakChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  float lanes[16];
+  _mm512_storeu_ps(lanes, total);
+  benchmark::DoNotOptimize(lanes);
+}
+
 __attribute__((target("avx512f"))) std::int64_t fma_peak_512(float seed) {
   __m512 acc[kPeakChains];
   for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_set1_ps(seed + static_cast<float>(c));
@@ -486,11 +495,7 @@ __attribute__((target("avx512f"))) std::int64_t fma_peak_512(float seed) {
     for (int c = 0; c < kPeakChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], x, w);
     asm volatile("" : "+v"(x));
   }
-  __m512 total = acc[0];
-  for (int c = 1; c < kPeakChains; ++c) total = _mm512_add_ps(total, acc[c]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, total);
-  benchmark::DoNotOptimize(lanes);
+  keep_chains(acc);
   return kPeakIterations * kPeakChains * 16;
 }
 
@@ -507,11 +512,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) std::int64_t bf16_dot_pea
           _mm512_dpbf16_ps(acc[c], reinterpret_cast<__m512bh>(x), reinterpret_cast<__m512bh>(w));
     asm volatile("" : "+v"(x));
   }
-  __m512 total = acc[0];
-  for (int c = 1; c < kPeakChains; ++c) total = _mm512_add_ps(total, acc[c]);
-  float lanes[16];
-  _mm512_storeu_ps(lanes, total);
-  benchmark::DoNotOptimize(lanes);
+  keep_chains(acc);
   return kPeakIterations * kPeakChains * 32;
 }
 

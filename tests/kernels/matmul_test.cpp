@@ -611,6 +611,15 @@ float blocksum_emulated(WeightType type, const std::vector<std::byte>& w, std::i
 constexpr std::pair<std::int64_t, std::int64_t> kBlockSumShapes[] = {
     {37, 1056}, {16, 128}, {17, 32}, {1, 160}, {48, 288}};
 
+// y of n rows of x against `rows` rows of W, each output from `one(r, i)` (an emulation).
+template <typename F>
+std::vector<float> emulate_outputs(std::int64_t n, std::int64_t rows, F&& one) {
+  std::vector<float> y(static_cast<std::size_t>(n * rows));
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t r = 0; r < rows; ++r) y[static_cast<std::size_t>(i * rows + r)] = one(r, i);
+  return y;
+}
+
 // Every way of computing the blocksum order this machine has: packed (read by the VNNI path
 // where it runs) or not, VNNI on or off, each instruction set; `check` sees each result.
 template <typename F>
@@ -638,11 +647,9 @@ TEST(BlockSumOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
       EXPECT_EQ(packed.bytes(), (rows + 15) / 16 * 16 * weight_bytes(t, 1, cols));
       const std::int64_t n_max = 64;
       const auto x = random_x(n_max, cols, rng);
-      std::vector<float> expect(static_cast<std::size_t>(n_max * rows));
-      for (std::int64_t i = 0; i < n_max; ++i)
-        for (std::int64_t r = 0; r < rows; ++r)
-          expect[static_cast<std::size_t>(i * rows + r)] =
-              blocksum_emulated(t, w, cols, r, x.data() + i * cols);
+      const std::vector<float> expect = emulate_outputs(n_max, rows, [&](auto r, auto i) {
+        return blocksum_emulated(t, w, cols, r, x.data() + i * cols);
+      });
       for_each_blocksum_path([&](const std::string& path, bool use_packed) {
         WeightView view{t, rows, cols, w.data(), ReductionOrder::kBlockSum};
         if (use_packed) view.packed = packed.data();
@@ -783,11 +790,9 @@ TEST(Bf16PairOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
     const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
     const std::int64_t n_max = 17;
     const auto x = random_x(n_max, cols, rng);
-    std::vector<float> expect(static_cast<std::size_t>(n_max * rows));
-    for (std::int64_t i = 0; i < n_max; ++i)
-      for (std::int64_t r = 0; r < rows; ++r)
-        expect[static_cast<std::size_t>(i * rows + r)] =
-            bf16_pairs_emulated(w, cols, r, x.data() + i * cols);
+    const std::vector<float> expect = emulate_outputs(n_max, rows, [&](auto r, auto i) {
+      return bf16_pairs_emulated(w, cols, r, x.data() + i * cols);
+    });
     const WeightView view{WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum};
     for_each_bf16_pairs_path([&](const std::string& path) {
       for (std::int64_t n : {1, 2, 3, 4, 5, 8, 9, 17}) {
