@@ -782,20 +782,21 @@ void for_each_bf16_pairs_path(F&& check) {
 constexpr std::pair<std::int64_t, std::int64_t> kBf16PairShapes[] = {
     {37, 1056}, {6, 64}, {5, 100}, {9, 521}, {3, 3}};
 
-// Bit for bit the definition, for 1 .. 17 rows of x, on every path, with 1, 2 and 3 threads.
+// Bit for bit the definition, for 1 .. 40 rows of x (up to five x tiles, the last one partial), on
+// every path, with 1, 2 and 3 threads.
 TEST(Bf16PairOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
   std::mt19937_64 rng(21);
   ThreadPool two(2), three(3);
   for (const auto& [rows, cols] : kBf16PairShapes) {
     const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
-    const std::int64_t n_max = 17;
+    const std::int64_t n_max = 40;
     const auto x = random_x(n_max, cols, rng);
     const std::vector<float> expect = emulate_outputs(n_max, rows, [&](auto r, auto i) {
       return bf16_pairs_emulated(w, cols, r, x.data() + i * cols);
     });
     const WeightView view{WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum};
     for_each_bf16_pairs_path([&](const std::string& path) {
-      for (std::int64_t n : {1, 2, 3, 4, 5, 8, 9, 17}) {
+      for (std::int64_t n : {1, 2, 3, 4, 5, 8, 9, 17, 40}) {
         for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
           std::vector<float> y(static_cast<std::size_t>(n * rows));
           matmul(view, std::span(x).first(static_cast<std::size_t>(n * cols)), y, pool);
