@@ -360,6 +360,28 @@ HWY_INLINE void prefetch_w(const MatmulCall& c, std::int64_t offset, std::int64_
   for (std::int64_t o = offset; o < end; o += 64) prefetch_l2(c.w + o);
 }
 
+// Rows of at most this many bytes are short: a register tile's rows, which follow each other in
+// memory, end within a few KiB, so they are read as one stream (SmolLM2's rows of 576 and 1536
+// columns: 1,152 and 3,072 bytes in bf16).
+constexpr std::int64_t kShortRowBytes = 4096;
+// How far ahead a tile of short rows asks for W, in bytes of that one stream.
+constexpr std::int64_t kShortRowsAhead = 8192;
+
+// The prefetch of a register tile of `rows` W rows from r0 that has read `done` bytes of each row
+// and is about to read `next` more. Long rows: each row `ahead` bytes past its own position.
+// Short rows: the tile's stream kShortRowsAhead past its position, as many bytes as it reads
+// (asked for row by row, the lines `ahead` past a short row were the next row's, which the tile
+// was already reading, and the next tile's lines came unasked: a bf16 1536 x 576 product, one
+// row, took 88-98 us on 2 threads, 59-62 us as one stream; docs/kernels.md).
+HWY_INLINE void prefetch_tile(const MatmulCall& c, std::int64_t r0, int rows, std::int64_t done,
+                              std::int64_t next, std::int64_t ahead) {
+  if (c.row_bytes <= kShortRowBytes) {
+    prefetch_w(c, r0 * c.row_bytes + done * rows + kShortRowsAhead, next * rows);
+    return;
+  }
+  for (int r = 0; r < rows; ++r) prefetch_w(c, (r0 + r) * c.row_bytes + done + ahead, next);
+}
+
 // kX rows of x (from row i0) against kW rows of W (from row r0), W decoded in registers; the
 // whole row in one pass (cols a multiple of the block).
 template <WeightType kT, int kX, int kW>
@@ -387,9 +409,7 @@ HWY_NOINLINE void tile_registers(const MatmulCall& c, std::int64_t r0, std::int6
     }
   };
   for (std::int64_t b = 0; b < blocks; ++b) {
-    for (int r = 0; r < kW; ++r) {
-      prefetch_w(c, (r0 + r) * c.row_bytes + b * block_bytes + kPrefetch, block_bytes);
-    }
+    prefetch_tile(c, r0, kW, b * block_bytes, block_bytes, kPrefetch);
     VF w[kW][kVecs];
     for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
     multiply(b, w);
@@ -1228,13 +1248,12 @@ HWY_INLINE void bf16_step_rows(const MatmulCall& c, std::int64_t r0, std::int64_
   }
 }
 
-// Asks for W's line 3 KiB ahead of step s in each of a tile's rows. At 1 KiB (tile_registers'
+// Asks for W's lines of step s. Long rows: 3 KiB ahead of each row; at 1 KiB (tile_registers'
 // distance) the 8-row tile's loads still waited for W (a 4096 x 14336 weight: 9.1 ms on one Zen 4
 // core, 6.8 at 3 KiB), and one to four rows ran 5-12% slower on one core (level on two);
 // docs/kernels.md.
 HWY_INLINE void bf16_prefetch(const MatmulCall& c, std::int64_t r0, int rows, std::int64_t s) {
-  constexpr std::int64_t kAhead = 3072;
-  for (int r = 0; r < rows; ++r) prefetch_w(c, (r0 + r) * c.row_bytes + s * 64 + kAhead, 64);
+  prefetch_tile(c, r0, rows, s * 64, 64, 3072);
 }
 
 // kX rows of x (from i0) against kW rows of W (from r0) in float lanes: every target.
