@@ -674,14 +674,14 @@ HWY_NOINLINE void qtile(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
       summs[i][r] = 0.0f;
     }
   }
-  constexpr std::int64_t kPrefetch = 1024;  // bytes ahead of each W row's loads
+  constexpr std::int64_t kPrefetch = 1024;  // bytes ahead of each long W row's loads
   for (std::int64_t b = 0; b < blocks; ++b) {
     __m256i w[kW];
     __m256 dw[kW];
     [[maybe_unused]] float mw[kW];
+    prefetch_tile(c, r0, kW, b * kBlockBytes<kT>, kBlockBytes<kT>, kPrefetch);
     for (int r = 0; r < kW; ++r) {
       const std::byte* block = wr[r] + b * kBlockBytes<kT>;
-      prefetch_l2(block + kPrefetch);
       w[r] = block_codes<kT>(block);
       if constexpr (kT == WeightType::kQ4_1) {
         std::uint32_t dm;
@@ -770,11 +770,10 @@ MIXKV_VNNI_ATTR HWY_NOINLINE void qtile_vnni(const MatmulCall& c, std::int64_t r
     __m512i w[kP];
     __m512 dw[kP];
     [[maybe_unused]] __m512 mw[kP];
+    prefetch_tile(c, r0, 2 * kP, b * kBB, kBB, kPrefetch);
     for (int p = 0; p < kP; ++p) {
       const std::byte* b0 = c.w + (r0 + 2 * p) * c.row_bytes + b * kBB;
       const std::byte* b1 = b0 + c.row_bytes;
-      prefetch_l2(b0 + kPrefetch);
-      prefetch_l2(b1 + kPrefetch);
       if constexpr (kT == WeightType::kQ8_0) {
         const __m256i lo = _mm256_inserti128_si256(
             _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b0 + 2))),
