@@ -117,7 +117,8 @@ class WeightSource {
   Matrix head_matrix(std::string_view prefix, Role role, std::int64_t rows, std::int64_t cols);
   std::string layer_prefix(int index) const;
 
-  // Block-format matrices handed out from now on reduce in `order` (packed where that pays).
+  // Block-format and bf16 matrices handed out from now on reduce in `order` (block formats
+  // packed where that pays).
   void set_weight_order(kernels::ReductionOrder order) { order_ = order; }
   kernels::ReductionOrder weight_order() const { return order_; }
 
