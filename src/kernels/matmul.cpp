@@ -721,8 +721,9 @@ HWY_NOINLINE void qtile(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
 // and q8_0 adds 128 to its codes, and the accumulator starts at -8 or -128 times the sums of
 // x's groups of four (QuantizedX::c64): the same exact integers. The float steps are lane for
 // lane those above; the last tree adds quarter 0 to quarter 2 (a_k + a_k+4), then as above.
-#define MIXKV_VNNI_ATTR \
-  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+// The target's own features too (HWY_TARGET_STR), so that clang inlines this namespace's helpers
+// (prefetch_tile) into it.
+#define MIXKV_VNNI_ATTR __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
 
 MIXKV_VNNI_ATTR HWY_INLINE float tree_sum_quarters(__m512 v, int row) {
   // Quarters 0 + 2 (row 0 of the pair) or 1 + 3 (row 1), then (0 + 2) + (1 + 3) of the four.
@@ -1312,8 +1313,9 @@ HWY_NOINLINE void bf16_tile(const MatmulCall& c, std::int64_t r0, std::int64_t i
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // The same on VDPBF16PS (checked at run time: Highway's AVX3 target does not imply AVX512-BF16).
-#define MIXKV_BF16_ATTR \
-  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+// The target's own features too (HWY_TARGET_STR): the tile inlines this namespace's helpers,
+// which clang allows only into a function with all of their features.
+#define MIXKV_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
 
 // 32 bf16 codes as VDPBF16PS's operand type (a vector cast: no instruction).
 MIXKV_BF16_ATTR HWY_INLINE __m512bh as_bf16_pairs(__m512i v) {
