@@ -357,7 +357,10 @@ TEST(WeightMatmul, EveryInstructionSetIsAccurateAndInvariant) {
 TEST(WeightMatmul, BlockFormatsGiveTheSameBitsOnEveryInstructionSet) {
   std::mt19937_64 rng(6);
   for (WeightType t : {WeightType::kQ8_0, WeightType::kQ4_0, WeightType::kQ4_1}) {
-    for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{37, 1056}, {6, 64}}) {
+    for (const auto& shape : {std::pair<std::int64_t, std::int64_t>{37, 1056}, {6, 64}}) {
+      // Named copies, not a structured binding: the lambdas below capture them (clang 14 cannot
+      // capture a binding).
+      const std::int64_t rows = shape.first, cols = shape.second;
       const auto w = random_weight(t, rows, cols, rng);
       for (std::int64_t n : {1, 2, 3, 5, 8, 17}) {
         const auto x = random_x(n, cols, rng);
@@ -641,7 +644,8 @@ TEST(BlockSumOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
   std::mt19937_64 rng(7);
   ThreadPool two(2), three(3);
   for (WeightType t : kBlockTypes) {
-    for (const auto& [rows, cols] : kBlockSumShapes) {
+    for (const auto& shape : kBlockSumShapes) {
+      const std::int64_t rows = shape.first, cols = shape.second;  // captured below
       const auto w = random_weight(t, rows, cols, rng);
       const PackedWeight packed = pack_weight({t, rows, cols, w.data()});
       EXPECT_EQ(packed.bytes(), (rows + 15) / 16 * 16 * weight_bytes(t, 1, cols));
@@ -787,7 +791,8 @@ constexpr std::pair<std::int64_t, std::int64_t> kBf16PairShapes[] = {
 TEST(Bf16PairOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
   std::mt19937_64 rng(21);
   ThreadPool two(2), three(3);
-  for (const auto& [rows, cols] : kBf16PairShapes) {
+  for (const auto& shape : kBf16PairShapes) {
+    const std::int64_t rows = shape.first, cols = shape.second;  // captured below
     const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
     const std::int64_t n_max = 40;
     const auto x = random_x(n_max, cols, rng);
