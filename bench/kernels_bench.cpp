@@ -14,7 +14,8 @@
 // Names: BM_Decode/<paged|contiguous>/<dtype>/ctx:<tokens>/threads:<n>, BM_StreamRead/threads:<n>,
 // BM_ComputePeak/<vnni_int8|bf16_dot|fma_f32>/threads:<n> (multiply-adds per second: the compute
 // yardstick), BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
-// BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n>,
+// BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n> (and BM_Decode/paged/bfloat16_pairs,
+// BM_DecodeMultiRow/bfloat16_pairs: the same bf16 caches in AttentionOrder::kBf16Pairs),
 // BM_DecodeBatch/<dtype>/requests:<n>/ctx:<tokens>/threads:<n> (short contexts, many requests),
 // BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for
 // bfloat16 and the block formats in the kBlockSum order (also over SmolLM2's 1536 x 576 up
@@ -178,7 +179,10 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed) {
 // Times paged_attention over `batch` with random query rows (seeded by `seed`), each call on the
 // next copy of the fixture's cache; the label is the dispatched target.
 void time_attention(benchmark::State& state, const CacheFixture& f,
-                    std::span<const PagedSequence> batch, std::uint64_t seed, int threads) {
+                    std::span<const PagedSequence> batch, std::uint64_t seed, int threads,
+                    AttentionOrder order = AttentionOrder::kFloat) {
+  AttentionSpec spec = f.spec;
+  spec.order = order;
   std::int64_t rows = 0;
   for (const PagedSequence& seq : batch) rows += seq.num_queries;
   const std::vector<float> queries =
@@ -189,11 +193,13 @@ void time_attention(benchmark::State& state, const CacheFixture& f,
   std::int64_t call = 0;
   for (auto _ : state) {
     inputs.cache = f.copy(call++);
-    paged_attention(f.spec, f.layer, inputs, out);
+    paged_attention(spec, f.layer, inputs, out);
     benchmark::DoNotOptimize(out.data());
     benchmark::ClobberMemory();
   }
-  state.SetLabel(simd_target());
+  state.SetLabel(simd_target() + (order == AttentionOrder::kBf16Pairs && attention_uses_bf16_dots()
+                                      ? " vdpbf16ps"
+                                      : ""));
 }
 
 // K and V bytes of `tokens` cached tokens of the benchmark layer.
@@ -202,11 +208,11 @@ std::int64_t kv_bytes(DType dtype, std::int64_t tokens, const LayerShape& shape 
 }
 
 // One decode query over the whole context. Bytes/s counts the K and V bytes read per call.
-void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool paged,
-                int threads) {
+void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool paged, int threads,
+                AttentionOrder order = AttentionOrder::kFloat) {
   const CacheFixture& f = cache_of(dtype, context, paged);
   const std::vector<PagedSequence> batch = {{f.pages, context, 1}};
-  time_attention(state, f, batch, 2, threads);
+  time_attention(state, f, batch, 2, threads, order);
   state.SetBytesProcessed(state.iterations() * kv_bytes(dtype, context));
   state.counters["tokens_per_s"] = benchmark::Counter(
       static_cast<double>(state.iterations() * context), benchmark::Counter::kIsRate);
@@ -231,10 +237,10 @@ void run_decode_batch(benchmark::State& state, DType dtype, std::int64_t request
 // among themselves) in one call, each K/V tile read once for all rows. Bytes/s counts the K and V
 // bytes of the context once per call, as decode does, so 1 row here is BM_Decode/paged.
 void run_multi_row(benchmark::State& state, DType dtype, std::int64_t rows, std::int64_t context,
-                   int threads) {
+                   int threads, AttentionOrder order = AttentionOrder::kFloat) {
   const CacheFixture& f = cache_of(dtype, context, true);
   const std::vector<PagedSequence> batch = {{f.pages, context, rows}};
-  time_attention(state, f, batch, 2, threads);
+  time_attention(state, f, batch, 2, threads, order);
   state.SetBytesProcessed(state.iterations() * kv_bytes(dtype, context));
 }
 
@@ -620,6 +626,27 @@ const bool registered = [] {
               ->Unit(benchmark::kMicrosecond)
               ->UseRealTime();
         }
+      }
+    }
+    // The bf16-pair order (AttentionOrder::kBf16Pairs) over the same bf16 caches.
+    for (std::int64_t ctx : {8192, 32768}) {
+      benchmark::RegisterBenchmark(
+          ("BM_Decode/paged/bfloat16_pairs/ctx:" + std::to_string(ctx) + th).c_str(),
+          [=](benchmark::State& s) {
+            run_decode(s, DType::kBfloat16, ctx, true, t, AttentionOrder::kBf16Pairs);
+          })
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+      for (std::int64_t rows : {1, 2, 5, 8}) {
+        benchmark::RegisterBenchmark(
+            ("BM_DecodeMultiRow/bfloat16_pairs/rows:" + std::to_string(rows) +
+             "/ctx:" + std::to_string(ctx) + th)
+                .c_str(),
+            [=](benchmark::State& s) {
+              run_multi_row(s, DType::kBfloat16, rows, ctx, t, AttentionOrder::kBf16Pairs);
+            })
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
       }
     }
     for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {

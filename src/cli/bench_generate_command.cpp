@@ -218,6 +218,7 @@ Action add_bench_generate_command(CLI::App& app) {
     int runs = 3;
     int threads = 0;
     std::string weight_order = kDefaultWeightOrder;
+    std::string attention_order = "float";
     bool fixed_draft = false;
     std::optional<double> step_cost_per_row;  // absent: measured
     std::string memory = "256MiB";
@@ -258,6 +259,7 @@ Action add_bench_generate_command(CLI::App& app) {
   cmd->add_option("--runs", args->runs, "Runs of each configuration (medians are reported)")
       ->capture_default_str();
   add_weight_order_option(*cmd, args->weight_order);
+  add_attention_order_option(*cmd, args->attention_order);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
   cmd->add_flag("--fixed-draft-length", args->fixed_draft,
@@ -267,10 +269,7 @@ Action add_bench_generate_command(CLI::App& app) {
                   "(default: measured online), so the drafting counts do not depend on the "
                   "machine's load");
   cmd->add_option("--memory", args->memory, "KV-cache bytes (e.g. 256MiB)")->capture_default_str();
-  cmd->add_option("--kv-dtype", args->kv_dtype,
-                  "KV cache dtype of the attention layers: auto (the model's) or a dtype (e.g. "
-                  "bfloat16, float16, fp8_e4m3)")
-      ->capture_default_str();
+  add_kv_dtype_option(*cmd, args->kv_dtype);
   cmd->add_flag("--json", args->json, "One JSON object: per prompt and per category");
 
   return [args](std::ostream& out) {
@@ -285,10 +284,10 @@ Action add_bench_generate_command(CLI::App& app) {
     if (args->drafts.size() == 1 && args->drafts[0] == "none") args->drafts.clear();
     for (const std::string& d : args->drafts) {
       if (d != "oracle" && d != "ngram" && d != "random" && d != model::kSelfDraft) {
-        throw_invalid(fmt::format(
-            "--draft {}: bench-generate compares oracle, ngram, self and random "
-            "(comma-separated), or none alone (plain only)",
-            d));
+        throw_invalid(
+            fmt::format("--draft {}: bench-generate compares oracle, ngram, self and random "
+                        "(comma-separated), or none alone (plain only)",
+                        d));
       }
     }
     const bool self = std::ranges::find(args->drafts, model::kSelfDraft) != args->drafts.end();
@@ -321,6 +320,7 @@ Action add_bench_generate_command(CLI::App& app) {
     ro.num_spec_tokens = args->num_spec_tokens;
     ro.threads = args->threads;
     ro.weight_order = parse_weight_order(args->weight_order);
+    ro.attention_order = kernels::parse_attention_order(args->attention_order, "--attention-order");
     ro.kv_dtype = dtype_option("--kv-dtype", args->kv_dtype);
     if (gguf) ro.max_model_len = 2048;  // as generate: far more than a prompt and its answer
     if (self) {

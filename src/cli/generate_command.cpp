@@ -28,6 +28,7 @@
 #include "mixkv/tokenizer/tokenizer.hpp"
 #include "mixkv/weights/gguf_model.hpp"
 #include "mixkv/weights/model_files.hpp"
+#include "model_options.hpp"
 #include "runner_setup.hpp"
 
 namespace mixkv::cli {
@@ -62,6 +63,8 @@ Action add_generate_command(CLI::App& app) {
     std::string draft;
     std::optional<int> draft_layers;  // --draft self
     std::string weight_order = kDefaultWeightOrder;
+    std::string attention_order = "float";
+    std::string kv_dtype = "auto";
     int num_spec_tokens = 3;
     std::string prompt;
     std::vector<engine::TokenId> prompt_ids;
@@ -136,6 +139,8 @@ Action add_generate_command(CLI::App& app) {
                   "Longest request the cache is planned for (default: the model's context, at "
                   "most 2048 for a GGUF model)");
   add_weight_order_option(*cmd, args->weight_order);
+  add_attention_order_option(*cmd, args->attention_order);
+  add_kv_dtype_option(*cmd, args->kv_dtype);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
 
@@ -180,6 +185,9 @@ Action add_generate_command(CLI::App& app) {
           args->model));
     }
     setup.options.weight_order = parse_weight_order(args->weight_order);
+    setup.options.attention_order =
+        kernels::parse_attention_order(args->attention_order, "--attention-order");
+    setup.options.kv_dtype = dtype_option("--kv-dtype", args->kv_dtype);
     runner::ModelRunner runner = setup.make_runner();
 
     // The prompts: ids as given, else the text through the chat template (GGUF, unless --raw)

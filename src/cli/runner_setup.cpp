@@ -84,6 +84,23 @@ void add_weight_order_option(CLI::App& cmd, std::string& order) {
       ->check(CLI::IsMember({"ggml", "blocksum"}));
 }
 
+void add_attention_order_option(CLI::App& cmd, std::string& order) {
+  cmd.add_option("--attention-order", order,
+                 "Reduction order of attention: float, or bf16-pairs (q and the softmax weights "
+                 "rounded to bf16, products summed in pairs, VDPBF16PS where the CPU has it: "
+                 "verify rows cost less; needs --kv-dtype bfloat16 and head sizes that are "
+                 "multiples of 32); docs/kernels.md")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"float", "bf16-pairs"}));
+}
+
+void add_kv_dtype_option(CLI::App& cmd, std::string& dtype) {
+  cmd.add_option("--kv-dtype", dtype,
+                 "KV cache dtype of the attention layers: auto (the model's) or a dtype (e.g. "
+                 "bfloat16, float16, fp8_e4m3)")
+      ->capture_default_str();
+}
+
 kernels::ReductionOrder parse_weight_order(const std::string& text) {
   if (text == "ggml") return kernels::ReductionOrder::kGgml;
   if (text == "blocksum") return kernels::ReductionOrder::kBlockSum;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "mixkv/kernels/attention_kernel.hpp"
 #include "mixkv/kernels/matmul.hpp"
 #include "mixkv/model/describe.hpp"
 #include "mixkv/runner/model_runner.hpp"
@@ -63,5 +64,16 @@ bool is_directory(const std::string& ref);
 inline constexpr const char* kDefaultWeightOrder = "blocksum";
 void add_weight_order_option(CLI::App& cmd, std::string& order);
 kernels::ReductionOrder parse_weight_order(const std::string& text);
+
+// --attention-order TEXT of generate, bench-generate and serve (kernels::AttentionOrder):
+// "float" (the default) or "bf16-pairs" (q and the softmax weights rounded to bf16, products
+// summed in pairs on VDPBF16PS where the CPU has it: verify rows cost less; needs
+// --kv-dtype bfloat16 and head sizes that are multiples of 32). Parsed by
+// kernels::parse_attention_order with an Error naming the flag.
+void add_attention_order_option(CLI::App& cmd, std::string& order);
+
+// --kv-dtype TEXT of generate, bench-generate and serve: "auto" (the model's) or a dtype, read
+// by dtype_option (model_options.hpp) into RunnerOptions::kv_dtype.
+void add_kv_dtype_option(CLI::App& cmd, std::string& dtype);
 
 }  // namespace mixkv::cli

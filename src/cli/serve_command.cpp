@@ -17,6 +17,7 @@
 #include "mixkv/tokenizer/byte_tokenizer.hpp"
 #include "mixkv/tokenizer/chat_template.hpp"
 #include "mixkv/weights/gguf_model.hpp"
+#include "model_options.hpp"
 #include "runner_setup.hpp"
 
 namespace mixkv::cli {
@@ -35,6 +36,8 @@ Action add_serve_command(CLI::App& app) {
     std::int64_t block_size = 16;
     std::string policy = "mixkv";
     std::string weight_order = kDefaultWeightOrder;
+    std::string attention_order = "float";
+    std::string kv_dtype = "auto";
     std::string kv_role, kv_load_failure = "recompute";
     double kv_timeout = 10, kv_lease = 5;
     server::ServeOptions serve;
@@ -99,6 +102,8 @@ Action add_serve_command(CLI::App& app) {
                   "most 2048 for a GGUF model)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
   add_weight_order_option(*cmd, args->weight_order);
+  add_attention_order_option(*cmd, args->attention_order);
+  add_kv_dtype_option(*cmd, args->kv_dtype);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)")
       ->check(CLI::Range(0, 256));
@@ -199,6 +204,9 @@ Action add_serve_command(CLI::App& app) {
                                        args->max_model_len, args->threads);
     setup.options.block_size = args->block_size;
     setup.options.weight_order = parse_weight_order(args->weight_order);
+    setup.options.attention_order =
+        kernels::parse_attention_order(args->attention_order, "--attention-order");
+    setup.options.kv_dtype = dtype_option("--kv-dtype", args->kv_dtype);
     setup.options.policy = args->policy == "vllm" ? plan::Policy::kVllm : plan::Policy::kMixkv;
     runner::ModelRunner runner = setup.make_runner();
     std::unique_ptr<spec::Drafter> drafter = make_drafter(args->draft, runner, args->seed);

@@ -42,9 +42,10 @@ bool usable() {
 }
 
 bool takes(const AttentionSpec& spec, const PageLayout& page) {
-  return spec.params.kv_dtype == DType::kBfloat16 && !spec.mla && spec.head_size % kStep == 0 &&
-         spec.head_size_v % kStep == 0 && spec.head_size <= 512 && spec.head_size_v <= 512 &&
-         page.kernel_tokens % kKeys == 0 && usable();
+  return spec.order == AttentionOrder::kFloat && spec.params.kv_dtype == DType::kBfloat16 &&
+         !spec.mla && spec.head_size % kStep == 0 && spec.head_size_v % kStep == 0 &&
+         spec.head_size <= 512 && spec.head_size_v <= 512 && page.kernel_tokens % kKeys == 0 &&
+         usable();
 }
 
 // GCC 12 does not treat the tile loads and stores (nor LDTILECFG) as reading and writing the

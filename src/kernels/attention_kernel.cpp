@@ -1,6 +1,7 @@
 #include "mixkv/kernels/attention_kernel.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 
@@ -8,6 +9,7 @@
 
 #include "kernels/attention_amx.hpp"
 #include "kernels/attention_simd.hpp"
+#include "kernels/bf16_pairs.hpp"
 #include "mixkv/core/error.hpp"
 #include "mixkv/kernels/convert.hpp"
 
@@ -201,6 +203,25 @@ void validate(const AttentionSpec& spec, const std::string& where) {
     throw_invalid(fmt::format("{}: scale {} and soft cap {} must be finite, the cap positive",
                               where, p.scale, p.soft_cap ? *p.soft_cap : 0.0));
   }
+  if (spec.order == AttentionOrder::kBf16Pairs &&
+      (p.kv_dtype != DType::kBfloat16 || spec.mla || spec.head_size % 32 != 0 ||
+       spec.head_size_v % 32 != 0 || spec.head_size > 512 || spec.head_size_v > 512)) {
+    throw_invalid(fmt::format(
+        "{}: the bf16-pairs attention order needs a bfloat16 cache (got {}), no MLA (got {}) and "
+        "head sizes that are multiples of 32 up to 512 (got {} and {}); use the float order for "
+        "this layer, or a bfloat16 cache",
+        where, to_string(p.kv_dtype), spec.mla ? "MLA" : "none", spec.head_size, spec.head_size_v));
+  }
+}
+
+std::string_view to_string(AttentionOrder order) {
+  return order == AttentionOrder::kBf16Pairs ? "bf16-pairs" : "float";
+}
+
+AttentionOrder parse_attention_order(std::string_view text, const std::string& where) {
+  if (text == "float") return AttentionOrder::kFloat;
+  if (text == "bf16-pairs") return AttentionOrder::kBf16Pairs;
+  throw_invalid(fmt::format("{}: unknown attention order '{}' (float or bf16-pairs)", where, text));
 }
 
 AttentionSpec attention_spec(const attn::AttentionParams& params, const model::LayerDesc& layer) {
@@ -283,6 +304,22 @@ void set_attention_amx(bool on) {
   detail::attn_amx::switched_on().store(on, std::memory_order_relaxed);
 }
 
+namespace {
+std::atomic<bool>& bf16_dots_switched_on() {
+  static std::atomic<bool> on{true};
+  return on;
+}
+}  // namespace
+
+bool attention_uses_bf16_dots() {
+  return detail::avx512_bf16_cpu() && detail::attend_has_bf16_dots() &&
+         bf16_dots_switched_on().load(std::memory_order_relaxed);
+}
+
+void set_attention_bf16_dots(bool on) {
+  bf16_dots_switched_on().store(on, std::memory_order_relaxed);
+}
+
 void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& layer,
                      const AttentionInputs& inputs, std::span<float> out) {
   const PageLayout p = page_layout(spec, layer);
@@ -336,6 +373,7 @@ void paged_attention(const AttentionSpec& spec, const layout::LayerGeometry& lay
   call.scales = inputs.scales;
   call.out = out.data();
   call.amx = detail::attn_amx::takes(spec, p);
+  call.bf16_dots = spec.order == AttentionOrder::kBf16Pairs && attention_uses_bf16_dots();
   const int workers = inputs.pool != nullptr ? inputs.pool->size() : 1;
   const TaskPlan plan = make_tasks(spec, inputs.batch, workers);
   std::vector<detail::AttendScratch> scratch(static_cast<std::size_t>(workers));

@@ -7,9 +7,12 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "kernels/attention_amx.hpp"
+#include "kernels/bf16_pairs.hpp"
+#include "kernels/convert_simd.hpp"
 #include "kernels/element_load.hpp"
 #include "kernels/prefetch.hpp"
 #include "mixkv/kernels/convert.hpp"
@@ -501,6 +504,374 @@ void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::b
   attend_tile(ts, k, v, spec.head_size, spec.head_size_v, t0, tile, hk);
 }
 
+// ---- AttentionOrder::kBf16Pairs (docs/kernels.md, "The bf16-pair attention order") ----------
+// q.k: per (query row, head, key), two float chains over the head's element pairs (p = 0, 1, ...:
+// elements 2p and 2p + 1): chain A takes the even p, chain B the odd p; each adds the product of
+// element 2p + 1, then that of element 2p (q rounded to bf16 times K's codes: exact in float),
+// each addition rounded; the score is A + B. p.V: the tile's softmax weights rounded to bf16;
+// per pair of tile tokens (2m, 2m + 1), in order, each output element adds p[2m + 1] v[2m + 1],
+// then p[2m] v[2m]. A token outside the query's keys (or past the tile) adds a zero weight times
+// a zero row. The whole task runs with FTZ and DAZ (bf16_pairs.hpp): that is VDPBF16PS lane for
+// lane (the keys of a tile across its lanes for q.k, the output elements for p.V), and the paths
+// without it add the same products in the same order.
+
+// Heads of up to 512 elements (validate): the row a pair's missing token reads.
+alignas(64) constexpr std::uint16_t kZeroRow[512] = {};
+
+using DP = hn::CappedTag<float, 16>;  // the order's 16 lanes, in one or more vectors
+
+// A float whose bits are `bits` (a bf16 code in the top half).
+HWY_INLINE float float_bits(std::uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The 16 weights of a tile rounded to bf16 (float_to_bf16's bits: to nearest even, a NaN kept
+// quiet) and paired: pairs[m] holds weight 2m in its low half, 2m + 1 in its high half.
+HWY_INLINE void round_pairs(const float* probs, std::uint32_t* pairs) {
+  const DP df;
+  const hn::RebindToUnsigned<DP> du;
+  const hn::Rebind<std::uint16_t, DP> d16;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DP()));
+  std::uint16_t codes[kTileTokens];
+  for (std::int64_t j = 0; j < kTileTokens; j += n) {
+    const auto v = hn::LoadU(df, probs + j);
+    const auto u = hn::BitCast(du, v);
+    const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+    const auto rounded = hn::ShiftRight<16>(hn::Add(hn::Add(u, hn::Set(du, 0x7FFFu)), odd));
+    const auto quiet = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
+    const auto code = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+    hn::StoreU(hn::TruncateTo(d16, code), d16, codes + j);
+  }
+  std::memcpy(pairs, codes, sizeof codes);
+}
+
+// K of a tile transposed: kt[p * 16 + t] = key t's elements 2p and 2p + 1 (its p-th 32 bits),
+// zeros for t past the tile; `len` elements a key. Asks for the next tile's rows as it goes.
+HWY_INLINE void transpose_keys(const std::byte* k, std::int64_t stride, std::int64_t tile,
+                               std::int64_t len, std::uint32_t* kt, NextRows* next) {
+  const std::int64_t pairs = len / 2;
+  for (std::int64_t t = 0; t < kTileTokens; ++t) {
+    next->upto(t + 1);
+    for (std::int64_t q = 0; q < pairs; ++q) {
+      std::uint32_t w = 0;
+      if (t < tile) std::memcpy(&w, k + t * stride + 4 * q, 4);
+      kt[q * kTileTokens + t] = w;
+    }
+  }
+}
+
+// The scores of kHeads query rows (bf16 codes) against the tile's keys (kt, transposed), `len`
+// elements (a multiple of 32): sc[x * kTileTokens + t]. Every target, in float lanes.
+template <int kHeads>
+HWY_INLINE void pair_scores(const std::uint16_t* const* q, const std::uint32_t* kt,
+                            std::int64_t len, float* sc) {
+  const DP df;
+  const hn::RebindToUnsigned<DP> du;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DP()));
+  constexpr std::int64_t kSub = 16 / n;
+  const auto top = hn::Set(du, 0xFFFF0000u);
+  hn::Vec<DP> chain[2][kHeads][kSub];
+  for (auto& c : chain)
+    for (int x = 0; x < kHeads; ++x)
+      for (std::int64_t v = 0; v < kSub; ++v) c[x][v] = hn::Zero(df);
+  for (std::int64_t p = 0; p < len / 2; ++p) {
+    auto& c = chain[p % 2];
+    for (std::int64_t v = 0; v < kSub; ++v) {
+      const auto w = hn::LoadU(du, kt + p * kTileTokens + v * n);
+      const auto k_odd = hn::BitCast(df, hn::And(w, top));
+      const auto k_even = hn::BitCast(df, hn::ShiftLeft<16>(w));
+      for (int x = 0; x < kHeads; ++x) {
+        const std::uint32_t qe = q[x][2 * p], qo = q[x][2 * p + 1];
+        c[x][v] = hn::MulAdd(hn::Set(df, float_bits(qo << 16)), k_odd, c[x][v]);
+        c[x][v] = hn::MulAdd(hn::Set(df, float_bits(qe << 16)), k_even, c[x][v]);
+      }
+    }
+  }
+  for (int x = 0; x < kHeads; ++x)
+    for (std::int64_t v = 0; v < kSub; ++v)
+      hn::StoreU(hn::Add(chain[0][x][v], chain[1][x][v]), df, sc + x * kTileTokens + v * n);
+}
+
+// o[x] (element order) = o[x] * c[x] when rescaling, then the pairs m_lo..m_hi of head x's
+// weights (pw[x * kTileTokens + m]) times the rows (rows[t]: token t's V row or kZeroRow).
+template <int kHeads>
+HWY_INLINE void pair_accumulate(float* const* o, const bool* rescale, const float* c,
+                                const std::uint32_t* pw, std::int64_t m_lo, std::int64_t m_hi,
+                                const std::byte* const* rows, std::int64_t len) {
+  const DP df;
+  const hn::RebindToUnsigned<DP> du;
+  const hn::Rebind<std::uint16_t, DP> d16;
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DP()));
+  const auto widen = [&](const std::byte* row, std::int64_t j) HWY_ATTR {
+    const auto u =
+        hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + j));
+    return hn::BitCast(df, hn::ShiftLeft<16>(u));
+  };
+  for (std::int64_t j = 0; j < len; j += n) {
+    hn::Vec<DP> acc[kHeads];
+    for (int x = 0; x < kHeads; ++x) {
+      acc[x] = hn::LoadU(df, o[x] + j);
+      if (rescale[x]) acc[x] = hn::Mul(acc[x], hn::Set(df, c[x]));
+    }
+    for (std::int64_t m = m_lo; m <= m_hi; ++m) {
+      const auto v_even = widen(rows[2 * m], j);
+      const auto v_odd = widen(rows[2 * m + 1], j);
+      for (int x = 0; x < kHeads; ++x) {
+        const std::uint32_t w = pw[x * kTileTokens + m];
+        acc[x] = hn::MulAdd(hn::Set(df, float_bits(w & 0xFFFF0000u)), v_odd, acc[x]);
+        acc[x] = hn::MulAdd(hn::Set(df, float_bits(w << 16)), v_even, acc[x]);
+      }
+    }
+    for (int x = 0; x < kHeads; ++x) hn::StoreU(acc[x], df, o[x] + j);
+  }
+}
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// The same on VDPBF16PS (checked at run time: Highway's AVX3 target does not imply AVX512-BF16),
+// with the target's own features (HWY_TARGET_STR) so this namespace's helpers inline.
+#define MIXKV_ATTN_BF16_ATTR __attribute__((target(HWY_TARGET_STR ",avx512bf16")))
+#define MIXKV_ATTN_HAS_BF16_DOTS 1
+
+MIXKV_ATTN_BF16_ATTR HWY_INLINE __m512bh attn_bf16_pairs(__m512i v) {
+  return (__m512bh)v;  // NOLINT(google-readability-casting): GCC's vector cast
+}
+
+// transpose_keys on AVX-512: per 32 elements, the 16 keys' 64 bytes as a 16 x 16 transpose of
+// 32-bit words (unpack 32 and 64 bits, then two rounds of 128-bit lane shuffles).
+MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void transpose_keys_dots(const std::byte* k, std::int64_t stride,
+                                                           std::int64_t tile, std::int64_t len,
+                                                           std::uint32_t* kt, NextRows* next) {
+  const std::int64_t blocks = len / 32;
+  for (std::int64_t blk = 0; blk < blocks; ++blk) {
+    next->upto((blk + 1) * next->rows / blocks);
+    __m512i r[16], t[16], u[16], v[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      r[i] = i < tile ? _mm512_loadu_si512(k + i * stride + 64 * blk) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+      u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+      u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+      u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+      u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    // u[4g + c], 128-bit lane L: rows 4g..4g+3 of column 4L + c.
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      v[c] = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);           // columns c, 8 + c: rows 0-7
+      v[4 + c] = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);       // columns 4 + c, 12 + c
+      v[8 + c] = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);  // rows 8-15
+      v[12 + c] = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    }
+    std::uint32_t* out = kt + blk * 16 * kTileTokens;
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      _mm512_storeu_si512(out + c * kTileTokens, _mm512_shuffle_i32x4(v[c], v[8 + c], 0x88));
+      _mm512_storeu_si512(out + (c + 8) * kTileTokens, _mm512_shuffle_i32x4(v[c], v[8 + c], 0xDD));
+    }
+  }
+}
+
+// pair_scores on VDPBF16PS: one instruction per element pair adds it for 16 keys.
+template <int kHeads>
+MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_scores_dots(const std::uint16_t* const* q,
+                                                        const std::uint32_t* kt, std::int64_t len,
+                                                        float* sc) {
+  __m512 a[kHeads], b[kHeads];
+#pragma GCC unroll 4
+  for (int x = 0; x < kHeads; ++x) a[x] = b[x] = _mm512_setzero_ps();
+  std::uint32_t q32[kHeads];
+  for (std::int64_t p = 0; p < len / 2; p += 2) {
+    const __m512bh k0 = attn_bf16_pairs(_mm512_loadu_si512(kt + p * kTileTokens));
+    const __m512bh k1 = attn_bf16_pairs(_mm512_loadu_si512(kt + (p + 1) * kTileTokens));
+#pragma GCC unroll 4
+    for (int x = 0; x < kHeads; ++x) {
+      // The broadcast q pair as the last operand: VDPBF16PS broadcasts it from memory itself.
+      std::memcpy(&q32[x], q[x] + 2 * p, 4);
+      a[x] =
+          _mm512_dpbf16_ps(a[x], k0, attn_bf16_pairs(_mm512_set1_epi32(static_cast<int>(q32[x]))));
+      std::memcpy(&q32[x], q[x] + 2 * p + 2, 4);
+      b[x] =
+          _mm512_dpbf16_ps(b[x], k1, attn_bf16_pairs(_mm512_set1_epi32(static_cast<int>(q32[x]))));
+    }
+  }
+#pragma GCC unroll 4
+  for (int x = 0; x < kHeads; ++x)
+    _mm512_storeu_ps(sc + x * kTileTokens, _mm512_add_ps(a[x], b[x]));
+}
+
+// One pass of pair_accumulate on VDPBF16PS over elements j.. (kHalves x 32 of them): the
+// accumulators stay in registers over the tile's pairs.
+template <int kHeads, int kHalves>
+MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const bool* rescale,
+                                                          const float* c, const std::uint32_t* pw,
+                                                          std::int64_t m_lo, std::int64_t m_hi,
+                                                          const std::byte* const* rows,
+                                                          std::int64_t j) {
+  constexpr int kVecs = 2 * kHalves;
+  __m512 acc[kHeads][kVecs];
+#pragma GCC unroll 4
+  for (int x = 0; x < kHeads; ++x) {
+#pragma GCC unroll 4
+    for (int h = 0; h < kVecs; ++h) {
+      acc[x][h] = _mm512_loadu_ps(o[x] + j + 16 * h);
+      if (rescale[x]) acc[x][h] = _mm512_mul_ps(acc[x][h], _mm512_set1_ps(c[x]));
+    }
+  }
+  for (std::int64_t m = m_lo; m <= m_hi; ++m) {
+    __m512bh pv[kVecs];
+#pragma GCC unroll 2
+    for (int h = 0; h < kHalves; ++h) {
+      const __m512i e = _mm512_loadu_si512(rows[2 * m] + 2 * j + 64 * h);
+      const __m512i f = _mm512_loadu_si512(rows[2 * m + 1] + 2 * j + 64 * h);
+      pv[2 * h] = attn_bf16_pairs(_mm512_unpacklo_epi16(e, f));
+      pv[2 * h + 1] = attn_bf16_pairs(_mm512_unpackhi_epi16(e, f));
+    }
+#pragma GCC unroll 4
+    for (int x = 0; x < kHeads; ++x) {
+      const __m512bh w =
+          attn_bf16_pairs(_mm512_set1_epi32(static_cast<int>(pw[x * kTileTokens + m])));
+#pragma GCC unroll 4
+      for (int h = 0; h < kVecs; ++h) acc[x][h] = _mm512_dpbf16_ps(acc[x][h], pv[h], w);
+    }
+  }
+#pragma GCC unroll 4
+  for (int x = 0; x < kHeads; ++x) {
+#pragma GCC unroll 4
+    for (int h = 0; h < kVecs; ++h) _mm512_storeu_ps(o[x] + j + 16 * h, acc[x][h]);
+  }
+}
+
+// pair_accumulate on VDPBF16PS, 64 elements a pass (32 for the last of an odd count of 32). Each
+// 32 elements of o stay in VPUNPCKLWD / VPUNPCKHWD's order (unpermute_pairs puts them back).
+template <int kHeads>
+MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, const bool* rescale,
+                                                            const float* c, const std::uint32_t* pw,
+                                                            std::int64_t m_lo, std::int64_t m_hi,
+                                                            const std::byte* const* rows,
+                                                            std::int64_t len) {
+  std::int64_t j = 0;
+  for (; j + 64 <= len; j += 64)
+    pair_accumulate_pass<kHeads, 2>(o, rescale, c, pw, m_lo, m_hi, rows, j);
+  if (j < len) pair_accumulate_pass<kHeads, 1>(o, rescale, c, pw, m_lo, m_hi, rows, j);
+}
+#endif
+
+// The dots path's accumulators back in element order: per 32, lane s of the first 16 holds
+// element 8 (s / 4) + s % 4, of the second 16 element 8 (s / 4) + 4 + s % 4.
+[[maybe_unused]] void unpermute_pairs(float* acc, std::int64_t len) {
+  for (std::int64_t j = 0; j < len; j += 32) {
+    float e[32];
+    for (int s = 0; s < 32; ++s) e[8 * ((s % 16) / 4) + (s >= 16 ? 4 : 0) + s % 4] = acc[j + s];
+    std::copy(e, e + 32, acc + j);
+  }
+}
+
+// The heads h0.. (kHeads of them) of query row i over tile keys [a, b]: scores against the
+// transposed keys, the online softmax step, the weights rounded and paired, then p.V into their
+// accumulators.
+template <bool kDots, int kHeads>
+HWY_INLINE void pair_group(const TaskState& ts, const std::uint32_t* kt,
+                           const std::byte* const* rows, std::int64_t a, std::int64_t b,
+                           std::int64_t state0) {
+  AttendScratch& s = *ts.s;
+  const std::int64_t d = ts.spec->head_size;
+  const std::int64_t dv = ts.spec->head_size_v;
+  const std::uint16_t* q[kHeads];
+  for (int x = 0; x < kHeads; ++x) q[x] = s.q_bf16.data() + (state0 + x) * d;
+  float* sc = s.scores.data();
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+  if constexpr (kDots) pair_scores_dots<kHeads>(q, kt, d, sc);
+#endif
+  if constexpr (!kDots) pair_scores<kHeads>(q, kt, d, sc);
+  float* o[kHeads];
+  bool rescale[kHeads];
+  float c[kHeads];
+  std::uint32_t* pw = s.p_pairs.data();
+  for (int x = 0; x < kHeads; ++x) {
+    const auto st = static_cast<std::size_t>(state0 + x);
+    float* probs = s.probs.data() + x * kTileTokens;
+    rescale[x] = softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st], probs, c[x]);
+    o[x] = s.acc.data() + (state0 + x) * ts.dvp;
+    // Weights outside [a, b] are zeros already (softmax_step).
+    round_pairs(probs, pw + x * kTileTokens);
+  }
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+  if constexpr (kDots) pair_accumulate_dots<kHeads>(o, rescale, c, pw, a / 2, b / 2, rows, dv);
+#endif
+  if constexpr (!kDots) pair_accumulate<kHeads>(o, rescale, c, pw, a / 2, b / 2, rows, dv);
+}
+
+// One tile of KV head hk in the bf16-pair order, for every query and head of the task (the
+// structure of attend_tile; q from s.q_bf16): K transposed once for all of them.
+template <bool kDots>
+HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const std::byte* v,
+                                  const PageLayout& p, std::int64_t t0, std::int64_t tile,
+                                  std::int64_t hk) {
+  const AttendTask& task = *ts.task;
+  AttendScratch& s = *ts.s;
+  std::uint32_t* kt = s.k_pairs.data();
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+  if constexpr (kDots)
+    transpose_keys_dots(k, p.k_token_bytes, tile, ts.spec->head_size, kt, ts.next);
+#endif
+  if constexpr (!kDots) transpose_keys(k, p.k_token_bytes, tile, ts.spec->head_size, kt, ts.next);
+  ts.next->upto(ts.next->rows);
+  const std::int64_t hb = std::max(task.h_begin, hk * ts.group);
+  const std::int64_t he = std::min(task.h_end, (hk + 1) * ts.group);
+  for (std::int64_t i = 0; i < ts.nq; ++i) {
+    const KeyRange range =
+        key_range(ts.spec->params, ts.first_pos + task.q_begin + i, task.seq->kv_len);
+    const std::int64_t a = std::max(range.lo, t0) - t0;
+    const std::int64_t b = std::min(range.hi, t0 + tile - 1) - t0;
+    if (a > b) continue;
+    // Token t's V row where it is one of this query's keys, else zeros (past the tile too).
+    const std::byte* rows[kTileTokens + 2];
+    for (std::int64_t t = 0; t < kTileTokens + 2; ++t) {
+      rows[t] =
+          t >= a && t <= b ? v + t * p.v_token_bytes : reinterpret_cast<const std::byte*>(kZeroRow);
+    }
+    for (std::int64_t h0 = hb, heads = 0; h0 < he; h0 += heads) {
+      heads = std::min<std::int64_t>(4, he - h0);
+      const std::int64_t state0 = i * ts.nh + h0 - task.h_begin;
+      switch (heads) {
+        case 4:
+          pair_group<kDots, 4>(ts, kt, rows, a, b, state0);
+          break;
+        case 3:
+          pair_group<kDots, 3>(ts, kt, rows, a, b, state0);
+          break;
+        case 2:
+          pair_group<kDots, 2>(ts, kt, rows, a, b, state0);
+          break;
+        default:
+          pair_group<kDots, 1>(ts, kt, rows, a, b, state0);
+          break;
+      }
+    }
+  }
+}
+
+HWY_NOINLINE void attend_tile_pairs_float(const TaskState& ts, const std::byte* k,
+                                          const std::byte* v, const PageLayout& p, std::int64_t t0,
+                                          std::int64_t tile, std::int64_t hk) {
+  attend_tile_pairs<false>(ts, k, v, p, t0, tile, hk);
+}
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+HWY_NOINLINE void attend_tile_pairs_dots(const TaskState& ts, const std::byte* k,
+                                         const std::byte* v, const PageLayout& p, std::int64_t t0,
+                                         std::int64_t tile, std::int64_t hk) {
+  attend_tile_pairs<true>(ts, k, v, p, t0, tile, hk);
+}
+#endif
+
 // A softmax state (max, sum, acc of dvp floats) that the chunks of a context fold into, left to
 // right. An empty state has sum 0 (a chunk that saw keys has sum >= 1, or NaN).
 struct Partial {
@@ -607,6 +978,10 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   const bool in_registers = (nq == 1 || widens_cheaply) && d % n == 0 && dv % n == 0;
   const float* sinks = params.sinks ? call.sinks : nullptr;
 
+  // The bf16-pair order's whole task runs with FTZ and DAZ (bf16_pairs.hpp), whichever path.
+  const bool pairs = spec.order == AttentionOrder::kBf16Pairs;
+  std::optional<FlushSubnormals> flush;
+  if (pairs) flush.emplace();
   grow(s.q, nq * nh * dp);
   grow(s.k, kTileTokens * dp);
   grow(s.v, spec.mla ? 0 : kTileTokens * dvp);
@@ -628,6 +1003,12 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       float* dst = s.q.data() + (i * nh + h) * dp;
       std::copy(src, src + d, dst);
       std::fill(dst + d, dst + dp, 0.0f);
+      if (pairs) {  // float_to_bf16's bits, in vectors
+        grow(s.q_bf16, nq * nh * d);
+        grow(s.p_pairs, 4 * kTileTokens);
+        grow(s.k_pairs, d / 2 * kTileTokens);
+        encode_bf16_row(src, static_cast<std::size_t>(d), s.q_bf16.data() + (i * nh + h) * d);
+      }
       const std::int64_t state = i * nh + h;
       start_fold(sinks, task.h_begin + h, s.run_max[static_cast<std::size_t>(state)],
                  s.run_sum[static_cast<std::size_t>(state)], s.run_acc.data() + state * dvp, dvp);
@@ -827,6 +1208,16 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           amx_tile(hk, k_head, v_head, t0, tile, lo, hi);
           continue;
         }
+        if (pairs) {
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+          if (call.bf16_dots) {
+            attend_tile_pairs_dots(ts, k_head, v_head, p, t0, tile, hk);
+            continue;
+          }
+#endif
+          attend_tile_pairs_float(ts, k_head, v_head, p, t0, tile, hk);
+          continue;
+        }
         if (in_registers) {
           switch (p.dtype) {
             case DType::kFloat32:
@@ -858,6 +1249,12 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       }
       t0 += tile;
     }
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+    if (pairs && call.bf16_dots) {
+      for (std::int64_t state = 0; state < nq * nh; ++state)
+        unpermute_pairs(s.acc.data() + state * dvp, dv);
+    }
+#endif
     // The chunk's partials: kept for reduce_partials, or folded here.
     for (std::int64_t i = 0; i < nq; ++i) {
       for (std::int64_t h = 0; h < nh; ++h) {
@@ -923,6 +1320,16 @@ std::int64_t PartialFloatsImpl(std::int64_t head_size_v) {
 
 const char* TargetNameImpl() { return hwy::TargetName(HWY_TARGET); }
 
+bool HasBf16DotsImpl() {
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+  return true;
+#else
+  return false;
+#endif
+}
+#undef MIXKV_ATTN_HAS_BF16_DOTS
+#undef MIXKV_ATTN_BF16_ATTR
+
 }  // namespace mixkv::kernels::detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -931,6 +1338,7 @@ namespace mixkv::kernels::detail {
 
 HWY_EXPORT(AttendTaskImpl);
 HWY_EXPORT(TargetNameImpl);
+HWY_EXPORT(HasBf16DotsImpl);
 HWY_EXPORT(ReducePartialsImpl);
 HWY_EXPORT(PartialFloatsImpl);
 
@@ -948,6 +1356,8 @@ std::int64_t partial_floats(std::int64_t head_size_v) {
 }
 
 const char* attend_target() { return HWY_DYNAMIC_DISPATCH(TargetNameImpl)(); }
+
+bool attend_has_bf16_dots() { return HWY_DYNAMIC_DISPATCH(HasBf16DotsImpl)(); }
 
 }  // namespace mixkv::kernels::detail
 #endif  // HWY_ONCE

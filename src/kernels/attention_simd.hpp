@@ -63,6 +63,8 @@ struct AttendCall {
   float* out = nullptr;
   // The AMX tile path (attention_amx.hpp), chosen by the layer's shape and the CPU alone.
   bool amx = false;
+  // AttentionOrder::kBf16Pairs on VDPBF16PS (else the same bits from ordinary instructions).
+  bool bf16_dots = false;
 };
 
 // One query block of a request whose context chunks are computed by several tasks: each stores
@@ -105,6 +107,12 @@ struct AttendScratch {
   std::vector<float> amx_max, amx_sum, amx_acc, amx_scores, amx_probs;
   std::vector<std::uint32_t> amx_q, amx_v, amx_kt;
   std::vector<std::int64_t> amx_col0;  // per KV head of the task: its first slot
+  // AttentionOrder::kBf16Pairs: the task's queries rounded to bf16 (as q); one tile's softmax
+  // weights of up to 4 heads rounded to bf16 and paired by token (pair m of head x: tokens 2m
+  // and 2m + 1 of the tile, the first in the low half).
+  std::vector<std::uint16_t> q_bf16;
+  std::vector<std::uint32_t> p_pairs;
+  std::vector<std::uint32_t> k_pairs;  // one tile's K of a KV head, transposed (32-bit pairs)
 };
 
 // Runs one task with the best instruction set this CPU has.
@@ -120,5 +128,8 @@ std::int64_t partial_floats(std::int64_t head_size_v);
 
 // The instruction set attend_task uses on this CPU (e.g. "AVX3"), for benchmarks and docs.
 const char* attend_target();
+
+// Whether that instruction set's build has the VDPBF16PS path of AttentionOrder::kBf16Pairs.
+bool attend_has_bf16_dots();
 
 }  // namespace mixkv::kernels::detail

@@ -19,10 +19,7 @@
 #include <new>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <xmmintrin.h>  // _mm_getcsr / _mm_setcsr on every x86 target, the scalar one too
-#endif
-
+#include "kernels/bf16_pairs.hpp"
 #include "kernels/element_load.hpp"
 #include "kernels/prefetch.hpp"
 #include "mixkv/kernels/convert.hpp"
@@ -1397,10 +1394,7 @@ void bf16_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
 }
 
 void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
-#if HWY_ARCH_X86
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040u);  // FTZ (bit 15) and DAZ (bit 6)
-#endif
+  const FlushSubnormals flush;
   // Register tiles: AVX-512 4 x 4 (up to 4 rows of x) or 8 x 3 (VDPBF16PS reads x from memory)
   // and 8 x 2 accumulators; other targets 2 x 2 of 16 lanes each.
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -1417,9 +1411,6 @@ void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_e
   }
 #else
   bf16_rows<2, 2, false>(c, r_begin, r_end);
-#endif
-#if HWY_ARCH_X86
-  _mm_setcsr(csr);
 #endif
 }
 
@@ -1637,10 +1628,6 @@ HWY_AFTER_NAMESPACE();
 #include <atomic>
 #include <limits>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
 #include "kernels/convert_simd.hpp"
 #include "kernels/matmul_amx.hpp"
 #include "mixkv/core/checked_math.hpp"
@@ -1768,17 +1755,7 @@ std::atomic<bool>& bf16_dots_switched_on() {
 }
 
 bool bf16_dots_available() {
-#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
-  static const bool cpu = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_max(0, nullptr) < 7 || !__builtin_cpu_supports("avx512bw")) return false;
-    __cpuid_count(7, 1, a, b, c, d);
-    return ((a >> 5) & 1u) != 0;
-  }();
-#else
-  constexpr bool cpu = false;
-#endif
-  return cpu && bf16_dots_switched_on().load(std::memory_order_relaxed);
+  return detail::avx512_bf16_cpu() && bf16_dots_switched_on().load(std::memory_order_relaxed);
 }
 
 // The kBlockSum order's x for bfloat16 weights (Bf16X): n rows of cols floats, rounded in vectors

@@ -100,8 +100,14 @@ Comparison compare_with_reference(const AttentionSpec& spec, const AttentionSpec
     const double weights = std::expm1(2 * scale * delta);
     const double max_v_stored = (1 + rb.relative) * max_v + rb.absolute * scales.v;
     const double rounding = weights * max_v_stored + rb.relative * max_v + rb.absolute * scales.v;
-    c.tolerance_stored = std::max(c.tolerance_stored, arithmetic);
-    c.tolerance_original = std::max(c.tolerance_original, arithmetic + rounding);
+    // The bf16-pair order rounds q (each score moves by at most 2^-9 of sum |q||k|) and the
+    // softmax weights (each output by at most 2^-9 of max |v|) to bf16.
+    const double pairs =
+        spec.order == AttentionOrder::kBf16Pairs
+            ? std::expm1(2 * scale * 0x1p-9 * qk) * max_v_stored + 0x1p-9 * max_v_stored
+            : 0.0;
+    c.tolerance_stored = std::max(c.tolerance_stored, arithmetic + pairs);
+    c.tolerance_original = std::max(c.tolerance_original, arithmetic + rounding + pairs);
     for (std::size_t j = 0; j < want.size(); ++j) {
       const double got = out[row + j];
       // NaN (a read of poisoned bytes) must count as a failure.

@@ -49,6 +49,7 @@ struct Assembler {
   WeightSource& weights;
   const std::vector<attn::AttentionGroup>* groups = nullptr;  // null: listing shapes only
   const layout::Geometry* geometry = nullptr;
+  kernels::AttentionOrder attention_order = kernels::AttentionOrder::kFloat;
 
   layout::LayerGeometry layer_geometry(const std::string& layer) const;
   kernels::AttentionSpec attention_spec(const model::LayerDesc& layer) const;

@@ -289,11 +289,12 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weig
   WeightSource target_weights(family.names, {weights, file.get()}, config.origin,
                               file ? WeightNaming::kGguf : WeightNaming::kHuggingFace);
   target_weights.set_weight_order(options.weight_order);
-  Assembler target{config_, desc_, target_weights, &groups_, &geometry_};
+  Assembler target{config_, desc_, target_weights, &groups_, &geometry_, options.attention_order};
   family.build(target, *net_);
   if (draft_config) {
     WeightSource draft_weights(llama_names(), {weights, nullptr}, config.origin);
-    Assembler draft{*draft_config, desc_, draft_weights, &groups_, &geometry_};
+    Assembler draft{*draft_config, desc_,      draft_weights,
+                    &groups_,      &geometry_, options.attention_order};
     build_drafter(draft, *net_);
   }
 }

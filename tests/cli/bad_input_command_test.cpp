@@ -135,6 +135,25 @@ TEST(BadInputCommand, SelfDrafterLayerCountsAreChecked) {
                    {"layers.0 is gdn", "first layer is recurrent: choose another drafter"});
 }
 
+// --attention-order bf16-pairs over a layer that cannot take it (tiny-swa: a float32 cache,
+// heads of 16) names the layer, what it lacks and the fix, in every command that runs a model.
+TEST(BadInputCommand, TheBf16PairAttentionOrderNamesTheLayerItCannotServe) {
+  for (const char* command : {"generate", "bench-generate", "serve"}) {
+    std::vector<std::string> args = {command, "tiny-swa", "--attention-order", "bf16-pairs"};
+    if (std::string(command) == "serve") {
+      args.insert(args.end(), {"--port", "0"});  // any free port: it listens while loading
+    } else {
+      args.insert(args.end(), {"--max-tokens", "2"});
+    }
+    expect_bad_input(args, {"layer layers.0: the bf16-pairs attention order needs a bfloat16 "
+                            "cache (got float32)",
+                            "multiples of 32 up to 512 (got 16 and 16)",
+                            "use the float order for this layer, or a bfloat16 cache"});
+  }
+  expect_bad_input({"generate", "tiny-swa", "--attention-order", "bf16"},
+                   {"--attention-order: bf16 not in {float,bf16-pairs}"});
+}
+
 // A drafter proposes 1 to 32 tokens a step in every command that takes one; the serve command
 // refuses before it loads the model or listens.
 TEST(BadInputCommand, EveryCommandTakesOneToThirtyTwoSpecTokens) {

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "mixkv/core/error.hpp"
 #include "runner/smollm2_runner.hpp"
 
 namespace mixkv::runner {
@@ -90,6 +91,48 @@ TEST(SmolLm2Runner, OneStepOverManyTokensGivesTheLogitsOfOneTokenSteps) {
         diff / static_cast<double>(ggml.size()), mag / static_cast<double>(ggml.size()));
     EXPECT_GT(diff, 0.0) << "the orders round differently";
     EXPECT_LT(diff, 0.05 * mag) << "but compute the same product";
+  }
+}
+
+// The bf16-pair attention order (RunnerOptions::attention_order, over a bfloat16 cache): one step
+// over many tokens still gives the logits of one-token steps bit for bit, and the logits stay
+// within rounding of the float order's over the same cache. The f16 cache the model asks for by
+// default cannot take the order: loading names the layer and the fix.
+TEST(SmolLm2Runner, TheBf16PairAttentionOrderKeepsOneStepEqualToOneTokenSteps) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  const std::vector<TokenId> tokens = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198};
+  std::vector<float> by_order[2];
+  for (const auto order : {kernels::AttentionOrder::kFloat, kernels::AttentionOrder::kBf16Pairs}) {
+    RunnerOptions o;
+    o.weight_order = kernels::ReductionOrder::kBlockSum;
+    o.kv_dtype = DType::kBfloat16;
+    o.attention_order = order;
+    ModelRunner runner = smollm2_runner(path, o);
+    const std::vector<float> batched = logits_in_chunks(runner, tokens, tokens.size());
+    const std::vector<float> stepped = logits_in_chunks(runner, tokens, 3);
+    ASSERT_EQ(batched.size(), stepped.size());
+    EXPECT_EQ(std::memcmp(batched.data(), stepped.data(), batched.size() * sizeof(float)), 0)
+        << kernels::to_string(order);
+    by_order[order == kernels::AttentionOrder::kBf16Pairs] = batched;
+  }
+  double diff = 0, mag = 0;
+  for (std::size_t i = 0; i < by_order[0].size(); ++i) {
+    diff += std::abs(static_cast<double>(by_order[1][i]) - by_order[0][i]);
+    mag += std::abs(static_cast<double>(by_order[0][i]));
+  }
+  EXPECT_GT(diff, 0.0) << "the orders round differently";
+  EXPECT_LT(diff, 0.05 * mag) << "but compute the same attention";
+
+  RunnerOptions f16;
+  f16.attention_order = kernels::AttentionOrder::kBf16Pairs;
+  try {
+    smollm2_runner(path, f16);
+    ADD_FAILURE() << "an f16 cache took the bf16-pair order";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer layers.0: the bf16-pairs attention order needs a "
+                                         "bfloat16 cache (got float16)"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mixkv/attn/attention_groups.hpp"
@@ -17,6 +18,21 @@
 
 namespace mixkv::kernels {
 
+// How a score and an output element are summed (docs/kernels.md, "The bf16-pair attention
+// order"). Each is fixed by the shapes alone, never by rows, requests, threads or chunks.
+enum class AttentionOrder {
+  // Float products and sums (or AMX's on a CPU that has it, attention_uses_amx): the default.
+  kFloat,
+  // bf16 caches: q and the softmax weights rounded to bf16, every product exact, summed in
+  // pairs as AVX512-BF16's VDPBF16PS sums them (one instruction per 32 products where it
+  // exists; the same bits from ordinary instructions where it does not). Needs head sizes that
+  // are multiples of 32 up to 512 and no MLA.
+  kBf16Pairs,
+};
+std::string_view to_string(AttentionOrder order);
+// Parses "float" or "bf16-pairs"; throws Error naming `where` otherwise.
+AttentionOrder parse_attention_order(std::string_view text, const std::string& where);
+
 // What one attention layer's kernel computes: the attention group's parameters plus the layer's
 // head sizes. MLA: one latent of head_size per token (num_kv_heads == 1), queries of head_size,
 // values are the latent's first head_size_v elements.
@@ -25,6 +41,7 @@ struct AttentionSpec {
   int head_size = 0;
   int head_size_v = 0;
   bool mla = false;
+  AttentionOrder order = AttentionOrder::kFloat;
   bool operator==(const AttentionSpec&) const = default;
 };
 
@@ -106,5 +123,10 @@ bool attention_uses_amx(const AttentionSpec& spec, const layout::LayerGeometry& 
 // Switches the AMX path off (false) or on again for the whole process: tests use it to check the
 // other paths on an AMX machine.
 void set_attention_amx(bool on);
+// Whether AttentionOrder::kBf16Pairs runs on VDPBF16PS on this CPU (AVX512-BF16, not switched
+// off); the other paths give the same bits. set_attention_bf16_dots(false) switches it off for
+// the whole process: tests use it to compare the two.
+bool attention_uses_bf16_dots();
+void set_attention_bf16_dots(bool on);
 
 }  // namespace mixkv::kernels

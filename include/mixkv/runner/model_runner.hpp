@@ -100,6 +100,10 @@ struct RunnerOptions {
   // read x rounded to bf16 (docs/kernels.md). Either way a token's logits are the same alone or
   // batched.
   kernels::ReductionOrder weight_order = kernels::ReductionOrder::kGgml;
+  // How the attention layers reduce (kernels::AttentionOrder), the target's and the drafter's:
+  // kBf16Pairs needs bfloat16 caches (kv_dtype) and head sizes that are multiples of 32, and
+  // loading a model whose attention layers cannot take it throws Error naming the layer.
+  kernels::AttentionOrder attention_order = kernels::AttentionOrder::kFloat;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),

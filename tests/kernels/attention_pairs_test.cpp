@@ -1,0 +1,212 @@
+// AttentionOrder::kBf16Pairs (bf16 caches): q and the softmax weights rounded to bf16, every
+// product exact, summed in pairs as VDPBF16PS sums them. Every row of a verify bit-identical to its
+// own decode, for 1 and 2 threads, for paged against contiguous pages; VDPBF16PS and the ordinary
+// instructions giving the same bits where the CPU has both; within the order's tolerance of the
+// dense double reference; and a clear error where the layer cannot take the order.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/kernels_test_support.hpp"
+#include "mixkv/core/error.hpp"
+#include "mixkv/kernels/attention_kernel.hpp"
+#include "mixkv/kernels/simd_targets.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
+
+namespace mixkv::kernels {
+namespace attention_pairs_test {  // named: its helpers meet other files' in a unity batch
+namespace {
+
+using testing::Layer;
+using testing::same_bits;
+
+AttentionSpec pairs_spec(int q_heads, int kv_heads, int head_size) {
+  AttentionSpec s;
+  s.params.kv_dtype = DType::kBfloat16;
+  s.params.num_q_heads = q_heads;
+  s.params.num_kv_heads = kv_heads;
+  s.head_size = head_size;
+  s.head_size_v = head_size;
+  s.params.scale = 1.0 / std::sqrt(static_cast<double>(head_size));
+  s.order = AttentionOrder::kBf16Pairs;
+  return s;
+}
+
+std::vector<float> attend(const Layer& l, std::span<const std::int64_t> pages, std::int64_t kv_len,
+                          std::int64_t rows, std::span<const float> q, std::span<const float> sinks,
+                          ThreadPool* pool) {
+  const std::vector<PagedSequence> batch = {{pages, kv_len, rows}};
+  std::vector<float> out(static_cast<std::size_t>(rows * l.spec.params.num_q_heads) *
+                         static_cast<std::size_t>(l.spec.head_size_v));
+  AttentionInputs inputs{l.cache, batch, q, sinks, {}};
+  inputs.pool = pool;
+  paged_attention(l.spec, l.geometry, inputs, out);
+  return out;
+}
+
+// Whether to run with VDPBF16PS (where the CPU has it) and without.
+std::vector<bool> dots_settings() {
+  set_attention_bf16_dots(true);
+  if (attention_uses_bf16_dots()) return {true, false};
+  return {false};
+}
+
+struct Variant {
+  std::string name;
+  AttentionSpec spec;
+  int window;  // -1: none
+  bool cap, sinks, causal;
+  float magnitude;  // of K and V
+  std::int64_t kv_len;
+};
+
+// On every instruction set: each row of a 17-row verify equals its own decode, the last 1, 5 and 16
+// rows as a verify equal the same rows of the whole, on no pool and on two workers; paged and
+// contiguous pages give the same bits; a 5-row verify is within the order's tolerance of the dense
+// double reference. Shapes: 4 query heads of 128 per KV head (Llama), 3 of 64 (SmolLM2), MHA of 96
+// (an odd count of 32 elements); odd context lengths and a window that starts mid-pair.
+TEST(AttentionPairs, VerifyRowsMatchTheirDecodesAndTheReference) {
+  const std::vector<Variant> variants = {
+      {"GQA 4 x 128, plain", pairs_spec(8, 2, 128), -1, false, false, true, 1.0f, 1040},
+      {"GQA 3 x 64, window 701, cap, sinks", pairs_spec(9, 3, 64), 701, true, true, true, 1.0f,
+       1043},
+      {"MHA of 96, non-causal, values of 300", pairs_spec(2, 2, 96), -1, false, true, false, 300.0f,
+       333},
+  };
+  int targets = 0;
+  for_each_simd_target([&](const std::string& target) {
+    ++targets;
+    for (const bool dots : dots_settings()) {
+      set_attention_bf16_dots(dots);
+      for (const Variant& v : variants) {
+        const std::string name =
+            target + ", " + v.name + (dots ? ", VDPBF16PS" : ", ordinary instructions");
+        AttentionSpec spec = v.spec;
+        spec.params.window_left = v.window;
+        if (v.cap) spec.params.soft_cap = 10.0;
+        spec.params.sinks = v.sinks;
+        spec.params.causal = v.causal;
+        const std::int64_t hq = spec.params.num_q_heads;
+        const std::int64_t pages = (v.kv_len + 15) / 16;
+        Layer paged = testing::make_layer(spec, pages + 2, 16, "pairs");
+        Layer contiguous = testing::make_layer(spec, 1, pages * 16, "pairs");
+        std::mt19937_64 rng(51);
+        std::vector<std::int64_t> blocks(static_cast<std::size_t>(pages + 2));
+        std::iota(blocks.begin(), blocks.end(), 0);
+        std::shuffle(blocks.begin(), blocks.end(), rng);
+        blocks.resize(static_cast<std::size_t>(pages));
+        const std::vector<float> sinks =
+            v.sinks ? testing::random_values(rng, static_cast<std::size_t>(hq), 1.0f)
+                    : std::vector<float>{};
+        const std::int64_t rows = 17;  // two query blocks
+        const auto r = testing::make_request(spec, paged.geometry, {}, paged.cache, blocks,
+                                             v.kv_len, rows, rng, v.magnitude);
+        const std::vector<std::int64_t> one_page = {0};
+        write_kv(spec, contiguous.geometry, {}, contiguous.cache,
+                 slot_mapping(contiguous.geometry, one_page, 0, v.kv_len), r.k, r.v);
+
+        const auto q_row = static_cast<std::size_t>(hq * spec.head_size);
+        testing::Request last5 = r;
+        last5.num_queries = 5;
+        last5.q.assign(r.q.end() - static_cast<std::ptrdiff_t>(5 * q_row), r.q.end());
+        const testing::Comparison cmp =
+            testing::run_and_compare(spec, paged.geometry, {}, paged.cache, {last5}, sinks);
+        EXPECT_TRUE(cmp.ok()) << name << ": " << cmp.to_string();
+
+        ThreadPool two(2);
+        const auto all = attend(paged, blocks, v.kv_len, rows, r.q, sinks, nullptr);
+        EXPECT_TRUE(same_bits(attend(paged, blocks, v.kv_len, rows, r.q, sinks, &two), all))
+            << name;
+        EXPECT_TRUE(same_bits(attend(contiguous, one_page, v.kv_len, rows, r.q, sinks, &two), all))
+            << name << ": contiguous";
+        for (std::int64_t n : {1, 5, 16}) {
+          const std::int64_t first = rows - n;
+          const std::span<const float> qn(r.q.data() + static_cast<std::size_t>(first) * q_row,
+                                          static_cast<std::size_t>(n) * q_row);
+          const auto block = attend(paged, blocks, v.kv_len, n, qn, sinks, &two);
+          if (v.causal) {
+            EXPECT_TRUE(same_bits(block, std::span<const float>(all).subspan(
+                                             static_cast<std::size_t>(first) * q_row)))
+                << name << ": last " << n << " rows";
+          }
+          for (std::int64_t i = 0; i < n; ++i) {
+            const std::int64_t kv = v.causal ? v.kv_len - n + i + 1 : v.kv_len;
+            const auto alone = attend(paged, blocks, kv, 1, qn.subspan(i * q_row, q_row), sinks,
+                                      i % 2 == 0 ? &two : nullptr);
+            EXPECT_TRUE(same_bits(alone, std::span<const float>(block).subspan(i * q_row, q_row)))
+                << name << ": row " << i << " of " << n;
+          }
+        }
+        for (float x : all) ASSERT_TRUE(std::isfinite(x)) << name;
+      }
+    }
+  });
+  set_attention_bf16_dots(true);
+  EXPECT_GE(targets, 1);
+}
+
+// VDPBF16PS and the ordinary instructions give the same bits (where the CPU has the former); the
+// order differs from the float order only in rounding (within the order's tolerance of each
+// other, not the same bits: the order really changed).
+TEST(AttentionPairs, DotsGiveTheOrdinaryInstructionsBitsAndDifferFromFloatOnlyInRounding) {
+  AttentionSpec spec = pairs_spec(16, 4, 128);
+  Layer l = testing::make_layer(spec, 40, 16, "pairs");
+  std::mt19937_64 rng(53);
+  std::vector<std::int64_t> blocks(40);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  const auto r = testing::make_request(spec, l.geometry, {}, l.cache, blocks, 631, 5, rng);
+  std::vector<std::vector<float>> outs;
+  for (const bool dots : dots_settings()) {
+    set_attention_bf16_dots(dots);
+    outs.push_back(attend(l, blocks, 631, 5, r.q, {}, nullptr));
+  }
+  set_attention_bf16_dots(true);
+  if (outs.size() == 2) {
+    EXPECT_TRUE(same_bits(outs[0], outs[1]));
+  }
+  Layer f = l;
+  f.spec.order = AttentionOrder::kFloat;
+  set_attention_amx(false);
+  const auto plain = attend(f, blocks, 631, 5, r.q, {}, nullptr);
+  set_attention_amx(true);
+  EXPECT_FALSE(same_bits(outs[0], plain));
+  double worst = 0;
+  for (std::size_t i = 0; i < plain.size(); ++i)
+    worst = std::max(worst, static_cast<double>(std::abs(outs[0][i] - plain[i])));
+  EXPECT_LT(worst, 1e-2);
+}
+
+// A layer the order cannot serve is refused by name, with what would fix it.
+TEST(AttentionPairs, NeedsABfloat16CacheNoMlaAndHeadsOf32) {
+  AttentionSpec fp8 = pairs_spec(8, 2, 128);
+  fp8.params.kv_dtype = DType::kFp8E4m3;
+  AttentionSpec odd = pairs_spec(8, 2, 72);
+  AttentionSpec mla = pairs_spec(8, 1, 128);
+  mla.mla = true;
+  mla.head_size_v = 64;
+  AttentionSpec wide = pairs_spec(8, 2, 544);  // a multiple of 32 beyond 512
+  for (const AttentionSpec& s : {fp8, odd, mla, wide}) {
+    try {
+      validate(s, "layer 7");
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidInput);
+      EXPECT_NE(std::string(e.what()).find("layer 7: the bf16-pairs attention order needs"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("use the float order"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(parse_attention_order("bf16-pairs", "--attention-order"), AttentionOrder::kBf16Pairs);
+  EXPECT_EQ(parse_attention_order("float", "--attention-order"), AttentionOrder::kFloat);
+  EXPECT_THROW(parse_attention_order("bf16", "--attention-order"), Error);
+  EXPECT_EQ(to_string(AttentionOrder::kBf16Pairs), "bf16-pairs");
+}
+
+}  // namespace
+}  // namespace attention_pairs_test
+}  // namespace mixkv::kernels
