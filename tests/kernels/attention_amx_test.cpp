@@ -38,17 +38,7 @@ AttentionSpec llama() {
   return s;
 }
 
-std::vector<float> attend(const Layer& l, std::span<const std::int64_t> pages, std::int64_t kv_len,
-                          std::int64_t rows, std::span<const float> q, std::span<const float> sinks,
-                          ThreadPool* pool) {
-  const std::vector<PagedSequence> batch = {{pages, kv_len, rows}};
-  std::vector<float> out(static_cast<std::size_t>(rows * l.spec.params.num_q_heads) *
-                         static_cast<std::size_t>(l.spec.head_size_v));
-  AttentionInputs inputs{l.cache, batch, q, sinks, {}};
-  inputs.pool = pool;
-  paged_attention(l.spec, l.geometry, inputs, out);
-  return out;
-}
+using testing::attend;
 
 TEST(AttentionAmx, TheLayerShapeAloneChoosesThePath) {
   set_attention_amx(true);
@@ -90,10 +80,9 @@ TEST(AttentionAmx, VerifyRowsMatchTheirDecodesAndTheReference) {
       {"window 700, cap, sinks", 700, true, true, true, 1.0f},
       {"non-causal block, values of 300", -1, false, true, false, 300.0f},
   };
-  const std::int64_t kv_len = 1040;  // two chunks
   for (const Variant& v : variants) {
     // Half the benchmark layer's heads (the sanitizer build runs this too); still 4 query heads
-    // per KV head, so 5 rows are 20 columns: two groups of tiles.
+    // per KV head, so 5 rows are 20 columns: two groups of tiles. 1040 tokens: two chunks.
     AttentionSpec spec = llama();
     spec.params.num_q_heads = 16;
     spec.params.num_kv_heads = 4;
@@ -101,58 +90,7 @@ TEST(AttentionAmx, VerifyRowsMatchTheirDecodesAndTheReference) {
     if (v.cap) spec.params.soft_cap = 10.0;
     spec.params.sinks = v.sinks;
     spec.params.causal = v.causal;
-    const std::int64_t pages = (kv_len + 15) / 16;
-    Layer paged = make_layer(spec, pages + 2, 16);
-    Layer contiguous = make_layer(spec, 1, pages * 16);
-    std::mt19937_64 rng(41);
-    std::vector<std::int64_t> blocks(static_cast<std::size_t>(pages + 2));
-    std::iota(blocks.begin(), blocks.end(), 0);
-    std::shuffle(blocks.begin(), blocks.end(), rng);
-    blocks.resize(static_cast<std::size_t>(pages));
-    const std::vector<float> sinks =
-        v.sinks ? testing::random_values(rng, 16, 1.0f) : std::vector<float>{};
-    const std::int64_t rows = 17;  // two query blocks
-    const auto r = testing::make_request(spec, paged.geometry, {}, paged.cache, blocks, kv_len,
-                                         rows, rng, v.magnitude);
-    const std::vector<std::int64_t> one_page = {0};
-    // The same values into the contiguous layer.
-    write_kv(spec, contiguous.geometry, {}, contiguous.cache,
-             slot_mapping(contiguous.geometry, one_page, 0, kv_len), r.k, r.v);
-
-    const auto q_row = static_cast<std::size_t>(16 * 128);
-    // Accuracy of a 5-row verify (the dense double reference is the slow part of this test).
-    testing::Request last5 = r;
-    last5.num_queries = 5;
-    last5.q.assign(r.q.end() - static_cast<std::ptrdiff_t>(5 * q_row), r.q.end());
-    const testing::Comparison cmp =
-        testing::run_and_compare(spec, paged.geometry, {}, paged.cache, {last5}, sinks);
-    EXPECT_TRUE(cmp.ok()) << v.name << ": " << cmp.to_string();
-
-    ThreadPool two(2);
-    const auto all = attend(paged, blocks, kv_len, rows, r.q, sinks, nullptr);
-    EXPECT_TRUE(same_bits(attend(paged, blocks, kv_len, rows, r.q, sinks, &two), all)) << v.name;
-    EXPECT_TRUE(same_bits(attend(contiguous, one_page, kv_len, rows, r.q, sinks, &two), all))
-        << v.name << ": contiguous";
-    for (std::int64_t n : {1, 5, 16}) {
-      // The last n rows as a verify of n rows, then each alone.
-      const std::int64_t first = rows - n;
-      const std::span<const float> qn(r.q.data() + static_cast<std::size_t>(first) * q_row,
-                                      static_cast<std::size_t>(n) * q_row);
-      const auto block = attend(paged, blocks, kv_len, n, qn, sinks, &two);
-      if (v.causal) {
-        EXPECT_TRUE(same_bits(
-            block, std::span<const float>(all).subspan(static_cast<std::size_t>(first) * q_row)))
-            << v.name << ": last " << n << " rows";
-      }
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t kv = v.causal ? kv_len - n + i + 1 : kv_len;
-        const auto alone = attend(paged, blocks, kv, 1, qn.subspan(i * q_row, q_row), sinks,
-                                  i % 2 == 0 ? &two : nullptr);
-        EXPECT_TRUE(same_bits(alone, std::span<const float>(block).subspan(i * q_row, q_row)))
-            << v.name << ": row " << i << " of " << n;
-      }
-    }
-    for (float x : all) ASSERT_TRUE(std::isfinite(x)) << v.name;
+    testing::check_verify_rows(spec, 1040, v.magnitude, 41, v.name);
   }
 }
 

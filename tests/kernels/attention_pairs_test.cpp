@@ -36,17 +36,7 @@ AttentionSpec pairs_spec(int q_heads, int kv_heads, int head_size) {
   return s;
 }
 
-std::vector<float> attend(const Layer& l, std::span<const std::int64_t> pages, std::int64_t kv_len,
-                          std::int64_t rows, std::span<const float> q, std::span<const float> sinks,
-                          ThreadPool* pool) {
-  const std::vector<PagedSequence> batch = {{pages, kv_len, rows}};
-  std::vector<float> out(static_cast<std::size_t>(rows * l.spec.params.num_q_heads) *
-                         static_cast<std::size_t>(l.spec.head_size_v));
-  AttentionInputs inputs{l.cache, batch, q, sinks, {}};
-  inputs.pool = pool;
-  paged_attention(l.spec, l.geometry, inputs, out);
-  return out;
-}
+using testing::attend;
 
 // Whether to run with VDPBF16PS (where the CPU has it) and without.
 std::vector<bool> dots_settings() {
@@ -83,65 +73,14 @@ TEST(AttentionPairs, VerifyRowsMatchTheirDecodesAndTheReference) {
     for (const bool dots : dots_settings()) {
       set_attention_bf16_dots(dots);
       for (const Variant& v : variants) {
-        const std::string name =
-            target + ", " + v.name + (dots ? ", VDPBF16PS" : ", ordinary instructions");
         AttentionSpec spec = v.spec;
         spec.params.window_left = v.window;
         if (v.cap) spec.params.soft_cap = 10.0;
         spec.params.sinks = v.sinks;
         spec.params.causal = v.causal;
-        const std::int64_t hq = spec.params.num_q_heads;
-        const std::int64_t pages = (v.kv_len + 15) / 16;
-        Layer paged = testing::make_layer(spec, pages + 2, 16, "pairs");
-        Layer contiguous = testing::make_layer(spec, 1, pages * 16, "pairs");
-        std::mt19937_64 rng(51);
-        std::vector<std::int64_t> blocks(static_cast<std::size_t>(pages + 2));
-        std::iota(blocks.begin(), blocks.end(), 0);
-        std::shuffle(blocks.begin(), blocks.end(), rng);
-        blocks.resize(static_cast<std::size_t>(pages));
-        const std::vector<float> sinks =
-            v.sinks ? testing::random_values(rng, static_cast<std::size_t>(hq), 1.0f)
-                    : std::vector<float>{};
-        const std::int64_t rows = 17;  // two query blocks
-        const auto r = testing::make_request(spec, paged.geometry, {}, paged.cache, blocks,
-                                             v.kv_len, rows, rng, v.magnitude);
-        const std::vector<std::int64_t> one_page = {0};
-        write_kv(spec, contiguous.geometry, {}, contiguous.cache,
-                 slot_mapping(contiguous.geometry, one_page, 0, v.kv_len), r.k, r.v);
-
-        const auto q_row = static_cast<std::size_t>(hq * spec.head_size);
-        testing::Request last5 = r;
-        last5.num_queries = 5;
-        last5.q.assign(r.q.end() - static_cast<std::ptrdiff_t>(5 * q_row), r.q.end());
-        const testing::Comparison cmp =
-            testing::run_and_compare(spec, paged.geometry, {}, paged.cache, {last5}, sinks);
-        EXPECT_TRUE(cmp.ok()) << name << ": " << cmp.to_string();
-
-        ThreadPool two(2);
-        const auto all = attend(paged, blocks, v.kv_len, rows, r.q, sinks, nullptr);
-        EXPECT_TRUE(same_bits(attend(paged, blocks, v.kv_len, rows, r.q, sinks, &two), all))
-            << name;
-        EXPECT_TRUE(same_bits(attend(contiguous, one_page, v.kv_len, rows, r.q, sinks, &two), all))
-            << name << ": contiguous";
-        for (std::int64_t n : {1, 5, 16}) {
-          const std::int64_t first = rows - n;
-          const std::span<const float> qn(r.q.data() + static_cast<std::size_t>(first) * q_row,
-                                          static_cast<std::size_t>(n) * q_row);
-          const auto block = attend(paged, blocks, v.kv_len, n, qn, sinks, &two);
-          if (v.causal) {
-            EXPECT_TRUE(same_bits(block, std::span<const float>(all).subspan(
-                                             static_cast<std::size_t>(first) * q_row)))
-                << name << ": last " << n << " rows";
-          }
-          for (std::int64_t i = 0; i < n; ++i) {
-            const std::int64_t kv = v.causal ? v.kv_len - n + i + 1 : v.kv_len;
-            const auto alone = attend(paged, blocks, kv, 1, qn.subspan(i * q_row, q_row), sinks,
-                                      i % 2 == 0 ? &two : nullptr);
-            EXPECT_TRUE(same_bits(alone, std::span<const float>(block).subspan(i * q_row, q_row)))
-                << name << ": row " << i << " of " << n;
-          }
-        }
-        for (float x : all) ASSERT_TRUE(std::isfinite(x)) << name;
+        testing::check_verify_rows(
+            spec, v.kv_len, v.magnitude, 51,
+            target + ", " + v.name + (dots ? ", VDPBF16PS" : ", ordinary instructions"));
       }
     }
   });

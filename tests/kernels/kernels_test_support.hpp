@@ -16,6 +16,7 @@
 #include "mixkv/kernels/attention_kernel.hpp"
 #include "mixkv/kernels/convert.hpp"
 #include "mixkv/kernels/dense_reference.hpp"
+#include "mixkv/kernels/thread_pool.hpp"
 #include "mixkv/kernels/verify.hpp"
 
 namespace mixkv::kernels::testing {
@@ -135,6 +136,80 @@ inline Comparison run_and_compare(const AttentionSpec& spec, const layout::Layer
   std::vector<std::vector<std::int64_t>> tables;
   for (const auto& r : requests) tables.push_back(r.blocks);
   return run_and_compare(spec, spec, layer, scales, cache, requests, tables, sinks);
+}
+
+// One paged_attention call over one request of `rows` query rows at the end of `kv_len` tokens.
+inline std::vector<float> attend(const Layer& l, std::span<const std::int64_t> pages,
+                                 std::int64_t kv_len, std::int64_t rows, std::span<const float> q,
+                                 std::span<const float> sinks, ThreadPool* pool) {
+  const std::vector<PagedSequence> batch = {{pages, kv_len, rows}};
+  std::vector<float> out(static_cast<std::size_t>(rows * l.spec.params.num_q_heads) *
+                         static_cast<std::size_t>(l.spec.head_size_v));
+  AttentionInputs inputs{l.cache, batch, q, sinks, {}};
+  inputs.pool = pool;
+  paged_attention(l.spec, l.geometry, inputs, out);
+  return out;
+}
+
+// A 17-row verify (two query blocks) at the end of `kv_len` random tokens of `spec`'s layer (K
+// and V of `magnitude`): a 5-row verify is within the tolerance of the dense double reference;
+// no pool and two workers, shuffled pages and one contiguous page give the same bits; the last
+// 1, 5 and 16 rows as a verify equal the same rows of the whole (causal), and each row alone
+// equals its row of the verify. Failures name `name`.
+inline void check_verify_rows(const AttentionSpec& spec, std::int64_t kv_len, float magnitude,
+                              std::uint64_t seed, const std::string& name) {
+  const std::int64_t hq = spec.params.num_q_heads;
+  const std::int64_t pages = (kv_len + 15) / 16;
+  Layer paged = make_layer(spec, pages + 2, 16, "verify");
+  Layer contiguous = make_layer(spec, 1, pages * 16, "verify");
+  std::mt19937_64 rng(seed);
+  std::vector<std::int64_t> blocks(static_cast<std::size_t>(pages + 2));
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  blocks.resize(static_cast<std::size_t>(pages));
+  const std::vector<float> sinks = spec.params.sinks
+                                       ? random_values(rng, static_cast<std::size_t>(hq), 1.0f)
+                                       : std::vector<float>{};
+  const std::int64_t rows = 17;
+  const Request r =
+      make_request(spec, paged.geometry, {}, paged.cache, blocks, kv_len, rows, rng, magnitude);
+  const std::vector<std::int64_t> one_page = {0};
+  write_kv(spec, contiguous.geometry, {}, contiguous.cache,
+           slot_mapping(contiguous.geometry, one_page, 0, kv_len), r.k, r.v);
+
+  const auto q_row = static_cast<std::size_t>(hq * spec.head_size);
+  // Accuracy of a 5-row verify (the dense double reference is the slow part).
+  Request last5 = r;
+  last5.num_queries = 5;
+  last5.q.assign(r.q.end() - static_cast<std::ptrdiff_t>(5 * q_row), r.q.end());
+  const Comparison cmp = run_and_compare(spec, paged.geometry, {}, paged.cache, {last5}, sinks);
+  EXPECT_TRUE(cmp.ok()) << name << ": " << cmp.to_string();
+
+  ThreadPool two(2);
+  const auto all = attend(paged, blocks, kv_len, rows, r.q, sinks, nullptr);
+  EXPECT_TRUE(same_bits(attend(paged, blocks, kv_len, rows, r.q, sinks, &two), all)) << name;
+  EXPECT_TRUE(same_bits(attend(contiguous, one_page, kv_len, rows, r.q, sinks, &two), all))
+      << name << ": contiguous";
+  const bool causal = spec.params.causal;
+  for (std::int64_t n : {1, 5, 16}) {
+    const std::int64_t first = rows - n;
+    const std::span<const float> qn(r.q.data() + static_cast<std::size_t>(first) * q_row,
+                                    static_cast<std::size_t>(n) * q_row);
+    const auto block = attend(paged, blocks, kv_len, n, qn, sinks, &two);
+    if (causal) {
+      EXPECT_TRUE(same_bits(
+          block, std::span<const float>(all).subspan(static_cast<std::size_t>(first) * q_row)))
+          << name << ": last " << n << " rows";
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t kv = causal ? kv_len - n + i + 1 : kv_len;
+      const auto alone = attend(paged, blocks, kv, 1, qn.subspan(i * q_row, q_row), sinks,
+                                i % 2 == 0 ? &two : nullptr);
+      EXPECT_TRUE(same_bits(alone, std::span<const float>(block).subspan(i * q_row, q_row)))
+          << name << ": row " << i << " of " << n;
+    }
+  }
+  for (float x : all) ASSERT_TRUE(std::isfinite(x)) << name;
 }
 
 }  // namespace mixkv::kernels::testing
