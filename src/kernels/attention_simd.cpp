@@ -693,7 +693,8 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_scores_dots(const std::uint16_t* con
     const __m512bh k1 = attn_bf16_pairs(_mm512_loadu_si512(kt + (p + 1) * kTileTokens));
 #pragma GCC unroll 4
     for (int x = 0; x < kHeads; ++x) {
-      // The broadcast q pair as the last operand: VDPBF16PS broadcasts it from memory itself.
+      // q's pair broadcast, as the operand VDPBF16PS could read broadcast from memory (GCC 12
+      // still emits a separate VPBROADCASTD for it).
       std::memcpy(&q32[x], q[x] + 2 * p, 4);
       a[x] =
           _mm512_dpbf16_ps(a[x], k0, attn_bf16_pairs(_mm512_set1_epi32(static_cast<int>(q32[x]))));
