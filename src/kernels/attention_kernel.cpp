@@ -224,7 +224,8 @@ AttentionOrder parse_attention_order(std::string_view text, const std::string& w
   throw_invalid(fmt::format("{}: unknown attention order '{}' (float or bf16-pairs)", where, text));
 }
 
-AttentionSpec attention_spec(const attn::AttentionParams& params, const model::LayerDesc& layer) {
+AttentionSpec attention_spec(const attn::AttentionParams& params, const model::LayerDesc& layer,
+                             AttentionOrder order) {
   const std::string where = fmt::format("layer {}", layer.name);
   if (model::is_recurrent(layer.kind)) {
     throw_invalid(fmt::format("{} is a {} layer: it has no attention kernel", where,
@@ -241,6 +242,7 @@ AttentionSpec attention_spec(const attn::AttentionParams& params, const model::L
   spec.head_size = layer.head_size;
   spec.head_size_v = layer.head_size_v;
   spec.mla = layer.kind == model::LayerKind::kMla;
+  spec.order = order;
   validate(spec, where);
   return spec;
 }

@@ -833,9 +833,9 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
     const std::int64_t a = std::max(range.lo, t0) - t0;
     const std::int64_t b = std::min(range.hi, t0 + tile - 1) - t0;
     if (a > b) continue;
-    // Token t's V row where it is one of this query's keys, else zeros (past the tile too).
-    const std::byte* rows[kTileTokens + 2];
-    for (std::int64_t t = 0; t < kTileTokens + 2; ++t) {
+    // Token t's V row where it is one of this query's keys, else zeros (pairs end by token 15).
+    const std::byte* rows[kTileTokens];
+    for (std::int64_t t = 0; t < kTileTokens; ++t) {
       rows[t] =
           t >= a && t <= b ? v + t * p.v_token_bytes : reinterpret_cast<const std::byte*>(kZeroRow);
     }
@@ -982,7 +982,12 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   // The bf16-pair order's whole task runs with FTZ and DAZ (bf16_pairs.hpp), whichever path.
   const bool pairs = spec.order == AttentionOrder::kBf16Pairs;
   std::optional<FlushSubnormals> flush;
-  if (pairs) flush.emplace();
+  if (pairs) {
+    flush.emplace();
+    grow(s.q_bf16, nq * nh * d);
+    grow(s.p_pairs, 4 * kTileTokens);
+    grow(s.k_pairs, d / 2 * kTileTokens);
+  }
   grow(s.q, nq * nh * dp);
   grow(s.k, kTileTokens * dp);
   grow(s.v, spec.mla ? 0 : kTileTokens * dvp);
@@ -1005,9 +1010,6 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       std::copy(src, src + d, dst);
       std::fill(dst + d, dst + dp, 0.0f);
       if (pairs) {  // float_to_bf16's bits, in vectors
-        grow(s.q_bf16, nq * nh * d);
-        grow(s.p_pairs, 4 * kTileTokens);
-        grow(s.k_pairs, d / 2 * kTileTokens);
         encode_bf16_row(src, static_cast<std::size_t>(d), s.q_bf16.data() + (i * nh + h) * d);
       }
       const std::int64_t state = i * nh + h;

@@ -18,10 +18,7 @@ kernels::AttentionSpec Assembler::attention_spec(const model::LayerDesc& l) cons
   if (groups == nullptr) return {};
   const layout::LayerGeometry g = geometry->layer(l.name);
   const auto& group = groups->at(static_cast<std::size_t>(g.attention_group));
-  kernels::AttentionSpec spec = kernels::attention_spec(attn::kernel_params(group, l), l);
-  spec.order = attention_order;
-  kernels::validate(spec, fmt::format("layer {}", l.name));
-  return spec;
+  return kernels::attention_spec(attn::kernel_params(group, l), l, attention_order);
 }
 
 const model::LayerDesc& Assembler::layer(const std::string& name) const {

@@ -48,8 +48,9 @@ struct AttentionSpec {
 // The spec of `layer` under `params` (its attention group's, or attn::attention_params(layer) for
 // backends that read every parameter per layer); head counts and sizes are always the layer's own.
 // Throws Error for chunked-local layers and recurrent layers (not served by these kernels yet),
-// an nvfp4 cache, or heads that do not divide.
-AttentionSpec attention_spec(const attn::AttentionParams& params, const model::LayerDesc& layer);
+// an nvfp4 cache, heads that do not divide, or a layer `order` cannot serve (validate).
+AttentionSpec attention_spec(const attn::AttentionParams& params, const model::LayerDesc& layer,
+                             AttentionOrder order = AttentionOrder::kFloat);
 
 // Checks the spec on its own (heads, head sizes, dtype); throws Error naming `where`.
 void validate(const AttentionSpec& spec, const std::string& where);
