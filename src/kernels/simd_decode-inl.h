@@ -114,16 +114,16 @@ HWY_INLINE hn::Vec<hn::ScalableTag<float>> decode_units(const std::byte* row, st
   }
 }
 
-// Two vectors, elements j.. and j + Lanes.. (the same floats as two decode_units). On AVX-512
-// e4m3 is widened to fp16 bits 32 codes at a time (half the integer work per element of two
-// 16-code widenings).
+// Two vectors, elements j.. and j + Lanes.. (the same floats as two decode_units). On AVX2 and
+// AVX-512 e4m3 is widened to fp16 bits two float vectors' codes at a time (16 or 32: half the
+// integer work per element of two one-vector widenings).
 template <DType kT, bool kNanFree = false>
 HWY_INLINE void decode_units2(const std::byte* row, std::int64_t j,
                               hn::Vec<hn::ScalableTag<float>>& lo,
                               hn::Vec<hn::ScalableTag<float>>& hi) {
   using DF = hn::ScalableTag<float>;
   const DF df;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && !defined(HWY_DISABLE_F16C)
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
   if constexpr (kT == DType::kFp8E4m3) {
     const hn::Repartition<std::uint16_t, DF> d16;
     const hn::Half<decltype(d16)> d16h;
@@ -142,7 +142,7 @@ HWY_INLINE void decode_units2(const std::byte* row, std::int64_t j,
 // read such rows step by two vectors.
 template <DType kT>
 constexpr bool kPairedDecode =
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && !defined(HWY_DISABLE_F16C)
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
     kT == DType::kFp8E4m3;
 #else
     false;
