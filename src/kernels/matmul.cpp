@@ -379,6 +379,17 @@ HWY_INLINE void prefetch_tile(const MatmulCall& c, std::int64_t r0, int rows, st
   for (int r = 0; r < rows; ++r) prefetch_w(c, (r0 + r) * c.row_bytes + done + ahead, next);
 }
 
+// Whether a register tile of `x_rows` x rows over a float weight (f32, bf16, f16) asks for W's
+// lines itself. Not with one x row over long rows: that tile does little arithmetic per line and
+// reads its W rows front to back, which the core's stream prefetchers follow; a prefetch beside
+// every load cost a Zen 5 a third of a one-row bf16 or f16 product (4096 x 14336: 6.1-6.6 ->
+// 4.1-4.2 ms on one thread, 3.3-3.6 -> 2.1-2.7 on two). More x rows (W waits on the arithmetic between its lines) and short
+// rows (one stream across the tile's rows) still ask, and so do the block formats' tiles (q8_0's
+// one-row product was 20% slower there without); docs/kernels.md, "A Zen 5 sitting".
+HWY_INLINE bool asks_for_float_w(const MatmulCall& c, int x_rows) {
+  return x_rows > 1 || c.row_bytes <= kShortRowBytes;
+}
+
 // kX rows of x (from row i0) against kW rows of W (from row r0), W decoded in registers; the
 // whole row in one pass (cols a multiple of the block).
 template <WeightType kT, int kX, int kW>
@@ -405,8 +416,11 @@ HWY_NOINLINE void tile_registers(const MatmulCall& c, std::int64_t r0, std::int6
       }
     }
   };
+  constexpr bool kFloatW = kT == WeightType::kFloat32 || kT == WeightType::kBfloat16 ||
+                          kT == WeightType::kFloat16;
+  const bool ask = !kFloatW || asks_for_float_w(c, kX);
   for (std::int64_t b = 0; b < blocks; ++b) {
-    prefetch_tile(c, r0, kW, b * block_bytes, block_bytes, kPrefetch);
+    if (ask) prefetch_tile(c, r0, kW, b * block_bytes, block_bytes, kPrefetch);
     VF w[kW][kVecs];
     for (int r = 0; r < kW; ++r) load_block<kT>(wr[r], b, w[r]);
     multiply(b, w);
@@ -1293,8 +1307,9 @@ HWY_NOINLINE void bf16_tile(const MatmulCall& c, std::int64_t r0, std::int64_t i
       }
     }
   };
+  const bool ask = asks_for_float_w(c, kX);
   for (std::int64_t s = 0; s < bx.steps; ++s) {
-    bf16_prefetch(c, r0, kW, s);
+    if (ask) bf16_prefetch(c, r0, kW, s);
     const std::byte* w[kW];
     bf16_step_rows<kW>(c, r0, s, tail, w);
     step(s, w);
@@ -1339,8 +1354,9 @@ MIXKV_BF16_ATTR HWY_NOINLINE void bf16_tile_dots(const MatmulCall& c, std::int64
     }
   };
   const std::int64_t full = c.cols / 32;
+  const bool ask = asks_for_float_w(c, kX);
   for (std::int64_t s = 0; s < full; ++s) {
-    bf16_prefetch(c, r0, kW, s);
+    if (ask) bf16_prefetch(c, r0, kW, s);
     __m512i w[kW];
     for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(row[r] + s * 64);
     step(s, w);
