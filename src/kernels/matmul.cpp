@@ -383,9 +383,9 @@ HWY_INLINE void prefetch_tile(const MatmulCall& c, std::int64_t r0, int rows, st
 // lines itself. Not with one x row over long rows: that tile does little arithmetic per line and
 // reads its W rows front to back, which the core's stream prefetchers follow; a prefetch beside
 // every load cost a Zen 5 a third of a one-row bf16 or f16 product (4096 x 14336: 6.1-6.6 ->
-// 4.1-4.2 ms on one thread, 3.3-3.6 -> 2.1-2.7 on two). More x rows (W waits on the arithmetic between its lines) and short
-// rows (one stream across the tile's rows) still ask, and so do the block formats' tiles (q8_0's
-// one-row product was 20% slower there without); docs/kernels.md, "A Zen 5 sitting".
+// 4.1-4.2 ms on one thread, 3.3-3.6 -> 2.1-2.7 on two). More x rows and short rows (one stream
+// across the tile's rows) still ask, and so do the block formats' tiles (q8_0's one-row product
+// was 20% slower there without); docs/kernels.md, "A Zen 5 sitting".
 HWY_INLINE bool asks_for_float_w(const MatmulCall& c, int x_rows) {
   return x_rows > 1 || c.row_bytes <= kShortRowBytes;
 }
