@@ -20,7 +20,8 @@
 // BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for
 // bfloat16 and the block formats in the kBlockSum order (also over SmolLM2's 1536 x 576 up
 // projection:
-// BM_WeightMatmul/<dtype>_blocksum/1536x576/rows:<r>/threads:<n>).
+// BM_WeightMatmul/<dtype>_blocksum/1536x576/rows:<r>/threads:<n>), BM_SiluMul/smollm2/rows:<r>/
+// threads:1 (the MLP's activation over r rows of 1536).
 #include <benchmark/benchmark.h>
 #include <cpuid.h>
 #include <immintrin.h>
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "bench_matmul.hpp"
+#include "mixkv/kernels/activation.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
 #include "mixkv/kernels/convert.hpp"
 #include "mixkv/kernels/matmul.hpp"
@@ -352,6 +354,24 @@ const WeightFixture& weight_of(WeightType type, std::int64_t rows, std::int64_t 
 }
 
 // Y = X W^T for `rows` token rows; bytes/s counts W's bytes once per call (what must stream).
+// kernels::silu_mul over `elements` gates (SmolLM2's MLP: 1536 a token row), one thread, with
+// elements/s.
+void run_silu_mul(benchmark::State& state, std::int64_t elements) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  std::vector<float> gate(static_cast<std::size_t>(elements)), up(gate.size());
+  for (float& g : gate) g = dist(rng);
+  for (float& u : up) u = dist(rng);
+  for (auto _ : state) {
+    silu_mul(gate, up);
+    benchmark::DoNotOptimize(up.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["elements_per_second"] =
+      benchmark::Counter(static_cast<double>(elements) * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
+}
+
 void run_weight_matmul(benchmark::State& state, WeightType type, std::int64_t rows, int threads) {
   constexpr std::int64_t kOut = 4096, kIn = 14336;
   const WeightFixture& f = weight_of(type, kOut, kIn);
@@ -718,6 +738,15 @@ const bool registered = [] {
              "_blocksum/1536x576/rows:" + std::to_string(rows) + th)
                 .c_str(),
             [=](benchmark::State& s) { run_weight_matmul_blocksum(s, type, rows, t, 1536, 576); })
+            ->Unit(benchmark::kMicrosecond)
+            ->UseRealTime();
+      }
+    }
+    if (t == 1) {  // silu_mul runs on its caller's thread
+      for (std::int64_t rows : {1, 16}) {
+        benchmark::RegisterBenchmark(
+            ("BM_SiluMul/smollm2/rows:" + std::to_string(rows) + th).c_str(),
+            [=](benchmark::State& s) { run_silu_mul(s, rows * 1536); })
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
       }

@@ -32,6 +32,12 @@ namespace {
 
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
+// AVX-512: 32 vector registers (AVX2 has 16), so a loop may keep about twice as many sums live.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+constexpr bool kWideRegisterFile = true;
+#else
+constexpr bool kWideRegisterFile = false;
+#endif
 
 std::int64_t round_up(std::int64_t x, std::int64_t n) { return (x + n - 1) / n * n; }
 
@@ -137,6 +143,21 @@ HWY_INLINE void sum_blocks(D d, V v, float* out) {
 }
 #endif
 
+#if HWY_TARGET != HWY_SCALAR
+// reduce4's first steps: block b of the result holds the sums of block b of a0 .. a3, lane x
+// that of a_x, its lanes paired as (0 + 2) + (1 + 3).
+HWY_INLINE hn::Vec<DF> block_sums4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<DF> a3) {
+  const DF df;
+  const hn::Repartition<double, DF> dd;
+  const auto t01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+  const auto t23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+  const auto x = hn::BitCast(dd, t01);
+  const auto y = hn::BitCast(dd, t23);
+  return hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, x, y)),
+                 hn::BitCast(df, hn::InterleaveUpper(dd, x, y)));
+}
+#endif
+
 // out[x] = the sum of the lanes of vector x, four at once: lanes are paired inside each 128-bit
 // block by interleaving (fewer shuffles than four separate reductions), then blocks are added.
 // A vector's sum follows the same tree whatever the other three are, so a head's score does not
@@ -147,15 +168,7 @@ HWY_INLINE void reduce4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<
   out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2);
   out[3] = hn::GetLane(a3);
 #else
-  const DF df;
-  const hn::Repartition<double, DF> dd;
-  const auto t01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
-  const auto t23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
-  const auto x = hn::BitCast(dd, t01);
-  const auto y = hn::BitCast(dd, t23);
-  const auto u = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, x, y)),
-                         hn::BitCast(df, hn::InterleaveUpper(dd, x, y)));
-  sum_blocks(df, u, out);
+  sum_blocks(DF(), block_sums4(a0, a1, a2, a3), out);
 #endif
 }
 
@@ -257,19 +270,91 @@ HWY_INLINE void dots_heads(std::int64_t heads, const float* const* q, const Rows
   }
 }
 
-// o = o * c (when rescaling) + sum over t in [a, b] of p[t] * v[t], `len` floats (a multiple of
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// dots for kHeads query rows (1 to 4) against the four keys t .. t + 3 at once, each (head, key)
+// sum the same chain and the same tree as in dots (the same bits). Four keys give 12 chains for
+// SmolLM2's 3 query heads a KV head, and their trees share their last steps: each head's block
+// sums (block_sums4 over its four keys) meet the other heads' in whole-block shuffles, and one
+// 128-bit store writes a head's four scores. dots and reduce4 spent about as many instructions
+// on a score's tree as on its products at 64-wide heads, with a scalar store per score.
+template <int kHeads, class Rows>
+HWY_INLINE void dots4(const float* const* q, const Rows& k, std::int64_t t, std::int64_t len,
+                      float* out) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
+  hn::Vec<DF> acc[kHeads][4];
+  for (int x = 0; x < kHeads; ++x)
+    for (int key = 0; key < 4; ++key) acc[x][key] = hn::Zero(df);
+  const auto step = [&](std::int64_t j, const hn::Vec<DF>* kv) HWY_ATTR {
+    for (int x = 0; x < kHeads; ++x) {
+      auto qx = hn::LoadU(df, q[x] + j);
+      in_register(qx);
+      for (int key = 0; key < 4; ++key) acc[x][key] = hn::MulAdd(qx, kv[key], acc[x][key]);
+    }
+  };
+  std::int64_t j = 0;
+  if constexpr (Rows::kPairs) {  // two vectors widened at once, used in the same order
+    for (; j + 2 * n <= len; j += 2 * n) {
+      hn::Vec<DF> lo[4], hi[4];
+      for (int key = 0; key < 4; ++key) k.load2(t + key, j, lo[key], hi[key]);
+      step(j, lo);
+      step(j + n, hi);
+    }
+  }
+  for (; j < len; j += n) {
+    hn::Vec<DF> kv[4];
+    for (int key = 0; key < 4; ++key) kv[key] = k.load(t + key, j);
+    step(j, kv);
+  }
+  hn::Vec<DF> u[4];
+  for (int x = 0; x < 4; ++x) {
+    const int h = x < kHeads ? x : kHeads - 1;  // a missing head repeats the last; not stored
+    u[x] = block_sums4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+  }
+  // Blocks (0 + 2) and (1 + 3) of heads 0 and 1 (2 and 3), then their sums: block x of z is
+  // head x's four scores, each (s0 + s2) + (s1 + s3) over its block sums, as sum_blocks adds.
+  const __m512 r01 =
+      hn::Add(hn::ConcatLowerLower(df, u[1], u[0]), hn::ConcatUpperUpper(df, u[1], u[0])).raw;
+  const __m512 r23 =
+      hn::Add(hn::ConcatLowerLower(df, u[3], u[2]), hn::ConcatUpperUpper(df, u[3], u[2])).raw;
+  const __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(r01, r23, _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(r01, r23, _MM_SHUFFLE(3, 1, 3, 1)));
+  _mm_storeu_ps(out + t, _mm512_castps512_ps128(z));
+  if constexpr (kHeads >= 2) _mm_storeu_ps(out + kTileTokens + t, _mm512_extractf32x4_ps(z, 1));
+  if constexpr (kHeads >= 3) {
+    _mm_storeu_ps(out + 2 * kTileTokens + t, _mm512_extractf32x4_ps(z, 2));
+  }
+  if constexpr (kHeads >= 4) {
+    _mm_storeu_ps(out + 3 * kTileTokens + t, _mm512_extractf32x4_ps(z, 3));
+  }
+}
+
+template <class Rows>
+HWY_INLINE void dots4_heads(std::int64_t heads, const float* const* q, const Rows& k,
+                            std::int64_t t, std::int64_t len, float* out) {
+  switch (heads) {
+    case 4:
+      return dots4<4>(q, k, t, len, out);
+    case 3:
+      return dots4<3>(q, k, t, len, out);
+    case 2:
+      return dots4<2>(q, k, t, len, out);
+    default:
+      return dots4<1>(q, k, t, len, out);
+  }
+}
+#endif
+
+// o = o * c + sum over t in [a, b] of p[t] * v[t], `len` floats (a multiple of
 // the vector). Eight, four or one vector of o stay in registers over the whole tile; each lane
 // sums the tokens in order, whatever the grouping (accumulate_heads below gives the same bits).
 template <class Rows>
-void accumulate(float* o, bool rescale, float c, const float* p, std::int64_t a, std::int64_t b,
-                const Rows& v, std::int64_t len) {
+void accumulate(float* o, float c, const float* p, std::int64_t a, std::int64_t b, const Rows& v,
+                std::int64_t len) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   const auto vc = hn::Set(df, c);
-  const auto start = [&](std::int64_t j) {
-    const auto x = hn::LoadU(df, o + j);
-    return rescale ? hn::Mul(x, vc) : x;
-  };
+  const auto start = [&](std::int64_t j) { return hn::Mul(hn::LoadU(df, o + j), vc); };
   std::int64_t j = 0;
   for (; j + 8 * n <= len; j += 8 * n) {
     auto a0 = start(j), a1 = start(j + n), a2 = start(j + 2 * n), a3 = start(j + 3 * n);
@@ -309,13 +394,12 @@ void accumulate(float* o, bool rescale, float c, const float* p, std::int64_t a,
 // accumulate for kHeads (2 to 4) heads sharing each V row: every V vector is loaded (decoded)
 // once for all of them. p[x] are head x's weights, kTileTokens apart.
 template <int kHeads, class Rows>
-void accumulate_heads(float* const* o, const bool* rescale, const float* c, const float* p,
-                      std::int64_t a, std::int64_t b, const Rows& v, std::int64_t len) {
+void accumulate_heads(float* const* o, const float* c, const float* p, std::int64_t a,
+                      std::int64_t b, const Rows& v, std::int64_t len) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   const auto start = [&](int x, std::int64_t j) {
-    const auto y = hn::LoadU(df, o[x] + j);
-    return rescale[x] ? hn::Mul(y, hn::Set(df, c[x])) : y;
+    return hn::Mul(hn::LoadU(df, o[x] + j), hn::Set(df, c[x]));
   };
   // Heads beyond kHeads repeat the last one's weights; their sums are dropped (never stored).
   const float* p0 = p;
@@ -325,6 +409,26 @@ void accumulate_heads(float* const* o, const bool* rescale, const float* c, cons
   const int x2 = kHeads > 2 ? 2 : 1;
   const int x3 = kHeads - 1;
   std::int64_t j = 0;
+  if constexpr (kWideRegisterFile) {
+    // Four vectors of every head at once: with two, 3 heads gave 6 chains of one multiply-add a
+    // token each, fewer than the adds' latency times the units (SmolLM2's 64-wide heads).
+    for (; j + 4 * n <= len; j += 4 * n) {
+      hn::Vec<DF> acc[4][4];
+      for (int x = 0; x < kHeads; ++x)
+        for (int e = 0; e < 4; ++e) acc[x][e] = start(x, j + e * n);
+      for (std::int64_t t = a; t <= b; ++t) {
+        hn::Vec<DF> y[4];
+        v.load2(t, j, y[0], y[1]);
+        v.load2(t, j + 2 * n, y[2], y[3]);
+        for (int x = 0; x < kHeads; ++x) {
+          const auto w = hn::Set(df, p[x * kTileTokens + t]);
+          for (int e = 0; e < 4; ++e) acc[x][e] = hn::MulAdd(w, y[e], acc[x][e]);
+        }
+      }
+      for (int x = 0; x < kHeads; ++x)
+        for (int e = 0; e < 4; ++e) hn::StoreU(acc[x][e], df, o[x] + j + e * n);
+    }
+  }
   for (; j + 2 * n <= len; j += 2 * n) {
     auto a0 = start(0, j), b0 = start(0, j + n), a1 = start(1, j), b1 = start(1, j + n);
     auto a2 = start(x2, j), b2 = start(x2, j + n), a3 = start(x3, j), b3 = start(x3, j + n);
@@ -403,8 +507,9 @@ struct TaskState {
 
 // The online-softmax step of one (query, head) over tile keys [a, b]: logits from the raw dots
 // in `row` (scaled, capped), the running max and sum updated, weights into `probs` (zero
-// outside [a, b]). Returns the factor the accumulator must be scaled by, if any.
-HWY_INLINE bool softmax_step(const TaskState& ts, float* row, std::int64_t a, std::int64_t b,
+// outside [a, b]), and into c the factor the accumulator must be scaled by: 1 exactly where the
+// max holds (which scales to the same bits), so every step scales.
+HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, std::int64_t b,
                              float& m, float& l, float* probs, float& c) {
   const DF df;
   const hn::RebindToSigned<DF> di;
@@ -428,14 +533,13 @@ HWY_INLINE bool softmax_step(const TaskState& ts, float* row, std::int64_t a, st
     hn::StoreU(v, df, row + j);
     tile_max = std::max(tile_max, hn::GetLane(hn::MaxOfLanes(df, v)));
   }
-  bool rescale = false;
-  c = 1.0f;
-  if (tile_max > m) {
-    c = std::exp(m - tile_max);
-    l *= c;
-    m = tile_max;
-    rescale = true;
-  }
+  // Without a branch: whether a tile raises the max is as good as random, and a mispredicted
+  // jump threw away the work the core had run ahead on (SmolLM2's 64-wide heads: a tenth of
+  // the tile's time).
+  const bool up = tile_max > m;
+  c = std::exp(up ? m - tile_max : 0.0f);
+  l *= c;
+  m = up ? tile_max : m;
   auto total = hn::Zero(df);
   const auto vm = hn::Set(df, m);
   for (std::int64_t j = 0; j < ts.tile_pad; j += n) {
@@ -446,7 +550,6 @@ HWY_INLINE bool softmax_step(const TaskState& ts, float* row, std::int64_t a, st
     total = hn::Add(total, e);
   }
   l += hn::GetLane(hn::SumOfLanes(df, total));
-  return rescale;
 }
 
 // One tile of KV head hk (keys t0 .. t0 + tile - 1) for every query and head of the task; K rows
@@ -471,6 +574,12 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       for (int x = 0; x < heads; ++x) q[x] = s.q.data() + (state0 + x) * ts.dp;
       float* sc = s.scores.data();
       std::int64_t t = a;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+      for (; t + 3 <= b; t += 4) {
+        ts.next->upto(t + 4);
+        dots4_heads(heads, q, k, t, k_len, sc);
+      }
+#endif
       for (; t + 1 <= b; t += 2) {
         ts.next->upto(t + 2);
         dots_heads<2>(heads, q, k, t, k_len, sc);
@@ -478,26 +587,25 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       if (t <= b) dots_heads<1>(heads, q, k, t, k_len, sc);
       ts.next->upto(ts.next->rows);
       float* o[4];
-      bool rescale[4];
       float c[4];
       for (int x = 0; x < heads; ++x) {
         const auto st = static_cast<std::size_t>(state0 + x);
-        rescale[x] = softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st],
-                                  s.probs.data() + x * kTileTokens, c[x]);
+        softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st],
+                     s.probs.data() + x * kTileTokens, c[x]);
         o[x] = s.acc.data() + (state0 + x) * ts.dvp;
       }
       switch (heads) {
         case 4:
-          accumulate_heads<4>(o, rescale, c, s.probs.data(), a, b, v, v_len);
+          accumulate_heads<4>(o, c, s.probs.data(), a, b, v, v_len);
           break;
         case 3:
-          accumulate_heads<3>(o, rescale, c, s.probs.data(), a, b, v, v_len);
+          accumulate_heads<3>(o, c, s.probs.data(), a, b, v, v_len);
           break;
         case 2:
-          accumulate_heads<2>(o, rescale, c, s.probs.data(), a, b, v, v_len);
+          accumulate_heads<2>(o, c, s.probs.data(), a, b, v, v_len);
           break;
         default:
-          accumulate(o[0], rescale[0], c[0], s.probs.data(), a, b, v, v_len);
+          accumulate(o[0], c[0], s.probs.data(), a, b, v, v_len);
           break;
       }
     }
@@ -612,12 +720,12 @@ HWY_INLINE void pair_scores(const std::uint16_t* const* q, const std::uint32_t* 
       hn::StoreU(hn::Add(chain[0][x][v], chain[1][x][v]), df, sc + x * kTileTokens + v * n);
 }
 
-// o[x] (element order) = o[x] * c[x] when rescaling, then the pairs m_lo..m_hi of head x's
+// o[x] (element order) = o[x] * c[x], then the pairs m_lo..m_hi of head x's
 // weights (pw[x * kTileTokens + m]) times the rows (rows[t]: token t's V row or kZeroRow).
 template <int kHeads>
-HWY_INLINE void pair_accumulate(float* const* o, const bool* rescale, const float* c,
-                                const std::uint32_t* pw, std::int64_t m_lo, std::int64_t m_hi,
-                                const std::byte* const* rows, std::int64_t len) {
+HWY_INLINE void pair_accumulate(float* const* o, const float* c, const std::uint32_t* pw,
+                                std::int64_t m_lo, std::int64_t m_hi, const std::byte* const* rows,
+                                std::int64_t len) {
   const DP df;
   const hn::RebindToUnsigned<DP> du;
   const hn::Rebind<std::uint16_t, DP> d16;
@@ -630,8 +738,7 @@ HWY_INLINE void pair_accumulate(float* const* o, const bool* rescale, const floa
   for (std::int64_t j = 0; j < len; j += n) {
     hn::Vec<DP> acc[kHeads];
     for (int x = 0; x < kHeads; ++x) {
-      acc[x] = hn::LoadU(df, o[x] + j);
-      if (rescale[x]) acc[x] = hn::Mul(acc[x], hn::Set(df, c[x]));
+      acc[x] = hn::Mul(hn::LoadU(df, o[x] + j), hn::Set(df, c[x]));
     }
     for (std::int64_t m = m_lo; m <= m_hi; ++m) {
       const auto v_even = widen(rows[2 * m], j);
@@ -729,8 +836,8 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_scores_dots(const std::uint16_t* con
 // One pass of pair_accumulate on VDPBF16PS over elements j.. (kHalves x 32 of them): the
 // accumulators stay in registers over the tile's pairs.
 template <int kHeads, int kHalves>
-MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const bool* rescale,
-                                                          const float* c, const std::uint32_t* pw,
+MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const float* c,
+                                                          const std::uint32_t* pw,
                                                           std::int64_t m_lo, std::int64_t m_hi,
                                                           const std::byte* const* rows,
                                                           std::int64_t j) {
@@ -740,8 +847,7 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
   for (int x = 0; x < kHeads; ++x) {
 #pragma GCC unroll 4
     for (int h = 0; h < kVecs; ++h) {
-      acc[x][h] = _mm512_loadu_ps(o[x] + j + 16 * h);
-      if (rescale[x]) acc[x][h] = _mm512_mul_ps(acc[x][h], _mm512_set1_ps(c[x]));
+      acc[x][h] = _mm512_mul_ps(_mm512_loadu_ps(o[x] + j + 16 * h), _mm512_set1_ps(c[x]));
     }
   }
   for (std::int64_t m = m_lo; m <= m_hi; ++m) {
@@ -771,15 +877,14 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
 // pair_accumulate on VDPBF16PS, 64 elements a pass (32 for the last of an odd count of 32). Each
 // 32 elements of o stay in VPUNPCKLWD / VPUNPCKHWD's order (unpermute_pairs puts them back).
 template <int kHeads>
-MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, const bool* rescale,
-                                                            const float* c, const std::uint32_t* pw,
+MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, const float* c,
+                                                            const std::uint32_t* pw,
                                                             std::int64_t m_lo, std::int64_t m_hi,
                                                             const std::byte* const* rows,
                                                             std::int64_t len) {
   std::int64_t j = 0;
-  for (; j + 64 <= len; j += 64)
-    pair_accumulate_pass<kHeads, 2>(o, rescale, c, pw, m_lo, m_hi, rows, j);
-  if (j < len) pair_accumulate_pass<kHeads, 1>(o, rescale, c, pw, m_lo, m_hi, rows, j);
+  for (; j + 64 <= len; j += 64) pair_accumulate_pass<kHeads, 2>(o, c, pw, m_lo, m_hi, rows, j);
+  if (j < len) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j);
 }
 #endif
 
@@ -811,21 +916,20 @@ HWY_INLINE void pair_group(const TaskState& ts, const std::uint32_t* kt,
 #endif
   if constexpr (!kDots) pair_scores<kHeads>(q, kt, d, sc);
   float* o[kHeads];
-  bool rescale[kHeads];
   float c[kHeads];
   std::uint32_t* pw = s.p_pairs.data();
   for (int x = 0; x < kHeads; ++x) {
     const auto st = static_cast<std::size_t>(state0 + x);
     float* probs = s.probs.data() + x * kTileTokens;
-    rescale[x] = softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st], probs, c[x]);
+    softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st], probs, c[x]);
     o[x] = s.acc.data() + (state0 + x) * ts.dvp;
     // Weights outside [a, b] are zeros already (softmax_step).
     round_pairs(probs, pw + x * kTileTokens);
   }
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
-  if constexpr (kDots) pair_accumulate_dots<kHeads>(o, rescale, c, pw, a / 2, b / 2, rows, dv);
+  if constexpr (kDots) pair_accumulate_dots<kHeads>(o, c, pw, a / 2, b / 2, rows, dv);
 #endif
-  if constexpr (!kDots) pair_accumulate<kHeads>(o, rescale, c, pw, a / 2, b / 2, rows, dv);
+  if constexpr (!kDots) pair_accumulate<kHeads>(o, c, pw, a / 2, b / 2, rows, dv);
 }
 
 // One tile of KV head hk in the bf16-pair order, for every query and head of the task (the
