@@ -100,24 +100,21 @@ void Attention::finish_k(std::span<const std::int64_t> positions, const float* a
   }
 }
 
-// The batch's K/V rows into the layer's cache through each request's slot mapping.
+// The batch's K/V rows into the layer's cache through each request's slot mapping, in one
+// kernel call (each call checks the layer and its pages once): this runs on the caller's thread
+// while the pool's other workers wait.
 void Attention::write_kv(const Step& step, std::span<const float> k,
                          std::span<const float> v) const {
-  std::span<std::byte> tensor = tensor_of(step, geometry_);
-  const std::int64_t kw = kernels::k_row_elements(spec_);
-  const std::int64_t vw = kernels::v_row_elements(spec_);
-  std::int64_t row = 0;
+  std::vector<std::int64_t> slots;
+  slots.reserve(static_cast<std::size_t>(step.rows()));
   for (const SequenceInput& s : step.batch) {
     const std::vector<std::int64_t> blocks =
         ops::block_ids(s.block_tables.at(static_cast<std::size_t>(geometry_.kv_cache_group)));
     const auto n = static_cast<std::int64_t>(s.tokens.size());
-    const auto slots = kernels::slot_mapping(geometry_, blocks, s.start, n);
-    kernels::write_kv(
-        spec_, geometry_, {}, tensor, slots,
-        k.subspan(static_cast<std::size_t>(row * kw), static_cast<std::size_t>(n * kw)),
-        v.subspan(static_cast<std::size_t>(row * vw), static_cast<std::size_t>(n * vw)));
-    row += n;
+    const std::vector<std::int64_t> mine = kernels::slot_mapping(geometry_, blocks, s.start, n);
+    slots.insert(slots.end(), mine.begin(), mine.end());
   }
+  kernels::write_kv(spec_, geometry_, {}, tensor_of(step, geometry_), slots, k, v);
 }
 
 void Attention::run(const Step& step, std::span<const float> normed, std::span<float> out) const {
