@@ -353,7 +353,6 @@ const WeightFixture& weight_of(WeightType type, std::int64_t rows, std::int64_t 
   return *f;
 }
 
-// Y = X W^T for `rows` token rows; bytes/s counts W's bytes once per call (what must stream).
 // kernels::silu_mul over `elements` gates (SmolLM2's MLP: 1536 a token row), one thread, with
 // elements/s.
 void run_silu_mul(benchmark::State& state, std::int64_t elements) {
@@ -372,6 +371,7 @@ void run_silu_mul(benchmark::State& state, std::int64_t elements) {
                          benchmark::Counter::kIsRate);
 }
 
+// Y = X W^T for `rows` token rows; bytes/s counts W's bytes once per call (what must stream).
 void run_weight_matmul(benchmark::State& state, WeightType type, std::int64_t rows, int threads) {
   constexpr std::int64_t kOut = 4096, kIn = 14336;
   const WeightFixture& f = weight_of(type, kOut, kIn);

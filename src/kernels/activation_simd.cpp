@@ -66,8 +66,8 @@ HWY_INLINE void silu_lanes(hn::Vec<DF>* x) {
 void SiluMulImpl(const float* gate, float* up, std::size_t count) {
   const DF df;
   const std::size_t n = hn::Lanes(df);
-  // Vectors side by side: 8 held a Zen 5's units busiest (40 -> 26 us for 16 of SmolLM2's rows,
-  // 4: 30-38 us); on 16 registers (AVX2 and below), 4.
+  // Vectors side by side: 8 on AVX-512 (BM_SiluMul/smollm2/rows:16 on a Zen 5: 40-64 us one at a
+  // time, 29-39 four, 26-27 eight); 4 on 16 registers (AVX2 and below).
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   constexpr int kSide = 8;
 #else

@@ -534,8 +534,8 @@ HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, st
     tile_max = std::max(tile_max, hn::GetLane(hn::MaxOfLanes(df, v)));
   }
   // Without a branch: whether a tile raises the max is as good as random, and a mispredicted
-  // jump threw away the work the core had run ahead on (SmolLM2's 64-wide heads: a tenth of
-  // the tile's time).
+  // jump threw away the work the core had run ahead on (about 6% of SmolLM2's one-row attention
+  // on a Zen 5).
   const bool up = tile_max > m;
   c = std::exp(up ? m - tile_max : 0.0f);
   l *= c;
