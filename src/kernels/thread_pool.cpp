@@ -55,7 +55,9 @@ ThreadPool::~ThreadPool() {
 }
 
 // Claims task indices until none is left. One atomic increment per task: tasks may be small (a
-// few rows of a weight).
+// few rows of a weight). The thread that ran the last index leaves without asking again: the
+// counter's line sits in the other thread's cache by then, and the region's close waits on that
+// round trip (~400 ns when the host puts the two vCPUs on different dies).
 void ThreadPool::drain(int worker) {
   for (;;) {
     const std::int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
@@ -67,6 +69,7 @@ void ThreadPool::drain(int worker) {
       if (!error_) error_ = std::current_exception();
       next_.store(count_, std::memory_order_relaxed);  // skip what is left
     }
+    if (i + 1 >= count_) return;
   }
 }
 
