@@ -119,7 +119,10 @@ def main(folder):
         one, sixteen = load(folder / f"batch1_{i}.json"), load(folder / f"batch16_{i}.json")
         singles.append(one["categories"][0]["plain_decode_tokens_per_second"])
         batches.append(sixteen["categories"][0]["plain_decode_tokens_per_second"])
-        wheres.append(placement(sixteen)[0])
+        # A pair is near or far only when both of its runs were: batch 16 hands many more
+        # lines between the threads than batch 1, so far pairs sit lower (docs/engine.md).
+        where = {placement(one)[0], placement(sixteen)[0]}
+        wheres.append(where.pop() if len(where) == 1 else "mixed")
         i += 1
     if singles:
         pairs = f"{len(singles)} pair{'s' if len(singles) > 1 else ''}"
@@ -127,6 +130,15 @@ def main(folder):
               f"{min(batches):.0f}-{max(batches):.0f} against {min(singles):.0f}-{max(singles):.0f} "
               f"tokens/s, {statistics.median(batches) / statistics.median(singles):.2f}x "
               "(ratio of medians)")
+        ratios = [b / s for b, s in zip(batches, singles)]
+        print("pair by pair: " + ", ".join(f"{r:.2f}x ({w})" for r, w in zip(ratios, wheres)) +
+              f"; median pair {statistics.median(ratios):.2f}x")
+        for kind in ("near", "far"):
+            chosen = [k for k, w in enumerate(wheres) if w == kind]
+            if chosen:
+                ratio = (statistics.median(batches[k] for k in chosen) /
+                         statistics.median(singles[k] for k in chosen))
+                print(f"  {kind} pairs ({len(chosen)}): {ratio:.2f}x (ratio of medians)")
 
 
 if __name__ == "__main__":
