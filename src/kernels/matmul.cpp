@@ -17,6 +17,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <numeric>
 #include <vector>
 
 #include "kernels/bf16_pairs.hpp"
@@ -984,8 +985,7 @@ void ptile_panels(const MatmulCall& c, std::int64_t p_begin, std::int64_t p_end,
 }
 
 // Up to 8 rows of x: one tile of x, each panel streams once through registers; fewer x rows
-// take more panels per tile (independent chains, registers to spare). More rows: panel by
-// panel, every group of 8 x rows meeting it while it is in L2.
+// take more panels per tile (independent chains, registers to spare). More rows: packed_rows.
 template <WeightType kT, int kX = 1>
 void ptile_rows(const MatmulCall& c, std::int64_t p_begin, std::int64_t p_end, std::int64_t i0,
                 bool one_panel) {
@@ -1002,12 +1002,27 @@ void ptile_rows(const MatmulCall& c, std::int64_t p_begin, std::int64_t p_end, s
   }
 }
 
+// More than 8 rows of x: panel by panel, every group of 8 x rows meeting it while it is in L2.
+// q4's short panels (two of them within 32 KiB, so in L1 for every group) go two at a time
+// against 4 x rows instead: each x broadcast and nibble split serves two panels, 16 rows of
+// SmolLM2's 1536 x 576 q4_1 took 44.8-45.5 us against 47.0-48.3 (one thread, Zen 5). q8_0's
+// panels (no nibbles to split) ran 10% slower that way, and a long q4 row's pair (its panels
+// from L2 four times) 3-8% slower: they keep the 8-row groups.
 template <WeightType kT>
 void packed_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   const std::int64_t p_begin = r_begin / kPanelRows;
   const std::int64_t p_end = (r_end + kPanelRows - 1) / kPanelRows;
   if (c.n <= 8) return ptile_rows<kT>(c, p_begin, p_end, 0, false);
-  for (std::int64_t p = p_begin; p < p_end; ++p)
+  std::int64_t p = p_begin;
+  constexpr PanelFormat kF = panel_format(kT);
+  if (kT != WeightType::kQ8_0 && 2 * kF.bytes(c.qx->blocks) <= 32 * 1024) {
+    for (; p + 2 <= p_end; p += 2) {
+      std::int64_t i0 = 0;
+      for (; i0 + 4 <= c.n; i0 += 4) ptile<kT, 4, 2>(c, p, i0);
+      if (i0 < c.n) ptile_rows<kT>(c, p, p + 2, i0, true);
+    }
+  }
+  for (; p < p_end; ++p)
     for (std::int64_t i0 = 0; i0 < c.n; i0 += 8) ptile_rows<kT>(c, p, p + 1, i0, true);
 }
 #undef MIXKV_VNNI_ATTR
@@ -2047,7 +2062,7 @@ void matmul(const WeightView& w, std::span<const float> x, std::span<float> y, T
 }
 
 void matmul_many(std::span<const MatmulProduct> products, std::span<const float> x,
-                 ThreadPool* pool) {
+                 ThreadPool* pool, const RowsEpilogue& epilogue) {
   if (products.empty()) return;
   const std::int64_t cols = products[0].w.cols;
   const auto xs = static_cast<std::int64_t>(x.size());
@@ -2058,6 +2073,12 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
           "{}: a weight of {} columns in one matmul_many call with {} ({} columns); products "
           "that share x need the same number of columns",
           p.where, p.w.cols, products[0].where, cols));
+    }
+    if (epilogue && p.w.rows != products[0].w.rows) {
+      throw_invalid(fmt::format(
+          "{}: a weight of {} rows in one matmul_many call with {} ({} rows) and an epilogue; "
+          "products that share an epilogue need the same number of rows",
+          p.where, p.w.rows, products[0].where, products[0].w.rows));
     }
     n = check_product(p.w, xs, p.y.size(), p.where);
     if (p.w.packed != nullptr &&
@@ -2153,6 +2174,41 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
     tiles += ceil_div(c.rows, tile_rows(c));
   }
   first_tile.push_back(tiles);
+  const int workers = pool != nullptr ? pool->size() : 1;
+  // Rows [r_begin, r_end) of one call, whole tiles.
+  const auto rows_of = [int8_tiles](const detail::MatmulCall& c, std::int64_t r_begin,
+                                    std::int64_t r_end) {
+#ifdef MIXKV_MATMUL_AMX
+    if (int8_tiles(c)) return detail::amx::int8_rows(c, r_begin, r_end);
+#else
+    (void)int8_tiles;
+#endif
+    HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
+  };
+  if (epilogue) {
+    // The same rows of every call per task, in units of whole tiles of every call and of 64
+    // rows (an epilogue's vectors start where a row's would); the products on AMX tiles ran
+    // whole above.
+    std::int64_t unit = 64;
+    for (const detail::MatmulCall& c : calls) unit = std::lcm(unit, tile_rows(c));
+    const std::int64_t rows = products[0].w.rows;
+    const std::int64_t units = ceil_div(rows, unit);
+    const std::int64_t tasks = std::max<std::int64_t>(1, std::min<std::int64_t>(units, workers));
+    const std::span<const detail::MatmulCall> list(calls);
+    const auto run = [&](std::int64_t t, int) {
+      const std::int64_t r_begin = std::min(rows, units * t / tasks * unit);
+      const std::int64_t r_end = std::min(rows, units * (t + 1) / tasks * unit);
+      if (r_begin >= r_end) return;
+      for (const detail::MatmulCall& c : list) rows_of(c, r_begin, r_end);
+      epilogue(r_begin, r_end);
+    };
+    if (tasks > 1) {
+      pool->parallel_for(tasks, run);
+    } else {
+      run(0, 0);
+    }
+    return;
+  }
   if (calls.empty()) return;
   // The register tiles of all the weights, one after the other, cut into one range of whole
   // tiles per worker. Each range is one stream through W: a range's start finds its first
@@ -2164,24 +2220,15 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   // caller's thread_local buffers through these spans, not by name.)
   const std::span<const detail::MatmulCall> list(calls);
   const std::span<const std::int64_t> first(first_tile);
-  const int workers = pool != nullptr ? pool->size() : 1;
   const std::int64_t tasks = workers > 1 ? std::min<std::int64_t>(tiles, workers) : 1;
-  const auto run = [list, first, tiles, tasks, tile_rows, int8_tiles](std::int64_t t, int) {
+  const auto run = [list, first, tiles, tasks, tile_rows, rows_of](std::int64_t t, int) {
     const std::int64_t t0 = tiles * t / tasks, t1 = tiles * (t + 1) / tasks;
     for (std::size_t k = 0; k < list.size(); ++k) {
       const std::int64_t b = std::max(t0, first[k]), e = std::min(t1, first[k + 1]);
       if (b >= e) continue;
       const detail::MatmulCall& c = list[k];
       const std::int64_t tile = tile_rows(c);
-      const std::int64_t r_begin = (b - first[k]) * tile,
-                         r_end = std::min(c.rows, (e - first[k]) * tile);
-#ifdef MIXKV_MATMUL_AMX
-      if (int8_tiles(c)) {
-        detail::amx::int8_rows(c, r_begin, r_end);
-        continue;
-      }
-#endif
-      HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
+      rows_of(c, (b - first[k]) * tile, std::min(c.rows, (e - first[k]) * tile));
     }
   };
   if (tasks > 1) {

@@ -26,15 +26,11 @@ std::span<float> reuse(std::vector<float>& buffer, std::int64_t n, std::int64_t 
 }
 
 // Below these sizes a parallel region costs more than it saves (a region's hand-off and close
-// take ~1-2 us): elements of an MLP activation, scalar (std::tanh per element, a few ns each),
-// kernels::silu_mul (double lanes: ~3 ns an element on a Zen 3 core; a verify's 5 rows of
-// SmolLM2's 1536 split in two, one row does not) or kernels::ggml_swiglu (float vectors: ~8
-// elements a few ns); rows of the per-row norms and residuals (one 576-wide RMSNorm, its double
-// sum one add after another, ~1 us).
-constexpr std::int64_t kScalarGrain = 1024;
-constexpr std::int64_t kSiluGrain = 1024;
-constexpr std::int64_t kVectorGrain = 4096;
+// take ~1-2 us): rows of the per-row norms and residuals (one 576-wide RMSNorm, its double sum
+// one add after another, ~1 us).
 constexpr std::int64_t kRowGrain = 2;
+// Rows of an attention layer's q and K norms, RoPE and cache write (~0.6 us a SmolLM2 row).
+constexpr std::int64_t kCacheRowGrain = 4;
 
 }  // namespace
 
@@ -82,31 +78,26 @@ void Attention::project_kv(std::span<const float> normed, std::span<const std::i
   v.resize(static_cast<std::size_t>(total * kernels::v_row_elements(spec_)));
   ops::matmul_many({{&w_.k, k.data()}, {&w_.v, v.data()}}, normed.data(), total, pool);
   Scratch::RopeAngles angles;
-  finish_k(positions, rope_angles(positions, angles), k);
+  norm_and_rotate(k, spec_.params.num_kv_heads, w_.k_norm, rope_angles(positions, angles), 0,
+                  total);
 }
 
-// k_norm and RoPE over each K row.
-void Attention::finish_k(std::span<const std::int64_t> positions, const float* angles,
-                         std::vector<float>& k) const {
-  const auto total = static_cast<std::int64_t>(positions.size());
-  const std::int64_t kw = kernels::k_row_elements(spec_);
+// The per-head norm (where the layer has one) and RoPE over rows [from, to) of q or K, `heads`
+// heads a row. Each row is its own: no split of the rows touches its bits.
+void Attention::norm_and_rotate(std::span<float> rows, std::int64_t heads,
+                                const std::vector<float>& norm, const float* angles,
+                                std::int64_t from, std::int64_t to) const {
   const std::int64_t d = spec_.head_size;
-  for (std::int64_t t = 0; t < total; ++t) {
-    float* kt = k.data() + t * kw;
-    if (!w_.k_norm.empty()) ops::norm_heads(kt, spec_.params.num_kv_heads, d, w_.k_norm, eps_);
-    if (angles != nullptr) {
-      ops::rope_rotate(rope_mode(), kt, spec_.params.num_kv_heads, d, angles + t * d);
-    }
+  for (std::int64_t t = from; t < to; ++t) {
+    float* row = rows.data() + t * heads * d;
+    if (!norm.empty()) ops::norm_heads(row, heads, d, norm, eps_);
+    if (angles != nullptr) ops::rope_rotate(rope_mode(), row, heads, d, angles + t * d);
   }
 }
 
-// The batch's K/V rows into the layer's cache through each request's slot mapping, in one
-// kernel call (each call checks the layer and its pages once): this runs on the caller's thread
-// while the pool's other workers wait.
-void Attention::write_kv(const Step& step, std::span<const float> k,
-                         std::span<const float> v) const {
-  std::vector<std::int64_t> slots;
-  slots.reserve(static_cast<std::size_t>(step.rows()));
+// Each row's slot in the layer's cache, through its request's slot mapping.
+void Attention::cache_slots(const Step& step, std::vector<std::int64_t>& slots) const {
+  slots.clear();
   for (const SequenceInput& s : step.batch) {
     const std::vector<std::int64_t> blocks =
         ops::block_ids(s.block_tables.at(static_cast<std::size_t>(geometry_.kv_cache_group)));
@@ -114,6 +105,14 @@ void Attention::write_kv(const Step& step, std::span<const float> k,
     const std::vector<std::int64_t> mine = kernels::slot_mapping(geometry_, blocks, s.start, n);
     slots.insert(slots.end(), mine.begin(), mine.end());
   }
+}
+
+// The batch's K/V rows into the layer's cache, in one kernel call (each call checks the layer
+// and its pages once).
+void Attention::write_kv(const Step& step, std::span<const float> k,
+                         std::span<const float> v) const {
+  std::vector<std::int64_t> slots;
+  cache_slots(step, slots);
   kernels::write_kv(spec_, geometry_, {}, tensor_of(step, geometry_), slots, k, v);
 }
 
@@ -131,23 +130,30 @@ void Attention::run(const Step& step, std::span<const float> normed, std::span<f
   reuse(v, total, kernels::v_row_elements(spec_));
   ops::matmul_many({{&w_.q, q.data()}, {&w_.k, k.data()}, {&w_.v, v.data()}}, normed.data(), total,
                    step.pool);
+  // Per row: q's and K's norms and RoPE, then the row's K and V into the cache. Rows split across
+  // the pool when there are enough of them (at 16 rows this stretch took ~10 us of a SmolLM2
+  // layer on one thread while the other waited); each row's bits are its own.
   const float* angles = rope_angles(step.positions, scratch.rope);
-  for (std::int64_t t = 0; t < total; ++t) {
-    float* qt = q.data() + t * qw;
-    if (!w_.q_norm.empty()) ops::norm_heads(qt, hq, spec_.head_size, w_.q_norm, eps_);
-    if (angles != nullptr) {
-      ops::rope_rotate(rope_mode(), qt, hq, spec_.head_size, angles + t * spec_.head_size);
-    }
-  }
-  finish_k(step.positions, angles, k);
-  write_kv(step, k, v);
+  cache_slots(step, scratch.slots);
+  const std::span<const std::int64_t> slots = scratch.slots;
+  std::span<std::byte> tensor = tensor_of(step, geometry_);
+  const std::int64_t kw = kernels::k_row_elements(spec_);
+  const std::int64_t vw = kernels::v_row_elements(spec_);
+  ops::for_chunks(step.pool, total, kCacheRowGrain, [&](std::int64_t from, std::int64_t to) {
+    norm_and_rotate(q, hq, w_.q_norm, angles, from, to);
+    norm_and_rotate(k, spec_.params.num_kv_heads, w_.k_norm, angles, from, to);
+    const auto rows = static_cast<std::size_t>(to - from);
+    const auto at = static_cast<std::size_t>(from);
+    kernels::write_kv(spec_, geometry_, {}, tensor, slots.subspan(at, rows),
+                      std::span<const float>(k).subspan(at * kw, rows * kw),
+                      std::span<const float>(v).subspan(at * vw, rows * vw));
+  });
 
   // The attention metadata of the layer's group: each request's rows are one kernel sequence
   // of n queries at positions [start, start + n), so a verify's or a prefill chunk's rows read
   // each K/V tile once. Causal, each row is bit-identical to its own one-query decode (the
   // kernel tiles a row's keys by its own position: docs/kernels.md, multi-row attention).
   // Non-causal (a DFlash block): every query sees all keys up to the block's end.
-  std::span<std::byte> tensor = tensor_of(step, geometry_);
   std::vector<std::vector<std::int64_t>> pages;
   std::vector<kernels::PagedSequence>& seqs = scratch.seqs;
   seqs.clear();
@@ -377,30 +383,36 @@ void Mlp::run(std::span<const float> normed, std::int64_t total, kernels::Thread
   Scratch local;
   Scratch& buffers = scratch != nullptr ? *scratch : local;
   const std::span<float> u = reuse(buffers.up, total, intermediate);
-  const auto elements = static_cast<std::int64_t>(u.size());
-  if (activation == Activation::kRelu2) {
-    ops::matmul(up, normed.data(), total, u.data(), pool);
-    ops::for_chunks(pool, elements, kScalarGrain, [&](std::int64_t from, std::int64_t to) {
-      for (float& v :
-           u.subspan(static_cast<std::size_t>(from), static_cast<std::size_t>(to - from)))
-        v = v > 0.0f ? v * v : 0.0f;
-    });
-  } else {
+  const bool gated = activation != Activation::kRelu2;
+  const std::span<float> g = gated ? reuse(buffers.gate, total, intermediate) : std::span<float>();
+  const bool ggml = numerics == Numerics::kGgml;
+  // The activation of columns [from, to) of every row, by the task that computed them (no
+  // region of its own, and no thread reads the other's outputs); every element alone, so the
+  // split does not touch the bits.
+  const auto activate = [&](std::int64_t from, std::int64_t to) {
+    const auto n = static_cast<std::size_t>(to - from);
+    for (std::int64_t t = 0; t < total; ++t) {
+      const auto at = static_cast<std::size_t>(t * intermediate + from);
+      const std::span<float> ut = u.subspan(at, n);
+      if (!gated) {
+        for (float& v : ut) v = v > 0.0f ? v * v : 0.0f;
+        continue;
+      }
+      const std::span<const float> gt = g.subspan(at, n);
+      if (activation == Activation::kGeluTanhGated) {
+        for (std::size_t i = 0; i < n; ++i) ut[i] *= ops::gelu_tanh(gt[i]);
+      } else if (ggml) {
+        kernels::ggml_swiglu(gt, ut);
+      } else {
+        kernels::silu_mul(gt, ut);
+      }
+    }
+  };
+  if (gated) {
     // gate and up in one region over x quantised once.
-    const std::span<float> g = reuse(buffers.gate, total, intermediate);
-    ops::matmul_many({{&up, u.data()}, {&gate, g.data()}}, normed.data(), total, pool);
-    const bool gelu = activation == Activation::kGeluTanhGated;
-    const bool ggml = !gelu && numerics == Numerics::kGgml;
-    // The activation over all rows at once, split across the pool when it is big enough; every
-    // element alone, so the split does not touch the bits.
-    ops::for_chunks(pool, elements, gelu ? kScalarGrain : ggml ? kVectorGrain : kSiluGrain,
-                    [&](std::int64_t from, std::int64_t to) {
-                      const auto at = static_cast<std::size_t>(from);
-                      const auto n = static_cast<std::size_t>(to - from);
-                      if (ggml) return kernels::ggml_swiglu(g.subspan(at, n), u.subspan(at, n));
-                      if (!gelu) return kernels::silu_mul(g.subspan(at, n), u.subspan(at, n));
-                      for (std::size_t i = at; i < at + n; ++i) u[i] *= ops::gelu_tanh(g[i]);
-                    });
+    ops::matmul_many({{&up, u.data()}, {&gate, g.data()}}, normed.data(), total, pool, activate);
+  } else {
+    ops::matmul_many({{&up, u.data()}}, normed.data(), total, pool, activate);
   }
   ops::matmul(down, u.data(), total, out.data(), pool);
 }

@@ -27,6 +27,7 @@ struct Scratch {
   std::vector<float> q, k, v, attn;  // Attention::run
   std::vector<float> gate, up;       // Mlp::run
   std::vector<kernels::PagedSequence> seqs;
+  std::vector<std::int64_t> slots;  // each row's cache slot (Attention::run)
   // RoPE's (cos, sin) pairs of every row of the forward and what they were computed for: the
   // attention layers share them (ops::rope_angles depends on the position, theta and d alone).
   struct RopeAngles {
@@ -96,8 +97,9 @@ class Attention final : public Mixer {
   // holds those of the same positions, theta and form.
   const float* rope_angles(std::span<const std::int64_t> positions,
                            Scratch::RopeAngles& cache) const;
-  void finish_k(std::span<const std::int64_t> positions, const float* angles,
-                std::vector<float>& k) const;
+  void norm_and_rotate(std::span<float> rows, std::int64_t heads, const std::vector<float>& norm,
+                       const float* angles, std::int64_t from, std::int64_t to) const;
+  void cache_slots(const Step& step, std::vector<std::int64_t>& slots) const;
   Weights w_;
   Rope rope_;
   double rope_theta_;

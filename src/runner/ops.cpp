@@ -14,7 +14,7 @@ void matmul(const Matrix& w, const float* x, std::int64_t tokens, float* y,
 }
 
 void matmul_many(std::initializer_list<Projection> projections, const float* x, std::int64_t tokens,
-                 kernels::ThreadPool* pool) {
+                 kernels::ThreadPool* pool, const kernels::RowsEpilogue& epilogue) {
   constexpr std::size_t kMost = 4;
   if (projections.size() > kMost) throw_internal("ops::matmul_many: more than four projections");
   kernels::MatmulProduct products[kMost];
@@ -27,7 +27,7 @@ void matmul_many(std::initializer_list<Projection> projections, const float* x, 
   kernels::matmul_many(
       std::span<const kernels::MatmulProduct>(products, n),
       std::span<const float>(x, static_cast<std::size_t>(tokens * projections.begin()->w->cols())),
-      pool);
+      pool, epilogue);
 }
 
 void for_chunks(kernels::ThreadPool* pool, std::int64_t n, std::int64_t grain,

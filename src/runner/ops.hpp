@@ -45,9 +45,10 @@ struct Projection {
 };
 // Several weights against the same rows of X (a layer's q, k and v; gate and up) in one
 // kernels::matmul_many call: X quantised once and one parallel region instead of one per weight;
-// each output has the bits ops::matmul gives it.
+// each output has the bits ops::matmul gives it. With an epilogue (same row counts), each task
+// runs it on the rows it computed (kernels::matmul_many).
 void matmul_many(std::initializer_list<Projection> projections, const float* x, std::int64_t tokens,
-                 kernels::ThreadPool* pool);
+                 kernels::ThreadPool* pool, const kernels::RowsEpilogue& epilogue = {});
 // fn(begin, end) over [0, n) in contiguous chunks of at least `grain` items, one chunk per pool
 // thread at most, in one parallel region; on this thread alone when the pool is null or n holds
 // fewer than two grains. For elementwise and per-row work (SwiGLU, norms, residuals, RoPE) whose

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <utility>
 #include <vector>
@@ -957,6 +958,72 @@ TEST(WeightMatmul, ManyProductsOfOneXGiveEachProductsOwnBits) {
       }
     }
   }
+}
+
+// With an epilogue (a gated MLP's activation), every task takes the same rows of each product
+// and runs the epilogue on them: each output keeps its own matmul's bits, in the ggml and
+// blocksum orders, packed or not; the epilogue sees every row exactly once, after both products
+// wrote it, in ranges that start at multiples of 64.
+TEST(WeightMatmul, ManyProductsRunTheEpilogueOnTheRowsEachTaskComputed) {
+  std::mt19937_64 rng(12);
+  ThreadPool two(2), three(3);
+  const std::int64_t cols = 64;
+  for (WeightType t : kTypes) {
+    for (const std::int64_t rows : {std::int64_t{13}, std::int64_t{200}}) {
+      for (const ReductionOrder order : {ReductionOrder::kGgml, ReductionOrder::kBlockSum}) {
+        const auto a = random_weight(t, rows, cols, rng), b = random_weight(t, rows, cols, rng);
+        WeightView va{t, rows, cols, a.data(), order}, vb{t, rows, cols, b.data(), order};
+        const bool packs = order == ReductionOrder::kBlockSum && weight_block_elements(t) == 32;
+        const PackedWeight pa = packs ? pack_weight(va) : PackedWeight{};
+        const PackedWeight pb = packs ? pack_weight(vb) : PackedWeight{};
+        if (packs) va.packed = pa.data(), vb.packed = pb.data();
+        for (const std::int64_t n : {1, 9}) {
+          const auto x = random_x(n, cols, rng);
+          const auto size = static_cast<std::size_t>(n * rows);
+          std::vector<float> ya(size), yb(size), ma(size), mb(size);
+          matmul(va, x, ya);
+          matmul(vb, x, yb);
+          for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+            const std::string what = std::string(to_string(t)) + " " + std::to_string(rows) +
+                                     " rows, " + std::to_string(n) + " of x, " +
+                                     std::to_string(pool ? pool->size() : 1) + " threads";
+            std::fill(ma.begin(), ma.end(), -1.0f);
+            std::fill(mb.begin(), mb.end(), -1.0f);
+            std::vector<int> seen(static_cast<std::size_t>(rows), 0);
+            std::mutex mutex;
+            bool complete = true;
+            const MatmulProduct products[] = {{va, ma}, {vb, mb}};
+            matmul_many(products, x, pool, [&](std::int64_t from, std::int64_t to) {
+              std::lock_guard lock(mutex);
+              EXPECT_EQ(from % 64, 0) << what;
+              for (std::int64_t r = from; r < to; ++r) {
+                ++seen[static_cast<std::size_t>(r)];
+                for (std::int64_t i = 0; i < n; ++i) {
+                  const auto at = static_cast<std::size_t>(i * rows + r);
+                  complete = complete && ma[at] == ya[at] && mb[at] == yb[at];
+                }
+              }
+            });
+            EXPECT_TRUE(complete) << what << ": the epilogue ran before its rows were done";
+            EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), rows) << what;
+            expect_same_bits(ma, ya, what + ", first");
+            expect_same_bits(mb, yb, what + ", second");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(WeightMatmul, ManyProductsWithAnEpilogueNeedOneRowCount) {
+  std::vector<std::byte> a(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 4, 64)));
+  std::vector<std::byte> b(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 8, 64)));
+  std::vector<float> x(64), ya(4), yb(8);
+  const MatmulProduct products[] = {{{WeightType::kQ4_1, 4, 64, a.data()}, ya, "layer 0 up"},
+                                    {{WeightType::kQ4_1, 8, 64, b.data()}, yb, "layer 0 gate"}};
+  mixkv::testing::expect_error(
+      [&] { matmul_many(products, x, nullptr, [](std::int64_t, std::int64_t) {}); },
+      ErrorCode::kInvalidInput, {"layer 0 gate", "8 rows", "layer 0 up", "same number of rows"});
 }
 
 TEST(WeightMatmul, ManyProductsNeedOneColumnCount) {

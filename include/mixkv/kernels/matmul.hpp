@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -127,13 +128,22 @@ struct MatmulProduct {
   std::string_view where = "matmul";  // named in its errors
 };
 
+// Work on rows [r_begin, r_end) of every product's y (all n rows of x), run by the task that
+// computed them (matmul_many).
+using RowsEpilogue = std::function<void(std::int64_t r_begin, std::int64_t r_end)>;
+
 // Several products of the same x (a layer's q, k and v projections; gate and up) in one parallel
 // region: x is quantised once per weight type of the call, and the rows of all the weights are
 // split across the pool together, so a decode step hands the pool one region instead of one per
 // weight. Each y gets exactly the bits matmul(p.w, x, p.y) gives it. Every weight needs x's
 // column count; throws Error (bad input) as matmul does, naming the product's `where`.
+//
+// With an `epilogue` (a gated MLP's activation over its gate and up), every weight needs the same
+// row count: each task takes the same rows of every product, from a multiple of 64, and runs
+// epilogue on them once they are done. The activation then needs no region of its own, and each
+// thread reads the outputs it has just written rather than the other thread's.
 void matmul_many(std::span<const MatmulProduct> products, std::span<const float> x,
-                 ThreadPool* pool = nullptr);
+                 ThreadPool* pool = nullptr, const RowsEpilogue& epilogue = {});
 
 // Decodes row `row` of `w` into `out` (w.cols floats) with the same values the product uses
 // (an embedding lookup, or a reference).
