@@ -16,6 +16,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -1015,24 +1016,35 @@ TEST(WeightMatmul, ManyProductsRunTheEpilogueOnTheRowsEachTaskComputed) {
   }
 }
 
+// Two q4_1 products named "layer 0 <a>" and "layer 0 <b>" of the given shapes, with buffers.
+struct TwoProducts {
+  TwoProducts(std::int64_t rows_a, std::int64_t cols_a, std::int64_t rows_b, std::int64_t cols_b,
+              const char* a, const char* b)
+      : wa(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, rows_a, cols_a))),
+        wb(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, rows_b, cols_b))),
+        x(static_cast<std::size_t>(cols_a)),
+        ya(static_cast<std::size_t>(rows_a)),
+        yb(static_cast<std::size_t>(rows_b)),
+        name_a(std::string("layer 0 ") + a),
+        name_b(std::string("layer 0 ") + b),
+        products{{{WeightType::kQ4_1, rows_a, cols_a, wa.data()}, ya, name_a},
+                 {{WeightType::kQ4_1, rows_b, cols_b, wb.data()}, yb, name_b}} {}
+  std::vector<std::byte> wa, wb;
+  std::vector<float> x, ya, yb;
+  std::string name_a, name_b;
+  MatmulProduct products[2];
+};
+
 TEST(WeightMatmul, ManyProductsWithAnEpilogueNeedOneRowCount) {
-  std::vector<std::byte> a(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 4, 64)));
-  std::vector<std::byte> b(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 8, 64)));
-  std::vector<float> x(64), ya(4), yb(8);
-  const MatmulProduct products[] = {{{WeightType::kQ4_1, 4, 64, a.data()}, ya, "layer 0 up"},
-                                    {{WeightType::kQ4_1, 8, 64, b.data()}, yb, "layer 0 gate"}};
+  TwoProducts two(4, 64, 8, 64, "up", "gate");
   mixkv::testing::expect_error(
-      [&] { matmul_many(products, x, nullptr, [](std::int64_t, std::int64_t) {}); },
+      [&] { matmul_many(two.products, two.x, nullptr, [](std::int64_t, std::int64_t) {}); },
       ErrorCode::kInvalidInput, {"layer 0 gate", "8 rows", "layer 0 up", "same number of rows"});
 }
 
 TEST(WeightMatmul, ManyProductsNeedOneColumnCount) {
-  std::vector<std::byte> a(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 4, 64)));
-  std::vector<std::byte> b(static_cast<std::size_t>(weight_bytes(WeightType::kQ4_1, 4, 96)));
-  std::vector<float> x(64), ya(4), yb(4);
-  const MatmulProduct products[] = {{{WeightType::kQ4_1, 4, 64, a.data()}, ya, "layer 0 q"},
-                                    {{WeightType::kQ4_1, 4, 96, b.data()}, yb, "layer 0 k"}};
-  mixkv::testing::expect_error([&] { matmul_many(products, x); }, ErrorCode::kInvalidInput,
+  TwoProducts two(4, 64, 4, 96, "q", "k");
+  mixkv::testing::expect_error([&] { matmul_many(two.products, two.x); }, ErrorCode::kInvalidInput,
                                {"layer 0 k", "96 columns", "layer 0 q", "same number"});
 }
 
