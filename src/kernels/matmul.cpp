@@ -417,8 +417,8 @@ HWY_NOINLINE void tile_registers(const MatmulCall& c, std::int64_t r0, std::int6
       }
     }
   };
-  constexpr bool kFloatW = kT == WeightType::kFloat32 || kT == WeightType::kBfloat16 ||
-                          kT == WeightType::kFloat16;
+  constexpr bool kFloatW =
+      kT == WeightType::kFloat32 || kT == WeightType::kBfloat16 || kT == WeightType::kFloat16;
   const bool ask = !kFloatW || asks_for_float_w(c, kX);
   for (std::int64_t b = 0; b < blocks; ++b) {
     if (ask) prefetch_tile(c, r0, kW, b * block_bytes, block_bytes, kPrefetch);
@@ -1936,41 +1936,70 @@ std::int64_t check_product(const WeightView& w, std::int64_t xs, std::size_t ys,
 }
 
 // From this many blocks of x (a batch of 16 rows of 576: 288), the pool's workers quantise them
-// in equal shares rather than waiting for the calling thread (~40 ns a block on a Zen 4 core, a
+// in shares rather than waiting for the calling thread (~40 ns a block on a Zen 4 core, a
 // region's hand-off 1-2 us). Each block's codes and scales are its own, so the bits are the same.
 constexpr std::int64_t kParallelQuantizeBlocks = 128;
+
+// quantize_x's parts. QuantizedX sized for n rows of cols floats of weights of `type` read in
+// `order`, before any block is quantised.
+void size_quantized_x(WeightType type, ReductionOrder order, std::int64_t n, std::int64_t cols,
+                      detail::QuantizedX& qx) {
+  const bool sums = type == WeightType::kQ4_1;
+  qx.blocks = cols / 32;
+  qx.q.resize(static_cast<std::size_t>(n * cols));
+  qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
+  qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+  // The blocksum order of q8_0 / q4_0 also needs each block's sum of codes (q4_1's is in s).
+  qx.sum.resize(
+      order == ReductionOrder::kBlockSum && !sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+}
+
+// Blocks [from, to) of x (counted over all its rows) into a sized QuantizedX, with their sums.
+void quantize_x_blocks(const float* x, std::int64_t from, std::int64_t to, detail::QuantizedX& qx) {
+  HWY_DYNAMIC_DISPATCH(detail::QuantizeBlocksImpl)
+  (x + from * 32, to - from, qx.q.data() + from * 32, qx.d.data() + from,
+   qx.s.empty() ? nullptr : qx.s.data() + from);
+  for (std::int64_t b = from; b < std::min<std::int64_t>(to, std::ssize(qx.sum)); ++b) {
+    std::int32_t sum = 0;
+    for (std::int64_t e = 0; e < 32; ++e) sum += qx.q[static_cast<std::size_t>(32 * b + e)];
+    qx.sum[static_cast<std::size_t>(b)] = sum;
+  }
+}
+
+// Whether some path of this call reads copies of x's codes that finish_quantized_x lays out
+// from all of its blocks (then x is quantised before the products' region, not inside it).
+bool quantized_x_has_copies(ReductionOrder order, bool vnni, bool int8_tiles) {
+  const bool block_sum = order == ReductionOrder::kBlockSum;
+  return int8_tiles || (vnni && !block_sum) ||
+         (block_sum && HWY_DYNAMIC_DISPATCH(detail::ReadsGroupedXImpl)(vnni));
+}
+
+void finish_quantized_x(WeightType type, ReductionOrder order, std::int64_t n, bool vnni,
+                        bool int8_tiles, detail::QuantizedX& qx);
 
 // The block formats' x (QuantizedX) for weights of `type` read in `order`: n rows of cols floats.
 void quantize_x(WeightType type, ReductionOrder order, const float* x, std::int64_t n,
                 std::int64_t cols, bool vnni, bool int8_tiles, ThreadPool* pool,
                 detail::QuantizedX& qx) {
-  const bool sums = type == WeightType::kQ4_1;
-  const bool block_sum = order == ReductionOrder::kBlockSum;
-  qx.blocks = cols / 32;
-  qx.q.resize(static_cast<std::size_t>(n * cols));
-  qx.d.resize(static_cast<std::size_t>(n * qx.blocks));
-  qx.s.resize(sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
+  size_quantized_x(type, order, n, cols, qx);
   const std::int64_t blocks = n * qx.blocks;
-  const auto quantize = [&](std::int64_t from, std::int64_t to) {
-    HWY_DYNAMIC_DISPATCH(detail::QuantizeBlocksImpl)
-    (x + from * 32, to - from, qx.q.data() + from * 32, qx.d.data() + from,
-     sums ? qx.s.data() + from : nullptr);
-  };
   if (pool != nullptr && pool->size() > 1 && blocks >= kParallelQuantizeBlocks) {
     const std::int64_t shares = pool->size();
     pool->parallel_for(shares, [&](std::int64_t i, int) {
-      quantize(blocks * i / shares, blocks * (i + 1) / shares);
+      quantize_x_blocks(x, blocks * i / shares, blocks * (i + 1) / shares, qx);
     });
   } else {
-    quantize(0, blocks);
+    quantize_x_blocks(x, 0, blocks, qx);
   }
-  // The blocksum order of q8_0 / q4_0 also needs each block's sum of codes (q4_1's is in s).
-  qx.sum.resize(block_sum && !sums ? static_cast<std::size_t>(n * qx.blocks) : 0);
-  for (std::size_t b = 0; b < qx.sum.size(); ++b) {
-    std::int32_t sum = 0;
-    for (std::size_t e = 0; e < 32; ++e) sum += qx.q[32 * b + e];
-    qx.sum[b] = sum;
-  }
+  finish_quantized_x(type, order, n, vnni, int8_tiles, qx);
+}
+
+// The copies of x's codes that some paths read, from all of its blocks (QuantizedX says which);
+// with none to make, it only empties them.
+void finish_quantized_x(WeightType type, ReductionOrder order, std::int64_t n, bool vnni,
+                        bool int8_tiles, detail::QuantizedX& qx) {
+  const bool sums = type == WeightType::kQ4_1;
+  const bool block_sum = order == ReductionOrder::kBlockSum;
   // The AVX2 packed path's grouped copy (see QuantizedX), where the target the products dispatch
   // to reads it (tests run that path on AVX-512 machines too, by target or with VNNI off).
   const bool grouped = block_sum && HWY_DYNAMIC_DISPATCH(detail::ReadsGroupedXImpl)(vnni);
@@ -2139,19 +2168,33 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
     bf16_done = true;
     return &bf16_x;
   };
-  const auto quantized_for = [&](WeightType type,
-                                 ReductionOrder order) -> const detail::QuantizedX* {
+  // Where the products read nothing of x but its blocks (no copies to lay out), the pool's
+  // threads quantise it inside the products' own region, as its first phase: a batch's step then
+  // hands the pool one region per product call instead of two. Each block's bits are its own.
+  bool deferred[6] = {false, false, false, false, false, false};
+  const auto quantized_for = [&](WeightType type, ReductionOrder order,
+                                 bool in_region) -> const detail::QuantizedX* {
     if (!quantizes_x(type)) return nullptr;
     const int k = (type == WeightType::kQ8_0   ? 0
                    : type == WeightType::kQ4_0 ? 1
                                                : 2) +
                   (order == ReductionOrder::kBlockSum ? 3 : 0);
-    if (!done[k]) {
-      quantize_x(type, order, x.data(), n, cols, vnni, int8_tiles_for(type, order, n), pool,
-                 quantized[k]);
+    detail::QuantizedX& qx = quantized[k];
+    const bool int8_tiles = int8_tiles_for(type, order, n);
+    if (!done[k] && in_region && pool != nullptr && pool->size() > 1 &&
+        n * (cols / 32) >= kParallelQuantizeBlocks &&
+        !quantized_x_has_copies(order, vnni, int8_tiles)) {
+      size_quantized_x(type, order, n, cols, qx);
+      finish_quantized_x(type, order, n, vnni, int8_tiles, qx);  // (no copies: empties them)
+      deferred[k] = true;
+    } else if (!done[k]) {
+      quantize_x(type, order, x.data(), n, cols, vnni, int8_tiles, pool, qx);
+    } else if (deferred[k] && !in_region) {  // a product outside the region reads it first
+      quantize_x_blocks(x.data(), 0, n * qx.blocks, qx);
+      deferred[k] = false;
     }
     done[k] = true;
-    return &quantized[k];
+    return &qx;
   };
   // A call's unit of work in W rows: a register tile, or for the packed blocksum layout one of
   // its panels of 16 W rows.
@@ -2181,13 +2224,18 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
     c.y = p.y.data();
     c.order = order_of(p.w);
     c.packed = p.w.packed;
-    c.qx = quantized_for(p.w.dtype, c.order);
+    // (bfloat16's blocksum order is VDPBF16PS's, which AMX CPUs have: not the tiles' three terms.)
+    bool on_amx = false;
+#ifdef MIXKV_MATMUL_AMX
+    on_amx = detail::amx::handles(c.type) && detail::amx::available() &&
+             !(c.type == WeightType::kBfloat16 && c.order == ReductionOrder::kBlockSum);
+#endif
+    c.qx = quantized_for(p.w.dtype, c.order, !on_amx);
     c.vnni = vnni && c.qx != nullptr;
     c.bx = bf16_x_for(c);
     c.bf16_dots = bf16_dots && c.bx != nullptr;
 #ifdef MIXKV_MATMUL_AMX
-    // (bfloat16's blocksum order is VDPBF16PS's, which AMX CPUs have: not the tiles' three terms.)
-    if (detail::amx::handles(c.type) && detail::amx::available() && c.bx == nullptr) {
+    if (on_amx) {
       run_amx(c, pool);
       continue;
     }
@@ -2208,6 +2256,26 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
 #endif
     HWY_DYNAMIC_DISPATCH(detail::MatmulRowsImpl)(c, r_begin, r_end);
   };
+  // The region's first phase: each deferred x in 2 shares per thread (one that joins late finds
+  // fewer left); every thread then waits for all of them before its products. (The tasks run on
+  // other threads too: they reach the caller's thread_local buffers through a pointer, not by
+  // name.)
+  std::int64_t shares = 0;
+  for (int k = 0; k < 6; ++k) shares += deferred[k] ? 2 * workers : 0;
+  detail::QuantizedX* const mine = quantized;
+  const ThreadPool::Task quantize_share = [&, mine](std::int64_t i, int) {
+    for (int k = 0; k < 6; ++k) {
+      if (!deferred[k]) continue;
+      if (i >= 2 * workers) {
+        i -= 2 * workers;
+        continue;
+      }
+      detail::QuantizedX& qx = mine[k];
+      const std::int64_t blocks = n * qx.blocks, parts = 2 * workers;
+      quantize_x_blocks(x.data(), blocks * i / parts, blocks * (i + 1) / parts, qx);
+      return;
+    }
+  };
   if (epilogue) {
     // The same rows of every call per task, in units of whole tiles of every call and of 64
     // rows (an epilogue's vectors start where a row's would); the products on AMX tiles ran
@@ -2225,14 +2293,14 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
       for (const detail::MatmulCall& c : list) rows_of(c, r_begin, r_end);
       epilogue(r_begin, r_end);
     };
-    if (tasks > 1) {
-      pool->parallel_for(tasks, run);
+    if (pool != nullptr) {
+      pool->parallel_for(shares, quantize_share, tasks, run);
     } else {
       run(0, 0);
     }
     return;
   }
-  if (calls.empty()) return;
+  if (calls.empty()) return;  // (nothing was deferred: that takes a call in the region)
   // The register tiles of all the weights, one after the other, cut into one range of whole
   // tiles per worker. Each range is one stream through W: a range's start finds its first
   // panels cold (the hardware prefetcher and PanelPrefetch start over), and with four ranges per
@@ -2254,8 +2322,8 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
       rows_of(c, (b - first[k]) * tile, std::min(c.rows, (e - first[k]) * tile));
     }
   };
-  if (tasks > 1) {
-    pool->parallel_for(tasks, run);
+  if (pool != nullptr) {
+    pool->parallel_for(shares, quantize_share, tasks, run);
   } else {
     run(0, 0);
   }

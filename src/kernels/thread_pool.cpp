@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -32,6 +33,17 @@ void relax() {
 #endif
 }
 
+// One step of a wait on another thread's task: polling, and past a few microseconds (a thread
+// descheduled in the middle of a task, on a machine with more threads than cores) giving it the
+// core rather than burning the time slice.
+void wait_step(std::uint32_t spins) {
+  if (spins > 256) {
+    std::this_thread::yield();
+  } else {
+    relax();
+  }
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int workers) : workers_(workers) {
@@ -54,21 +66,44 @@ ThreadPool::~ThreadPool() {
   for (auto& t : threads_) t.join();
 }
 
-// Claims task indices until none is left. One atomic increment per task: tasks may be small (a
-// few rows of a weight). The thread that ran the last index leaves without asking again: the
-// counter's line sits in the other thread's cache by then, and the region's close waits on that
-// round trip (~400 ns when the host puts the two vCPUs on different dies).
+// Runs fn(i, worker); false, with the region's first error kept, if it threw.
+bool ThreadPool::run_task(const Task& fn, std::int64_t i, int worker) {
+  try {
+    fn(i, worker);
+    return true;
+  } catch (...) {
+    std::lock_guard lock(error_mutex_);
+    if (!error_) error_ = std::current_exception();
+    return false;
+  }
+}
+
+// Claims task indices until none is left, the first phase's before the second's. One atomic
+// increment per task: tasks may be small (a few rows of a weight). The thread that ran the last
+// index leaves without asking again: the counter's line sits in the other thread's cache by then,
+// and the region's close waits on that round trip (~400 ns when the host puts the two vCPUs on
+// different dies).
 void ThreadPool::drain(int worker) {
+  if (first_count_ > 0) {
+    for (;;) {
+      const std::int64_t i = next_first_.fetch_add(1, std::memory_order_relaxed);
+      if (i >= first_count_) break;
+      // A first-phase error skips the second phase (published by done_first_ below).
+      if (!run_task(*first_, i, worker)) next_.store(count_, std::memory_order_relaxed);
+      done_first_.fetch_add(1, std::memory_order_release);
+      if (i + 1 >= first_count_) break;
+    }
+    // Every index is claimed: the ones left are running on other threads.
+    for (std::uint32_t spins = 1; done_first_.load(std::memory_order_acquire) < first_count_;
+         ++spins) {
+      wait_step(spins);
+    }
+  }
   for (;;) {
     const std::int64_t i = next_.fetch_add(1, std::memory_order_relaxed);
     if (i >= count_) return;
-    try {
-      (*task_)(i, worker);
-    } catch (...) {
-      std::lock_guard lock(error_mutex_);
-      if (!error_) error_ = std::current_exception();
-      next_.store(count_, std::memory_order_relaxed);  // skip what is left
-    }
+    if (!run_task(*task_, i, worker))
+      next_.store(count_, std::memory_order_relaxed);  // skip the rest
     if (i + 1 >= count_) return;
   }
 }
@@ -135,15 +170,27 @@ void ThreadPool::work(int worker) {
   }
 }
 
-void ThreadPool::parallel_for(std::int64_t count,
-                              const std::function<void(std::int64_t, int)>& task) {
-  if (count <= 0) return;
+void ThreadPool::parallel_for(std::int64_t count, const Task& task) {
+  static const Task kNone;
+  parallel_for(0, kNone, count, task);
+}
+
+void ThreadPool::parallel_for(std::int64_t first_count, const Task& first, std::int64_t count,
+                              const Task& task) {
+  first_count = std::max<std::int64_t>(first_count, 0);
+  count = std::max<std::int64_t>(count, 0);
+  if (first_count == 0 && count == 0) return;
   std::lock_guard call(call_mutex_);
-  if (threads_.empty() || count == 1) {
+  if (threads_.empty() || (first_count <= 1 && count <= 1)) {
+    for (std::int64_t i = 0; i < first_count; ++i) first(i, 0);
     for (std::int64_t i = 0; i < count; ++i) task(i, 0);
     return;
   }
   // The region is closed and no worker is inside it: its fields are the caller's to set.
+  first_ = &first;
+  first_count_ = first_count;
+  next_first_.store(0, std::memory_order_relaxed);
+  done_first_.store(0, std::memory_order_relaxed);
   task_ = &task;
   count_ = count;
   next_.store(0, std::memory_order_relaxed);
@@ -165,15 +212,9 @@ void ThreadPool::parallel_for(std::int64_t count,
                                       std::memory_order_acquire)) {
       break;
     }
-    // A worker descheduled in the middle of a task (a machine with more threads than cores):
-    // give it the core rather than burn the time slice.
-    if (spins > 256) {
-      std::this_thread::yield();
-    } else {
-      relax();
-    }
+    wait_step(spins);
   }
-  task_ = nullptr;
+  first_ = task_ = nullptr;
   if (std::exception_ptr error = std::exchange(error_, nullptr)) std::rethrow_exception(error);
 }
 

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -1009,6 +1010,59 @@ TEST(WeightMatmul, ManyProductsRunTheEpilogueOnTheRowsEachTaskComputed) {
             EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), rows) << what;
             expect_same_bits(ma, ya, what + ", first");
             expect_same_bits(mb, yb, what + ", second");
+          }
+        }
+      }
+    }
+  }
+}
+
+// A batch's x of 16 rows of 576 (288 blocks) is quantised by the pool's threads inside the
+// products' region, one x per weight type of the call: the bits stay those of one matmul per
+// weight on the calling thread, with weights of two block types sharing x, in both orders,
+// packed or not, with or without an epilogue, many calls in a row (a worker that joins late
+// finds the x of the call before).
+TEST(WeightMatmul, ManyProductsQuantiseABatchXInsideTheirRegion) {
+  std::mt19937_64 rng(14);
+  ThreadPool two(2), three(3);
+  const std::int64_t cols = 576, rows = 48, n = 16;
+  const std::pair<WeightType, WeightType> pairs[] = {{WeightType::kQ4_1, WeightType::kQ8_0},
+                                                     {WeightType::kQ4_0, WeightType::kQ4_1}};
+  for (const auto& [ta, tb] : pairs) {
+    for (const ReductionOrder order : {ReductionOrder::kGgml, ReductionOrder::kBlockSum}) {
+      const auto a = random_weight(ta, rows, cols, rng), b = random_weight(tb, rows, cols, rng);
+      WeightView va{ta, rows, cols, a.data(), order}, vb{tb, rows, cols, b.data(), order};
+      const PackedWeight pa = order == ReductionOrder::kBlockSum ? pack_weight(va) : PackedWeight{};
+      const PackedWeight pb = order == ReductionOrder::kBlockSum ? pack_weight(vb) : PackedWeight{};
+      va.packed = pa.data();
+      vb.packed = pb.data();
+      const auto size = static_cast<std::size_t>(n * rows);
+      for (int call = 0; call < 4; ++call) {
+        const auto x = random_x(n, cols, rng);
+        std::vector<float> ya(size), yb(size), ma(size), mb(size);
+        // On a thread of its own: its x must not be left in this thread's buffers.
+        std::thread([&] {
+          matmul(va, x, ya);
+          matmul(vb, x, yb);
+        }).join();
+        for (ThreadPool* pool : {&two, &three}) {
+          for (const bool with_epilogue : {false, true}) {
+            const std::string what =
+                std::string(to_string(ta)) + " and " + std::string(to_string(tb)) + ", " +
+                std::string(to_string(order)) + ", call " + std::to_string(call) + ", " +
+                std::to_string(pool->size()) + " threads" + (with_epilogue ? ", epilogue" : "");
+            std::fill(ma.begin(), ma.end(), -1.0f);
+            std::fill(mb.begin(), mb.end(), -1.0f);
+            const MatmulProduct products[] = {{va, ma}, {vb, mb}};
+            std::atomic<std::int64_t> epilogue_rows{0};
+            RowsEpilogue epilogue;
+            if (with_epilogue) {
+              epilogue = [&](std::int64_t from, std::int64_t to) { epilogue_rows += to - from; };
+            }
+            matmul_many(products, x, pool, epilogue);
+            expect_same_bits(ma, ya, what + ", first");
+            expect_same_bits(mb, yb, what + ", second");
+            EXPECT_EQ(epilogue_rows.load(), with_epilogue ? rows : 0) << what;
           }
         }
       }

@@ -78,6 +78,53 @@ TEST(ThreadPool, ManySmallRegionsBackToBackEachRunOnce) {
   }
 }
 
+// A two-phase region: every first-phase index runs once, and every second-phase task starts
+// only after all of them finished, whichever thread ran them (each task sees their writes);
+// many such regions back to back, on pools of every size.
+TEST(ThreadPool, TwoPhasesRunTheSecondOnlyAfterTheWholeFirst) {
+  for (int workers : {1, 2, 3}) {
+    ThreadPool pool(workers);
+    for (int region = 0; region < 2000; ++region) {
+      const std::int64_t first_count = region % 5, count = region % 7;
+      std::vector<int> written(static_cast<std::size_t>(first_count), 0);  // plain: ordered
+      std::atomic<int> first_runs{0}, tasks{0}, early{0};
+      pool.parallel_for(
+          first_count,
+          [&](std::int64_t i, int) {
+            written[static_cast<std::size_t>(i)] += 1;
+            first_runs.fetch_add(1, std::memory_order_relaxed);
+          },
+          count,
+          [&](std::int64_t, int) {
+            for (const int w : written) {
+              if (w != 1) early.fetch_add(1, std::memory_order_relaxed);
+            }
+            tasks.fetch_add(1, std::memory_order_relaxed);
+          });
+      ASSERT_EQ(first_runs.load(), first_count) << workers << " workers, region " << region;
+      ASSERT_EQ(tasks.load(), count) << workers << " workers, region " << region;
+      ASSERT_EQ(early.load(), 0) << "a task started before the first phase ended, " << workers
+                                 << " workers, region " << region;
+    }
+  }
+}
+
+TEST(ThreadPool, AFirstPhaseErrorSkipsTheSecondAndIsRethrown) {
+  ThreadPool pool(3);
+  std::atomic<int> tasks{0};
+  EXPECT_THROW(pool.parallel_for(
+                   8,
+                   [](std::int64_t i, int) {
+                     if (i == 5) throw std::runtime_error("first phase, index 5");
+                   },
+                   40, [&](std::int64_t, int) { tasks.fetch_add(1); }),
+               std::runtime_error);
+  EXPECT_EQ(tasks.load(), 0);
+  pool.parallel_for(
+      2, [](std::int64_t, int) {}, 20, [&](std::int64_t, int) { tasks.fetch_add(1); });
+  EXPECT_EQ(tasks.load(), 20);
+}
+
 TEST(ThreadPool, CallersOnSeveralThreadsTakeTurns) {
   ThreadPool pool(2);
   std::atomic<std::int64_t> sum{0};

@@ -21,6 +21,7 @@ namespace mixkv::kernels {
 
 class ThreadPool {
  public:
+  using Task = std::function<void(std::int64_t task, int worker)>;
   // How long a worker with nothing to do keeps polling for the next region before it sleeps:
   // long enough to bridge the single-threaded steps between the regions of a forward and between
   // decode steps, short enough that an idle engine gives its cores back at once.
@@ -43,14 +44,22 @@ class ThreadPool {
   // exception a task throws is rethrown here after the others finish (tasks not yet started are
   // skipped). Calls from several threads take turns; a task must not call parallel_for on the
   // same pool.
-  void parallel_for(std::int64_t count,
-                    const std::function<void(std::int64_t task, int worker)>& task);
+  void parallel_for(std::int64_t count, const Task& task);
+  // Two phases in one region: first(i, worker) for every i in [0, first_count), then
+  // task(i, worker) for every i in [0, count). Each thread in the region claims first's indices
+  // while any is left, waits until every one of them is done (by whichever thread), then claims
+  // task's: the second phase needs no hand-off of its own (a matrix product whose x is quantised
+  // by both threads first). The wait cannot deadlock: it waits only for indices other threads
+  // are running. Errors as parallel_for's; one thrown in the first phase skips the second.
+  void parallel_for(std::int64_t first_count, const Task& first, std::int64_t count,
+                    const Task& task);
 
   // Regions that found every worker asleep and had to wake it (tests and profiling).
   std::uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
   void work(int worker);
+  bool run_task(const Task& fn, std::int64_t i, int worker);
   void drain(int worker);
   void wait_for_region(std::uint64_t seen);
 
@@ -63,10 +72,14 @@ class ThreadPool {
   // (clears open) once busy is 0, so no worker can still be reading the region's task when the
   // next region is set up.
   std::atomic<std::uint64_t> region_{0};
-  // The region's task, read by workers only after they joined it.
-  const std::function<void(std::int64_t, int)>* task_ = nullptr;
+  // The region's phases, read by workers only after they joined it (first_count_ 0: one phase).
+  const Task* first_ = nullptr;
+  std::int64_t first_count_ = 0;
+  const Task* task_ = nullptr;
   std::int64_t count_ = 0;
-  alignas(64) std::atomic<std::int64_t> next_{0};  // the next task index to claim
+  alignas(64) std::atomic<std::int64_t> next_first_{0};  // the first phase's next index
+  std::atomic<std::int64_t> done_first_{0};              // its indices finished
+  alignas(64) std::atomic<std::int64_t> next_{0};        // the next task index to claim
   // Sleeping workers wait on wake_ (a futex word) and count themselves in sleepers_, so the
   // caller makes the wake-up system call only when someone sleeps.
   alignas(64) std::atomic<std::uint32_t> wake_{0};
