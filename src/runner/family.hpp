@@ -37,8 +37,10 @@ struct Network {
   // DFlash only: the drafter layers' attention, for context K/V without a query.
   std::vector<const Attention*> dflash_attention;
   double draft_eps = 1e-5;
-  // The forwards' layer buffers (one forward at a time runs on a runner).
+  // The forwards' layer buffers (one forward at a time runs on a runner); one per part of a
+  // forward run as a part per thread (ModelRunner::forward_parts).
   Scratch scratch;
+  std::vector<Scratch> part_scratch;
 };
 
 // What a family builds from: the description, the architecture, the weights; and, when the

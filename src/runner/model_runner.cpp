@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <thread>
 #include <utility>
@@ -346,9 +348,9 @@ void ModelRunner::check_batch(std::span<const SequenceInput> batch,
 }
 
 void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
-                             const std::vector<std::int64_t>& positions, std::vector<float>& x,
+                             std::span<const std::int64_t> positions, std::vector<float>& x,
                              std::span<const int> capture, std::vector<float>* captured,
-                             std::size_t limit) {
+                             std::size_t limit, std::optional<Lane> lane) {
   const std::int64_t h = config_.hidden_size;
   const auto total = static_cast<std::int64_t>(positions.size());
   std::vector<float> normed(static_cast<std::size_t>(total * h));
@@ -356,7 +358,8 @@ void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
   if (captured != nullptr) {
     captured->assign(static_cast<std::size_t>(total * h) * capture.size(), 0);
   }
-  const Step step{batch, positions, &tensors_, h, pool_.get(), &net_->scratch};
+  const Lane on = lane.value_or(Lane{pool_.get(), &net_->scratch});
+  const Step step{batch, positions, &tensors_, h, on.pool, on.scratch};
   const std::vector<Block>& blocks = draft ? net_->draft_blocks : net_->blocks;
   for (std::size_t index = 0; index < std::min(limit, blocks.size()); ++index) {
     blocks[index].run(step, x, normed, tmp);
@@ -373,6 +376,89 @@ void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
   }
 }
 
+// A decode step of many requests shares the weights' reads between its threads (each thread
+// streams half of every weight for all the rows), at the price of hundreds of hand-offs: a
+// layer's products, norms and attention each split across the threads, whose outputs the other
+// thread then reads. From kMinPartRequests requests a thread of short sequences (decode and
+// verify rows) the batch may instead run as one part per thread (forward_parts): each part's
+// requests through every layer and the LM head on its thread alone, reading every weight. Which
+// is faster depends on where the host put the threads (docs/engine.md, "Parts per thread"):
+// with the two vCPUs far apart (cache-line round trips of ~400 ns) a batch-16 SmolLM2 step took
+// 5.8-6.4 ms as parts against 7.5-7.6 together, near (~70-150 ns) 5.9-6.2 against 5.8-5.9. So
+// forward() times both ways and takes the faster, trying the other every kWayProbe steps (the
+// host moves the threads). Rows are independent in every kernel: either way gives the same bits.
+// Parts only on pools of a few threads: each part reads every weight, so many threads would
+// multiply the weights' reads (measured on 2).
+constexpr int kMaxPartThreads = 4;
+constexpr std::size_t kMinPartRequests = 4;
+constexpr std::size_t kMaxPartRowsPerRequest = 8;
+constexpr std::int64_t kWayProbe = 16;
+constexpr double kWayWeight = 0.25;  // of a new step in a way's mean
+
+std::vector<std::size_t> ModelRunner::request_parts(std::span<const SequenceInput> batch) const {
+  const int workers = pool_ != nullptr ? pool_->size() : 1;
+  if (workers < 2 || workers > kMaxPartThreads || !dflash_layer_ids_.empty() ||
+      batch.size() < kMinPartRequests * static_cast<std::size_t>(workers)) {
+    return {};
+  }
+  std::int64_t total = 0;
+  for (const SequenceInput& s : batch) {
+    if (s.tokens.size() > kMaxPartRowsPerRequest) return {};
+    total += static_cast<std::int64_t>(s.tokens.size());
+  }
+  // Contiguous parts of about equal rows: a part ends once its rows reach its share.
+  std::vector<std::size_t> parts{0};
+  std::int64_t rows = 0;
+  for (std::size_t r = 0; r < batch.size(); ++r) {
+    rows += static_cast<std::int64_t>(batch[r].tokens.size());
+    const auto p = static_cast<std::int64_t>(parts.size());
+    if (p < workers && rows * workers >= total * p && r + 1 < batch.size()) parts.push_back(r + 1);
+  }
+  parts.push_back(batch.size());
+  return parts;
+}
+
+ForwardOutput ModelRunner::forward_parts(std::span<const SequenceInput> batch,
+                                         std::span<const std::size_t> parts,
+                                         const std::vector<std::int64_t>& positions,
+                                         std::vector<float> x) {
+  const std::int64_t h = config_.hidden_size;
+  const std::int64_t vocab = config_.vocab_size;
+  const std::size_t count = parts.size() - 1;
+  // Each part's first row and first logits row.
+  std::vector<std::int64_t> row_at{0}, logit_at{0};
+  for (std::size_t p = 0; p < count; ++p) {
+    const std::span<const SequenceInput> mine = batch.subspan(parts[p], parts[p + 1] - parts[p]);
+    std::int64_t rows = 0;
+    for (const SequenceInput& s : mine) rows += static_cast<std::int64_t>(s.tokens.size());
+    row_at.push_back(row_at.back() + rows);
+    logit_at.push_back(logit_at.back() + static_cast<std::int64_t>(logit_rows(mine).size()));
+  }
+  ForwardOutput out;
+  // The LM head overwrites every value: only values past the spare buffer's size are zeroed.
+  out.logits = std::exchange(spare_logits_, {});
+  out.logits.resize(static_cast<std::size_t>(logit_at.back() * vocab));
+  net_->part_scratch.resize(count);
+  pool_->parallel_for(static_cast<std::int64_t>(count), [&](std::int64_t task, int) {
+    const auto p = static_cast<std::size_t>(task);
+    const std::span<const SequenceInput> mine = batch.subspan(parts[p], parts[p + 1] - parts[p]);
+    const std::int64_t first = row_at[p], rows = row_at[p + 1] - first;
+    std::vector<float> part(x.begin() + first * h, x.begin() + (first + rows) * h);
+    run_blocks(false, mine,
+               std::span(positions).subspan(static_cast<std::size_t>(first),
+                                            static_cast<std::size_t>(rows)),
+               part, {}, nullptr, std::numeric_limits<std::size_t>::max(),
+               Lane{nullptr, &net_->part_scratch[p]});
+    head_rows(part, logit_rows(mine), net_->final_norm, net_->eps, nullptr,
+              std::span(out.logits)
+                  .subspan(static_cast<std::size_t>(logit_at[p] * vocab),
+                           static_cast<std::size_t>((logit_at[p + 1] - logit_at[p]) * vocab)));
+    std::copy(part.begin(), part.end(), x.begin() + first * h);
+  });
+  out.hidden = std::move(x);
+  return out;
+}
+
 ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
   std::vector<std::int64_t> positions;
   std::vector<float> x;
@@ -380,6 +466,30 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
   if (net_->embed_scale != 1.0f) {
     for (float& v : x) v *= net_->embed_scale;
   }
+  if (const std::vector<std::size_t> parts = request_parts(batch); !parts.empty()) {
+    // The way not yet timed, else the faster, and the other one every kWayProbe steps.
+    double* per_row = way_times_.per_row;
+    const int faster = per_row[1] <= per_row[0] ? 1 : 0;
+    const int way = per_row[0] == 0.0 ? 0
+                    : per_row[1] == 0.0
+                        ? 1
+                        : (++way_times_.steps % kWayProbe == 0 ? 1 - faster : faster);
+    const auto start = std::chrono::steady_clock::now();
+    ForwardOutput out = way == 1 ? forward_parts(batch, parts, positions, std::move(x))
+                                 : forward_together(batch, positions, std::move(x));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+        static_cast<double>(positions.size());
+    per_row[way] =
+        per_row[way] == 0.0 ? seconds : per_row[way] + kWayWeight * (seconds - per_row[way]);
+    return out;
+  }
+  return forward_together(batch, positions, std::move(x));
+}
+
+ForwardOutput ModelRunner::forward_together(std::span<const SequenceInput> batch,
+                                            const std::vector<std::int64_t>& positions,
+                                            std::vector<float> x) {
   std::vector<float> captured;
   run_blocks(false, batch, positions, x, dflash_layer_ids_, &captured);
   const std::vector<std::int64_t> rows = logit_rows(batch);
@@ -505,25 +615,37 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
                                 const std::vector<std::int64_t>* rows) {
   const std::int64_t h = config_.hidden_size;
   const std::int64_t vocab = config_.vocab_size;
-  const auto total = rows != nullptr ? static_cast<std::int64_t>(rows->size())
-                                     : static_cast<std::int64_t>(x.size()) / h;
-  std::vector<float> normed(static_cast<std::size_t>(total * h));
-  for (std::int64_t t = 0; t < total; ++t) {
-    const std::int64_t from = rows != nullptr ? (*rows)[static_cast<std::size_t>(t)] : t;
-    std::copy_n(x.data() + from * h, h, normed.data() + t * h);
+  std::vector<std::int64_t> every;
+  if (rows == nullptr) {
+    every.resize(x.size() / static_cast<std::size_t>(h));
+    std::iota(every.begin(), every.end(), std::int64_t{0});
   }
-  ops::rms_norm_rows(normed.data(), total, norm, h, eps, normed.data());
+  const std::span<const std::int64_t> picked = rows != nullptr ? *rows : every;
   ForwardOutput out;
   // The LM head overwrites every value: only values past the spare buffer's size are zeroed.
   out.logits = std::exchange(spare_logits_, {});
-  out.logits.resize(static_cast<std::size_t>(total * vocab));
-  if (total > 0) ops::matmul(net_->lm_head, normed.data(), total, out.logits.data(), pool_.get());
-  if (net_->final_logit_softcap) {
-    const auto cap = static_cast<float>(*net_->final_logit_softcap);
-    for (float& v : out.logits) v = std::tanh(v / cap) * cap;
-  }
+  out.logits.resize(picked.size() * static_cast<std::size_t>(vocab));
+  head_rows(x, picked, norm, eps, pool_.get(), out.logits);
   out.hidden = std::move(x);
   return out;
+}
+
+void ModelRunner::head_rows(std::span<const float> x, std::span<const std::int64_t> rows,
+                            const std::vector<float>& norm, double eps, kernels::ThreadPool* pool,
+                            std::span<float> logits) const {
+  const std::int64_t h = config_.hidden_size;
+  const auto total = static_cast<std::int64_t>(rows.size());
+  if (total == 0) return;
+  std::vector<float> normed(static_cast<std::size_t>(total * h));
+  for (std::int64_t t = 0; t < total; ++t) {
+    std::copy_n(x.data() + rows[static_cast<std::size_t>(t)] * h, h, normed.data() + t * h);
+  }
+  ops::rms_norm_rows(normed.data(), total, norm, h, eps, normed.data());
+  ops::matmul(net_->lm_head, normed.data(), total, logits.data(), pool);
+  if (net_->final_logit_softcap) {
+    const auto cap = static_cast<float>(*net_->final_logit_softcap);
+    for (float& v : logits) v = std::tanh(v / cap) * cap;
+  }
 }
 
 void ModelRunner::argmax_rows(std::span<const float> logits, std::span<TokenId> picks) {

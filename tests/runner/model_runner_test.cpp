@@ -169,6 +169,29 @@ TEST(ModelRunner, LogitsDoNotDependOnBatchCompositionOrChunking) {
             std::vector<float>(alone[0].end() - 260, alone[0].end()));
 }
 
+// A step of many requests with few rows each runs as one part per thread (every layer and the LM
+// head of a part on its thread alone): each request's logits are still the bits of its prefill
+// alone on one thread, for attention with sinks and windows, Gated DeltaNet and Mamba2 states,
+// and soft-capped logits; steps of chunks of 3 (9 requests: parts of 4 and 5), then of 1.
+TEST(ModelRunner, ManyRequestsRunAsAPartPerThreadGiveEachRequestsBits) {
+  std::vector<std::vector<TokenId>> prompts;
+  for (int i = 0; i < 9; ++i) prompts.push_back(prompt(static_cast<std::size_t>(7 + 3 * i), i));
+  for (const char* name : {"tiny-swa", "tiny-hybrid", "tiny-mamba", "tiny-gemma"}) {
+    RunnerOptions one, two;
+    one.threads = 1;
+    two.threads = 2;
+    ModelRunner alone = make_runner(*find_tiny_model(name), one);
+    ModelRunner parts = make_runner(*find_tiny_model(name), two);
+    for (const std::int64_t chunk : {3, 1}) {
+      const auto together = prefill_logits(parts, prompts, chunk);
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        EXPECT_EQ(together[i], prefill_logits(alone, {prompts[i]}, 1000)[0])
+            << name << ", request " << i << ", chunks of " << chunk;
+      }
+    }
+  }
+}
+
 // The LM head runs only for the rows asked for (sched::logit_rows: a prompt's last row, decode
 // rows), and those rows' logits are the bits every row's forward gives.
 TEST(ModelRunner, LogitsOfChosenRowsOnlyAreTheSameBits) {

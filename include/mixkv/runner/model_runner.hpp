@@ -140,6 +140,7 @@ struct ForwardOutput {
 };
 
 struct Network;  // the loaded blocks (src/runner/family.hpp)
+struct Scratch;  // a forward's layer buffers (src/runner/blocks.hpp)
 
 class ModelRunner {
  public:
@@ -231,15 +232,42 @@ class ModelRunner {
                    std::vector<float>& x) const;
   // `capture` (optional): the ids of layers whose outputs go to captured, [tokens, ids x hidden].
   // `limit`: the blocks run (the first ones; self drafting).
+  // `lane`: the pool and buffers the blocks run with (none: the runner's own).
+  struct Lane {
+    kernels::ThreadPool* pool = nullptr;  // null: the calling thread
+    Scratch* scratch = nullptr;
+  };
   void run_blocks(bool draft, std::span<const SequenceInput> batch,
-                  const std::vector<std::int64_t>& positions, std::vector<float>& x,
+                  std::span<const std::int64_t> positions, std::vector<float>& x,
                   std::span<const int> capture = {}, std::vector<float>* captured = nullptr,
-                  std::size_t limit = std::numeric_limits<std::size_t>::max());
+                  std::size_t limit = std::numeric_limits<std::size_t>::max(),
+                  std::optional<Lane> lane = std::nullopt);
   // The rows of `batch` whose LogitRows asks for logits, in order.
   static std::vector<std::int64_t> logit_rows(std::span<const SequenceInput> batch);
   // Final norm and LM head over the rows of x listed in `rows` (null: every row).
   ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps,
                      const std::vector<std::int64_t>* rows = nullptr);
+  // The final norm and LM head of x's rows listed in `rows` into `logits` ([rows, vocab]).
+  void head_rows(std::span<const float> x, std::span<const std::int64_t> rows,
+                 const std::vector<float>& norm, double eps, kernels::ThreadPool* pool,
+                 std::span<float> logits) const;
+  // Where forward() runs a batch as one part per thread (first request of each part, then the
+  // batch's size); empty: the whole batch together on the pool.
+  std::vector<std::size_t> request_parts(std::span<const SequenceInput> batch) const;
+  // forward() of a batch together on the pool.
+  ForwardOutput forward_together(std::span<const SequenceInput> batch,
+                                 const std::vector<std::int64_t>& positions, std::vector<float> x);
+  ForwardOutput forward_parts(std::span<const SequenceInput> batch,
+                              std::span<const std::size_t> parts,
+                              const std::vector<std::int64_t>& positions, std::vector<float> x);
+  // How the steps that may run as parts ran lately, by way (0: together on the pool, 1: a part
+  // per thread): an exponentially weighted mean of seconds per row (0: not yet timed), and the
+  // count of such steps, for the probes of the way not taken (forward()).
+  struct WayTimes {
+    double per_row[2] = {0.0, 0.0};
+    std::int64_t steps = 0;
+  };
+  WayTimes way_times_;
 
   model::Architecture config_;
   model::ModelDesc desc_;
