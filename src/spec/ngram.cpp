@@ -54,6 +54,12 @@ double NgramDrafter::estimate(int length, int position) const {
   return (hits_[l][j] + kPriorWeight * kPrior[l][j]) / (trials_[l][j] + kPriorWeight);
 }
 
+double NgramDrafter::request_factor(std::size_t request) const {
+  const auto it = records_.find(request);
+  if (it == records_.end()) return 1.0;
+  return (it->second.hits + kRecordPrior) / (it->second.expected + kRecordPrior);
+}
+
 std::span<const double> NgramDrafter::confidence(std::size_t request) const {
   const auto it = pending_.find(request);
   return it == pending_.end() ? std::span<const double>{} : it->second.confidence;
@@ -62,18 +68,23 @@ std::span<const double> NgramDrafter::confidence(std::size_t request) const {
 void NgramDrafter::forget(std::size_t request) {
   pending_.erase(request);
   anchors_.erase(request);
+  records_.erase(request);
 }
 
 // Every draft of the last proposal whose token is now known is an outcome, verified or not
 // (greedy verification accepts exactly the tokens that follow): the estimates learn from drafts
 // the policy did not pay to verify, so a length judged poor is not judged so for ever.
-void NgramDrafter::score(const Pending& p, std::span<const TokenId> tokens) {
+void NgramDrafter::score(const Pending& p, std::span<const TokenId> tokens, Record& record) {
   for (std::size_t j = 0; j < p.drafts.size(); ++j) {
     const std::int64_t at = p.at + static_cast<std::int64_t>(j);
     if (at >= std::ssize(tokens)) break;
     const auto l = static_cast<std::size_t>(p.length);
     const auto c = std::min<std::size_t>(j, kPositions - 1);
     const bool hit = tokens[static_cast<std::size_t>(at)] == p.drafts[j];
+    if (j == 0) {
+      record.hits = kRecordDecay * record.hits + (hit ? 1.0 : 0.0);
+      record.expected = kRecordDecay * record.expected + p.first_estimate;
+    }
     if (trials_[l][c] >= kMaxTrials) {
       trials_[l][c] /= 2;
       hits_[l][c] /= 2;
@@ -103,7 +114,7 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
   std::int64_t resume = -1;  // where the copy resumes after a one-token edit
   if (const auto it = pending_.find(ctx.request); it != pending_.end()) {
     const Pending& p = it->second;
-    score(p, tokens);
+    score(p, tokens, records_[ctx.request]);
     const std::int64_t shift = size - p.at;
     if (shift >= 1 && shift <= std::ssize(p.drafts)) {
       bool followed = true;
@@ -201,11 +212,16 @@ std::vector<TokenId> NgramDrafter::propose(const DraftContext& ctx, int k) {
   p.at = size;
   p.source = best_end;
   p.length = bucket(best_len);
+  p.first_estimate = estimate(p.length, 0);
   const auto limit = std::max(0, std::min(k, ctx.max_drafts));
   for (std::int64_t i = 0; i < limit; ++i) {
     const std::int64_t at = best_end + i;
     p.drafts.push_back(at < size ? token(at) : p.drafts[static_cast<std::size_t>(at - size)]);
     p.confidence.push_back(estimate(p.length, static_cast<int>(i)));
+  }
+  // The request's own record scales the first draft's estimate, and so the whole chain's value.
+  if (!p.confidence.empty()) {
+    p.confidence[0] = std::min(1.0, p.confidence[0] * request_factor(ctx.request));
   }
   std::vector<TokenId> out = p.drafts;
   if (!out.empty()) pending_[ctx.request] = std::move(p);

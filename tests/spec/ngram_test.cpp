@@ -171,5 +171,43 @@ TEST(NgramDrafter, EstimatesLearnFromTheTokensThatFollowedItsProposals) {
   EXPECT_TRUE(d.confidence(2).empty());
 }
 
+// Two requests share a drafter (a batch): one whose first drafts keep missing falls back on its
+// own. Its first draft's confidence ends below the other request's for a match of the same
+// length and position (the shared estimate is the same for both), and its factor climbs back
+// once its drafts pass; a forgotten request starts over at 1.
+TEST(NgramDrafter, ARequestWhoseDraftsKeepMissingFallsBackAlone) {
+  NgramDrafter d;
+  Tokens wrong = {1, 2, 3, 9, 1, 2};
+  for (TokenId t = 50; t < 56; ++t) {
+    d.propose(at(wrong, 0), 2);
+    wrong.push_back(t);  // never the proposed 3
+    wrong.insert(wrong.end(), {1, 2});
+  }
+  EXPECT_LT(d.request_factor(0), 0.5);
+  EXPECT_EQ(d.request_factor(1), 1.0);
+  ASSERT_EQ(d.propose(at(wrong, 0), 2).size(), 2u);
+  const Tokens other = {7, 8, 30, 9, 7, 8};
+  ASSERT_EQ(d.propose(at(other, 1), 2), (Tokens{30, 9}));
+  const double missing = d.confidence(0)[0], fresh = d.confidence(1)[0];
+  EXPECT_DOUBLE_EQ(fresh, d.estimate(2, 0));
+  EXPECT_NEAR(missing, fresh * d.request_factor(0), 1e-12);
+  EXPECT_DOUBLE_EQ(d.confidence(0)[1], d.confidence(1)[1]);  // later drafts: the shared estimate
+  // Request 0 now copies a long span: its drafts pass and its factor climbs back.
+  const double low = d.request_factor(0);
+  Tokens span(20);
+  for (std::size_t i = 0; i < span.size(); ++i) span[i] = static_cast<TokenId>(200 + i);
+  Tokens copy = wrong;
+  copy.insert(copy.end(), span.begin(), span.end());
+  copy.push_back(0);
+  copy.insert(copy.end(), span.begin(), span.begin() + 4);
+  for (std::size_t i = 4; i < 16; ++i) {
+    d.propose(at(copy, 0), 1);
+    copy.push_back(span[i]);
+  }
+  EXPECT_GT(d.request_factor(0), 2 * low);
+  d.forget(0);
+  EXPECT_EQ(d.request_factor(0), 1.0);
+}
+
 }  // namespace
 }  // namespace mixkv::spec

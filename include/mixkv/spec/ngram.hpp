@@ -10,7 +10,9 @@
 // place the copy had reached.
 // Each draft comes with the drafter's own estimate that it is accepted, learned from how its
 // earlier proposals fared against the tokens that followed, by the length of the match it
-// extends: the scheduler verifies only the drafts that pay.
+// extends, and scaled for each request by how its own proposals fared against those estimates
+// (a reply that copies nothing falls back towards plain decoding within a few proposals, whatever
+// the other requests do): the scheduler verifies only the drafts that pay.
 #pragma once
 
 #include <array>
@@ -55,6 +57,13 @@ class NgramDrafter final : public Drafter {
   // P(draft `position` of a proposal whose match is `length` tokens long is accepted, given that
   // the drafts before it were): the prior, moved by every outcome seen so far.
   double estimate(int length, int position) const;
+  // How `request`'s first drafts fared against the estimates they were proposed with: (its hits
+  // + kRecordPrior) / (their estimates' sum + kRecordPrior), recent proposals weighing most
+  // (kRecordDecay per proposal). Its proposals' first estimate is scaled by it (so the value of
+  // their whole chain); 1 for a request with nothing scored yet.
+  double request_factor(std::size_t request) const;
+  static constexpr double kRecordPrior = 0.5;
+  static constexpr double kRecordDecay = 0.9;
 
  private:
   // A request's last proposal, scored against the tokens that follow it at its next propose().
@@ -64,6 +73,7 @@ class NgramDrafter final : public Drafter {
     int length = 0;           // the match's length (bucketed)
     std::vector<TokenId> drafts;
     std::vector<double> confidence;
+    double first_estimate = 0;  // estimate(length, 0), before the request's factor
   };
   // The place a request's last copy had reached: tokens[source] lined up with the end of a text
   // of `size` tokens, so tokens[source + n] with the end of one n tokens longer.
@@ -71,11 +81,17 @@ class NgramDrafter final : public Drafter {
     std::int64_t source = 0;
     std::int64_t size = 0;
   };
-  void score(const Pending& p, std::span<const TokenId> tokens);
+  // A request's first drafts so far, decayed: hits, and the estimates they were proposed with.
+  struct Record {
+    double hits = 0;
+    double expected = 0;
+  };
+  void score(const Pending& p, std::span<const TokenId> tokens, Record& record);
   int min_n_;
   int max_n_;
   std::unordered_map<std::size_t, Pending> pending_;
   std::unordered_map<std::size_t, Anchor> anchors_;
+  std::unordered_map<std::size_t, Record> records_;
   std::array<std::array<double, kPositions>, kLengths> hits_{};
   std::array<std::array<double, kPositions>, kLengths> trials_{};
 };
