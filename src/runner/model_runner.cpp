@@ -6,7 +6,6 @@
 #include <array>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 #include <random>
 #include <thread>
 #include <utility>
@@ -381,7 +380,8 @@ void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
 // layer's products, norms and attention each split across the threads, whose outputs the other
 // thread then reads. From kMinPartRequests requests a thread of short sequences (decode and
 // verify rows) the batch may instead run as one part per thread (forward_parts): each part's
-// requests through every layer and the LM head on its thread alone, reading every weight. Which
+// requests through every layer on its thread alone, reading every layer's weights (the LM head
+// then runs together, its weight read once). Which
 // is faster depends on where the host put the threads (docs/engine.md, "Parts per thread"):
 // with the two vCPUs far apart (cache-line round trips of ~400 ns) a batch-16 SmolLM2 step took
 // 5.8-6.4 ms as parts against 7.5-7.6 together, near (~70-150 ns) 5.9-6.2 against 5.8-5.9. So
@@ -423,40 +423,30 @@ ForwardOutput ModelRunner::forward_parts(std::span<const SequenceInput> batch,
                                          const std::vector<std::int64_t>& positions,
                                          std::vector<float> x) {
   const std::int64_t h = config_.hidden_size;
-  const std::int64_t vocab = config_.vocab_size;
   const std::size_t count = parts.size() - 1;
-  // Each part's first row and first logits row.
-  std::vector<std::int64_t> row_at{0}, logit_at{0};
+  std::vector<std::int64_t> row_at{0};  // each part's first row
   for (std::size_t p = 0; p < count; ++p) {
-    const std::span<const SequenceInput> mine = batch.subspan(parts[p], parts[p + 1] - parts[p]);
     std::int64_t rows = 0;
-    for (const SequenceInput& s : mine) rows += static_cast<std::int64_t>(s.tokens.size());
+    for (std::size_t r = parts[p]; r < parts[p + 1]; ++r) {
+      rows += static_cast<std::int64_t>(batch[r].tokens.size());
+    }
     row_at.push_back(row_at.back() + rows);
-    logit_at.push_back(logit_at.back() + static_cast<std::int64_t>(logit_rows(mine).size()));
   }
-  ForwardOutput out;
-  // The LM head overwrites every value: only values past the spare buffer's size are zeroed.
-  out.logits = std::exchange(spare_logits_, {});
-  out.logits.resize(static_cast<std::size_t>(logit_at.back() * vocab));
   net_->part_scratch.resize(count);
   pool_->parallel_for(static_cast<std::int64_t>(count), [&](std::int64_t task, int) {
     const auto p = static_cast<std::size_t>(task);
-    const std::span<const SequenceInput> mine = batch.subspan(parts[p], parts[p + 1] - parts[p]);
     const std::int64_t first = row_at[p], rows = row_at[p + 1] - first;
     std::vector<float> part(x.begin() + first * h, x.begin() + (first + rows) * h);
-    run_blocks(false, mine,
+    run_blocks(false, batch.subspan(parts[p], parts[p + 1] - parts[p]),
                std::span(positions).subspan(static_cast<std::size_t>(first),
                                             static_cast<std::size_t>(rows)),
                part, {}, nullptr, std::numeric_limits<std::size_t>::max(),
                Lane{nullptr, &net_->part_scratch[p]});
-    head_rows(part, logit_rows(mine), net_->final_norm, net_->eps, nullptr,
-              std::span(out.logits)
-                  .subspan(static_cast<std::size_t>(logit_at[p] * vocab),
-                           static_cast<std::size_t>((logit_at[p + 1] - logit_at[p]) * vocab)));
     std::copy(part.begin(), part.end(), x.begin() + first * h);
   });
-  out.hidden = std::move(x);
-  return out;
+  // The LM head together: its weight (SmolLM2's is 30 MB) read once for all the rows.
+  const std::vector<std::int64_t> rows = logit_rows(batch);
+  return head(std::move(x), net_->final_norm, net_->eps, &rows);
 }
 
 ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
@@ -615,37 +605,25 @@ ForwardOutput ModelRunner::head(std::vector<float> x, const std::vector<float>& 
                                 const std::vector<std::int64_t>* rows) {
   const std::int64_t h = config_.hidden_size;
   const std::int64_t vocab = config_.vocab_size;
-  std::vector<std::int64_t> every;
-  if (rows == nullptr) {
-    every.resize(x.size() / static_cast<std::size_t>(h));
-    std::iota(every.begin(), every.end(), std::int64_t{0});
+  const auto total = rows != nullptr ? static_cast<std::int64_t>(rows->size())
+                                     : static_cast<std::int64_t>(x.size()) / h;
+  std::vector<float> normed(static_cast<std::size_t>(total * h));
+  for (std::int64_t t = 0; t < total; ++t) {
+    const std::int64_t from = rows != nullptr ? (*rows)[static_cast<std::size_t>(t)] : t;
+    std::copy_n(x.data() + from * h, h, normed.data() + t * h);
   }
-  const std::span<const std::int64_t> picked = rows != nullptr ? *rows : every;
+  ops::rms_norm_rows(normed.data(), total, norm, h, eps, normed.data());
   ForwardOutput out;
   // The LM head overwrites every value: only values past the spare buffer's size are zeroed.
   out.logits = std::exchange(spare_logits_, {});
-  out.logits.resize(picked.size() * static_cast<std::size_t>(vocab));
-  head_rows(x, picked, norm, eps, pool_.get(), out.logits);
-  out.hidden = std::move(x);
-  return out;
-}
-
-void ModelRunner::head_rows(std::span<const float> x, std::span<const std::int64_t> rows,
-                            const std::vector<float>& norm, double eps, kernels::ThreadPool* pool,
-                            std::span<float> logits) const {
-  const std::int64_t h = config_.hidden_size;
-  const auto total = static_cast<std::int64_t>(rows.size());
-  if (total == 0) return;
-  std::vector<float> normed(static_cast<std::size_t>(total * h));
-  for (std::int64_t t = 0; t < total; ++t) {
-    std::copy_n(x.data() + rows[static_cast<std::size_t>(t)] * h, h, normed.data() + t * h);
-  }
-  ops::rms_norm_rows(normed.data(), total, norm, h, eps, normed.data());
-  ops::matmul(net_->lm_head, normed.data(), total, logits.data(), pool);
+  out.logits.resize(static_cast<std::size_t>(total * vocab));
+  if (total > 0) ops::matmul(net_->lm_head, normed.data(), total, out.logits.data(), pool_.get());
   if (net_->final_logit_softcap) {
     const auto cap = static_cast<float>(*net_->final_logit_softcap);
-    for (float& v : logits) v = std::tanh(v / cap) * cap;
+    for (float& v : out.logits) v = std::tanh(v / cap) * cap;
   }
+  out.hidden = std::move(x);
+  return out;
 }
 
 void ModelRunner::argmax_rows(std::span<const float> logits, std::span<TokenId> picks) {

@@ -169,10 +169,10 @@ TEST(ModelRunner, LogitsDoNotDependOnBatchCompositionOrChunking) {
             std::vector<float>(alone[0].end() - 260, alone[0].end()));
 }
 
-// A step of many requests with few rows each runs as one part per thread (every layer and the LM
-// head of a part on its thread alone): each request's logits are still the bits of its prefill
-// alone on one thread, for attention with sinks and windows, Gated DeltaNet and Mamba2 states,
-// and soft-capped logits; steps of chunks of 3 (9 requests: parts of 4 and 5), then of 1.
+// A step of many requests with few rows each runs as one part per thread (every layer of a part
+// on its thread alone, then the LM head together): each request's logits are still the bits of its
+// prefill alone on one thread, for attention with sinks and windows, Gated DeltaNet and Mamba2
+// states, and soft-capped logits; steps of chunks of 3 (9 requests: parts of 4 and 5), then of 1.
 TEST(ModelRunner, ManyRequestsRunAsAPartPerThreadGiveEachRequestsBits) {
   std::vector<std::vector<TokenId>> prompts;
   for (int i = 0; i < 9; ++i) prompts.push_back(prompt(static_cast<std::size_t>(7 + 3 * i), i));

@@ -247,10 +247,6 @@ class ModelRunner {
   // Final norm and LM head over the rows of x listed in `rows` (null: every row).
   ForwardOutput head(std::vector<float> x, const std::vector<float>& norm, double eps,
                      const std::vector<std::int64_t>* rows = nullptr);
-  // The final norm and LM head of x's rows listed in `rows` into `logits` ([rows, vocab]).
-  void head_rows(std::span<const float> x, std::span<const std::int64_t> rows,
-                 const std::vector<float>& norm, double eps, kernels::ThreadPool* pool,
-                 std::span<float> logits) const;
   // Where forward() runs a batch as one part per thread (first request of each part, then the
   // batch's size); empty: the whole batch together on the pool.
   std::vector<std::size_t> request_parts(std::span<const SequenceInput> batch) const;
