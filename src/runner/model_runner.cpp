@@ -406,6 +406,7 @@ std::vector<std::size_t> ModelRunner::request_parts(std::span<const SequenceInpu
     if (s.tokens.size() > kMaxPartRowsPerRequest) return {};
     total += static_cast<std::int64_t>(s.tokens.size());
   }
+  if (total == 0) return {};
   // Contiguous parts of about equal rows: a part ends once its rows reach its share.
   std::vector<std::size_t> parts{0};
   std::int64_t rows = 0;
@@ -436,6 +437,7 @@ ForwardOutput ModelRunner::forward_parts(std::span<const SequenceInput> batch,
   pool_->parallel_for(static_cast<std::int64_t>(count), [&](std::int64_t task, int) {
     const auto p = static_cast<std::size_t>(task);
     const std::int64_t first = row_at[p], rows = row_at[p + 1] - first;
+    if (rows == 0) return;  // requests without a token this step
     std::vector<float> part(x.begin() + first * h, x.begin() + (first + rows) * h);
     run_blocks(false, batch.subspan(parts[p], parts[p + 1] - parts[p]),
                std::span(positions).subspan(static_cast<std::size_t>(first),

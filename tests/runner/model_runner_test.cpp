@@ -192,6 +192,36 @@ TEST(ModelRunner, ManyRequestsRunAsAPartPerThreadGiveEachRequestsBits) {
   }
 }
 
+// A part may hold only requests without a token this step (the first request holds every row):
+// it is skipped, and the other part's logits are the bits of the request alone.
+TEST(ModelRunner, APartOfRequestsWithoutTokensIsSkipped) {
+  RunnerOptions one, two;
+  one.threads = 1;
+  two.threads = 2;
+  ModelRunner alone = make_runner(swa(), one), parts = make_runner(swa(), two);
+  const std::vector<TokenId> p = prompt(6, 4);
+  const auto run = [&](ModelRunner& runner, std::size_t requests) {
+    cache::KvCacheManager m(runner.plan(), 0);
+    std::vector<SequenceInput> batch;
+    for (std::size_t i = 0; i < requests; ++i) {
+      const cache::RequestId id{static_cast<std::int64_t>(i)};
+      m.add_request(id, p);
+      EXPECT_EQ(m.admit(id, 0), 0);
+      SequenceInput in;
+      if (i == 0) in.tokens = p;
+      for (std::size_t g = 0; g < runner.plan().groups.size(); ++g)
+        in.block_tables.push_back(m.block_table(id, static_cast<int>(g)));
+      in.logits = runner::LogitRows::kAll;
+      batch.push_back(in);
+    }
+    return runner.forward(batch).logits;
+  };
+  const std::vector<float> want = run(alone, 1);
+  // Twice: the first step runs the batch together, the next as parts (forward() times both).
+  EXPECT_EQ(run(parts, 9), want);
+  EXPECT_EQ(run(parts, 9), want);
+}
+
 // The LM head runs only for the rows asked for (sched::logit_rows: a prompt's last row, decode
 // rows), and those rows' logits are the bits every row's forward gives.
 TEST(ModelRunner, LogitsOfChosenRowsOnlyAreTheSameBits) {
