@@ -381,14 +381,13 @@ void ModelRunner::run_blocks(bool draft, std::span<const SequenceInput> batch,
 // thread then reads. From kMinPartRequests requests a thread of short sequences (decode and
 // verify rows) the batch may instead run as one part per thread (forward_parts): each part's
 // requests through every layer on its thread alone, reading every layer's weights (the LM head
-// then runs together, its weight read once). Which
-// is faster depends on where the host put the threads (docs/engine.md, "Parts per thread"):
-// with the two vCPUs far apart (cache-line round trips of ~400 ns) a batch-16 SmolLM2 step took
-// 5.8-6.4 ms as parts against 7.5-7.6 together, near (~70-150 ns) 5.9-6.2 against 5.8-5.9. So
-// forward() times both ways and takes the faster, trying the other every kWayProbe steps (the
-// host moves the threads). Rows are independent in every kernel: either way gives the same bits.
-// Parts only on pools of a few threads: each part reads every weight, so many threads would
-// multiply the weights' reads (measured on 2).
+// then runs together, its weight read once). Which is faster depends on where the host put the
+// threads (docs/engine.md, "Parts per thread"): with the two vCPUs far apart (cache-line round
+// trips of ~400 ns) a batch-16 SmolLM2 step took 5.8-6.4 ms as parts against 7.5-7.6 together,
+// near (~70-150 ns) 5.9-6.2 against 5.8-5.9. So forward() times both ways and takes the faster,
+// trying the other every kWayProbe steps (the host moves the threads). Rows are independent in
+// every kernel: either way gives the same bits. Parts only on pools of a few threads: each part
+// reads every weight, so many threads would multiply the weights' reads (measured on 2).
 constexpr int kMaxPartThreads = 4;
 constexpr std::size_t kMinPartRequests = 4;
 constexpr std::size_t kMaxPartRowsPerRequest = 8;
@@ -461,11 +460,14 @@ ForwardOutput ModelRunner::forward(std::span<const SequenceInput> batch) {
   if (const std::vector<std::size_t> parts = request_parts(batch); !parts.empty()) {
     // The way not yet timed, else the faster, and the other one every kWayProbe steps.
     double* per_row = way_times_.per_row;
-    const int faster = per_row[1] <= per_row[0] ? 1 : 0;
-    const int way = per_row[0] == 0.0 ? 0
-                    : per_row[1] == 0.0
-                        ? 1
-                        : (++way_times_.steps % kWayProbe == 0 ? 1 - faster : faster);
+    int way = per_row[1] <= per_row[0] ? 1 : 0;
+    if (per_row[0] == 0.0) {
+      way = 0;
+    } else if (per_row[1] == 0.0) {
+      way = 1;
+    } else if (++way_times_.steps % kWayProbe == 0) {
+      way = 1 - way;
+    }
     const auto start = std::chrono::steady_clock::now();
     ForwardOutput out = way == 1 ? forward_parts(batch, parts, positions, std::move(x))
                                  : forward_together(batch, positions, std::move(x));
