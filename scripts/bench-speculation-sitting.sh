@@ -7,29 +7,31 @@
 # `thread_round_trip_ns`: tens of ns near, hundreds far; docs/engine.md, "Twelfth pass"). Not run
 # by CI: about a minute a round and 15 s a pair on a 2-core Zen 4.
 #   usage: [LLAMACPP_PYTHON=venv/bin/python] scripts/bench-speculation-sitting.sh
-#            [--rounds N (3)] [--pairs N (5)] [--out DIR (a new temporary folder)]
+#            [--rounds N (3)] [--pairs N (5)] [--runs N (3): bench-generate's runs per
+#            configuration, llama.cpp's too] [--out DIR (a new temporary folder)]
 #   Without LLAMACPP_PYTHON the llama.cpp columns stay empty (scripts/llamacpp-venv.sh makes one;
 #   building llama-cpp-python takes minutes). MIXKV: the binary (build/mixkv).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mixkv=${MIXKV:-$here/build/mixkv}
-rounds=3 pairs=5 out=
+rounds=3 pairs=5 runs=3 out=
 while [ $# -gt 0 ]; do
   case $1 in
     --rounds) rounds=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
+    --runs) runs=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "mixkv: unknown argument '$1' (--rounds N, --pairs N, --out DIR)" >&2; exit 2 ;;
+    *) echo "mixkv: unknown argument '$1' (--rounds N, --pairs N, --runs N, --out DIR)" >&2; exit 2 ;;
   esac
 done
-for n in "$rounds" "$pairs"; do
-  case $n in '' | *[!0-9]* | 0) echo "mixkv: --rounds and --pairs take a count >= 1" >&2; exit 2 ;; esac
+for n in "$rounds" "$pairs" "$runs"; do
+  case $n in '' | *[!0-9]* | 0) echo "mixkv: --rounds, --pairs and --runs take a count >= 1" >&2; exit 2 ;; esac
 done
 [ -x "$mixkv" ] || { echo "mixkv: $mixkv is missing; run 'make build' first" >&2; exit 1; }
 out=${out:-$(mktemp -d "${TMPDIR:-/tmp}/mixkv-sitting.XXXXXX")}
 mkdir -p "$out"
-bench=("$mixkv" bench-generate smollm2-135m --threads 2 --max-tokens 64 --runs 3 --json)
-echo "sitting: $rounds rounds, $pairs batch pairs; files in $out" >&2
+bench=("$mixkv" bench-generate smollm2-135m --threads 2 --max-tokens 64 --runs "$runs" --json)
+echo "sitting: $rounds rounds, $pairs batch pairs, $runs runs each; files in $out" >&2
 for r in $(seq 1 "$rounds"); do
   echo "round $r of $rounds: bench-generate (built-in, held-out)$([ -n "${LLAMACPP_PYTHON:-}" ] && echo ', llama.cpp')" >&2
   "${bench[@]}" --draft oracle,ngram > "$out/builtin_$r.json"
@@ -38,7 +40,7 @@ for r in $(seq 1 "$rounds"); do
   if [ -n "${LLAMACPP_PYTHON:-}" ]; then
     # Active waits on an idle machine (scripts/bench-llamacpp-generate.sh says why).
     OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-active} "$here/scripts/bench-llamacpp-generate.sh" \
-      --threads 2 --max-tokens 64 --runs 3 --json > "$out/llamacpp_$r.json"
+      --threads 2 --max-tokens 64 --runs "$runs" --json > "$out/llamacpp_$r.json"
   fi
 done
 grep '"name": "poem"' "$here/bench/generate-prompts.jsonl" > "$out/poem.jsonl"
