@@ -1372,16 +1372,31 @@ MIXKV_BF16_ATTR HWY_INLINE __m512bh as_bf16_pairs(__m512i v) {
   return (__m512bh)v;  // NOLINT(google-readability-casting): GCC's vector cast
 }
 
-template <int kX, int kW>
+// A register tile's steps [s0, s1). In column chunks (bf16_rows_chunked) `park` holds its
+// accumulators between chunks, and the tile asks for `ask`'s lines as it goes, one of each of its
+// kW rows a step, `ask_lines` at most (ask == nullptr: none). Over the whole row (s0 = 0, s1 =
+// every step) it asks for its own rows' lines where asks_for_float_w says so.
+struct Bf16Steps {
+  std::int64_t s0 = 0, s1 = 0;
+  float* park = nullptr;
+  const std::byte* const* ask = nullptr;
+  std::int64_t ask_lines = 0;
+};
+
+template <int kX, int kW, bool kChunked>
 MIXKV_BF16_ATTR HWY_NOINLINE void bf16_tile_dots(const MatmulCall& c, std::int64_t r0,
-                                                 std::int64_t i0) {
+                                                 std::int64_t i0, const Bf16Steps& at) {
   const Bf16X& bx = *c.bx;
   // x tiles are whole groups (i0 a multiple of 8, kX = the group's rows).
   const std::int64_t m = std::min(kBf16GroupRows, c.n - i0);
   const std::uint16_t* xg = bx.codes.data() + i0 * bx.steps * 32;
   __m512 acc[kX][kW];
-  for (int i = 0; i < kX; ++i)
-    for (int r = 0; r < kW; ++r) acc[i][r] = _mm512_setzero_ps();
+  for (int i = 0; i < kX; ++i) {
+    for (int r = 0; r < kW; ++r) {
+      acc[i][r] = kChunked && at.s0 > 0 ? _mm512_loadu_ps(at.park + (i * kW + r) * 16)
+                                        : _mm512_setzero_ps();
+    }
+  }
   const std::byte* row[kW];
   for (int r = 0; r < kW; ++r) row[r] = c.w + (r0 + r) * c.row_bytes;
   const auto step = [&](std::int64_t s, const __m512i(&w)[kW]) MIXKV_BF16_ATTR {
@@ -1391,21 +1406,31 @@ MIXKV_BF16_ATTR HWY_NOINLINE void bf16_tile_dots(const MatmulCall& c, std::int64
         acc[i][r] = _mm512_dpbf16_ps(acc[i][r], as_bf16_pairs(x), as_bf16_pairs(w[r]));
     }
   };
-  const std::int64_t full = c.cols / 32;
-  const bool ask = asks_for_float_w(c, kX);
-  for (std::int64_t s = 0; s < full; ++s) {
+  // Over the whole row the tile does not read `at` (its loop stays the one without chunks).
+  const std::int64_t s_begin = kChunked ? at.s0 : 0, s_end = kChunked ? at.s1 : bx.steps;
+  const std::int64_t full = std::min(c.cols / 32, s_end);
+  const bool ask = !kChunked && asks_for_float_w(c, kX);
+  for (std::int64_t s = s_begin; s < full; ++s) {
     if (ask) bf16_prefetch(c, r0, kW, s);
+    if (kChunked && at.ask != nullptr && s - s_begin < at.ask_lines) {
+      for (int r = 0; r < kW; ++r) prefetch_l2(at.ask[r] + (s - s_begin) * 64);
+    }
     __m512i w[kW];
     for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(row[r] + s * 64);
     step(s, w);
   }
-  if (full < bx.steps) {  // the last partial step, zero-padded
+  if (full < s_end) {  // the last partial step, zero-padded
     std::uint16_t tail[kW][32];
     const std::byte* padded[kW];
     bf16_step_rows<kW>(c, r0, full, tail, padded);
     __m512i w[kW];
     for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(padded[r]);
     step(full, w);
+  }
+  if (kChunked && s_end < bx.steps) {
+    for (int i = 0; i < kX; ++i)
+      for (int r = 0; r < kW; ++r) _mm512_storeu_ps(at.park + (i * kW + r) * 16, acc[i][r]);
+    return;
   }
   for (int i = 0; i < kX; ++i) {
     for (int r = 0; r < kW; ++r) {
@@ -1427,6 +1452,66 @@ HWY_INLINE void with_x_rows(std::int64_t m, F&& f) {
   f(std::integral_constant<int, kX>{});
 }
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// 5-8 rows of x meet long rows of W in column chunks (bf16_rows_chunked) when their bf16 codes
+// pass kBf16WholeXBytes: a tile reads 8 x lines a step beside 3 of W, and with x's 224 KiB
+// (4096 x 14336) coming from L2 the tile drew W at 16 GB/s on one Zen 5 core, against 28 for one
+// row. A chunk keeps about kBf16ChunkXBytes of x in L1 while a block of kBf16BlockTiles tiles
+// runs it; each tile asks for W's lines kBf16AskSteps steps ahead in that order. Chosen on that
+// Zen 5 (8 rows: 16 KiB, 32 tiles and 128 steps against 8-24 KiB, 4-64 tiles and 48-512 steps);
+// docs/kernels.md, "x in L1".
+constexpr std::int64_t kBf16WholeXBytes = 32 * 1024;
+constexpr std::int64_t kBf16ChunkXBytes = 16 * 1024;
+constexpr std::int64_t kBf16BlockTiles = 32;
+constexpr std::int64_t kBf16AskSteps = 128;
+
+// W rows [r_begin, r_end) in whole tiles of kW against the n <= kMaxTileX rows of x, the columns
+// in chunks: block by block, chunk by chunk, every tile of the block runs the chunk's steps. A
+// lane still adds its steps in column order (its accumulator only waits in `park` between
+// chunks), so the bits are those of the tile over the whole row. W's rows are no longer read
+// front to back, which the core's prefetchers do not follow, so each tile asks for the lines of
+// the tile `ahead` places later. Returns the first row left (fewer than kW).
+template <int kW, int kMaxTileX>
+std::int64_t bf16_rows_chunked(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
+  const std::int64_t steps = c.bx->steps;
+  const std::int64_t chunk = kBf16ChunkXBytes / (64 * c.n);
+  const std::int64_t chunks = (steps + chunk - 1) / chunk;
+  const std::int64_t tiles = (r_end - r_begin) / kW;
+  const std::int64_t ahead = (kBf16AskSteps + chunk - 1) / chunk;      // tiles
+  constexpr std::int64_t kParked = std::int64_t{kMaxTileX} * kW * 16;  // floats a tile
+  thread_local std::vector<float> park;
+  park.resize(static_cast<std::size_t>(kBf16BlockTiles * kParked));
+  for (std::int64_t b0 = 0; b0 < tiles; b0 += kBf16BlockTiles) {
+    const std::int64_t block = std::min(kBf16BlockTiles, tiles - b0);
+    for (std::int64_t s0 = 0; s0 < steps; s0 += chunk) {
+      for (std::int64_t t = 0; t < block; ++t) {
+        // The tile `ahead` places later in the order (block, chunk, tile): position p lies in
+        // the block from tile p / (kBf16BlockTiles chunks) kBf16BlockTiles, every block before
+        // it holding chunks positions a tile.
+        const std::int64_t p = b0 * chunks + s0 / chunk * block + t + ahead;
+        const std::int64_t ask_b0 = p / (kBf16BlockTiles * chunks) * kBf16BlockTiles;
+        Bf16Steps at{s0, std::min(steps, s0 + chunk), park.data() + t * kParked};
+        const std::byte* ask_rows[kW];
+        if (ask_b0 < tiles) {
+          const std::int64_t ask_block = std::min(kBf16BlockTiles, tiles - ask_b0);
+          const std::int64_t within = p - ask_b0 * chunks;
+          const std::int64_t ask_r0 = r_begin + (ask_b0 + within % ask_block) * kW;
+          const std::int64_t ask_step = within / ask_block * chunk;
+          for (int r = 0; r < kW; ++r)
+            ask_rows[r] = c.w + (ask_r0 + r) * c.row_bytes + ask_step * 64;
+          at.ask = ask_rows;
+          at.ask_lines = (c.row_bytes + 63) / 64 - ask_step;
+        }
+        with_x_rows<kMaxTileX>(c.n, [&](auto x_rows) {
+          bf16_tile_dots<decltype(x_rows)::value, kW, true>(c, r_begin + (b0 + t) * kW, 0, at);
+        });
+      }
+    }
+  }
+  return r_begin + tiles * kW;
+}
+#endif
+
 // W rows [r_begin, r_end) in tiles of kW (the last ones one by one), each against every x row in
 // tiles of at most kMaxTileX (W's tile comes back from the cache for the later x tiles).
 template <int kW, int kMaxTileX, bool kDots>
@@ -1435,14 +1520,22 @@ void bf16_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
     for (std::int64_t i0 = 0; i0 < c.n; i0 += kMaxTileX) {
       with_x_rows<kMaxTileX>(std::min<std::int64_t>(kMaxTileX, c.n - i0), [&](auto x_rows) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-        if constexpr (kDots)
-          return bf16_tile_dots<decltype(x_rows)::value, decltype(w_rows)::value>(c, r0, i0);
+        if constexpr (kDots) {
+          return bf16_tile_dots<decltype(x_rows)::value, decltype(w_rows)::value, false>(
+              c, r0, i0, Bf16Steps{});
+        }
 #endif
         bf16_tile<decltype(x_rows)::value, decltype(w_rows)::value>(c, r0, i0);
       });
     }
   };
   std::int64_t r = r_begin;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (kDots) {
+    if (c.n > 4 && c.n <= kMaxTileX && c.n * c.bx->steps * 64 > kBf16WholeXBytes)
+      r = bf16_rows_chunked<kW, kMaxTileX>(c, r, r_end);
+  }
+#endif
   for (; r + kW <= r_end; r += kW) run(r, std::integral_constant<int, kW>{});
   for (; r < r_end; ++r) run(r, std::integral_constant<int, 1>{});
 }

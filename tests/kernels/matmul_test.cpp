@@ -818,6 +818,33 @@ TEST(Bf16PairOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
   }
 }
 
+// Long rows against 5-8 rows of x, whose bf16 codes outgrow L1, run in column chunks with the
+// accumulators parked between them (VDPBF16PS): still the definition's bits. 200 W rows give
+// 1 thread blocks of 32, 32 and 2 tiles of 3 rows and 2 rows left over, 2 threads a block of 32
+// and one of 1; 4,100 columns end in a partial step, alone in the last chunk.
+TEST(Bf16PairOrder, LongRowsInColumnChunksGiveTheDefinitionsBits) {
+  std::mt19937_64 rng(23);
+  ThreadPool two(2), three(3);
+  const std::int64_t rows = 200, cols = 4100, n_max = 8;
+  const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
+  const auto x = random_x(n_max, cols, rng);
+  const std::vector<float> expect = emulate_outputs(n_max, rows, [&](auto r, auto i) {
+    return bf16_pairs_emulated(w, cols, r, x.data() + i * cols);
+  });
+  const WeightView view{WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum};
+  for_each_bf16_pairs_path([&](const std::string& path) {
+    for (std::int64_t n : {5, 8}) {
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+        std::vector<float> y(static_cast<std::size_t>(n * rows));
+        matmul(view, std::span(x).first(static_cast<std::size_t>(n * cols)), y, pool);
+        expect_same_bits(y, std::vector<float>(expect.begin(), expect.begin() + n * rows),
+                         std::to_string(n) + " rows, " + std::to_string(pool ? pool->size() : 1) +
+                             " threads, " + path);
+      }
+    }
+  });
+}
+
 // Within float rounding (two additions per step, four in the tree) of the double product over x
 // rounded to bf16, and within x's rounding (2^-9 of each product) of the product over x itself.
 TEST(Bf16PairOrder, MatchesTheDoubleReferenceWithinXsRounding) {
