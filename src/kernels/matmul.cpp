@@ -1465,6 +1465,21 @@ constexpr std::int64_t kBf16ChunkXBytes = 16 * 1024;
 constexpr std::int64_t kBf16BlockTiles = 32;
 constexpr std::int64_t kBf16AskSteps = 128;
 
+// A place in bf16_rows_chunked's order (block, chunk, tile) over `tiles` tiles, moved one tile
+// at a time: the tile whose W lines a running tile asks for.
+struct Bf16ChunkCursor {
+  std::int64_t tiles, chunks;
+  std::int64_t b0 = 0, k = 0, t = 0;
+  bool inside() const { return b0 < tiles; }
+  void advance() {
+    if (++t < std::min(kBf16BlockTiles, tiles - b0)) return;
+    t = 0;
+    if (++k < chunks) return;
+    k = 0;
+    b0 += kBf16BlockTiles;
+  }
+};
+
 // W rows [r_begin, r_end) in whole tiles of kW against the n <= kMaxTileX rows of x, the columns
 // in chunks: block by block, chunk by chunk, every tile of the block runs the chunk's steps. A
 // lane still adds its steps in column order (its accumulator only waits in `park` between
@@ -1475,9 +1490,9 @@ template <int kW, int kMaxTileX>
 std::int64_t bf16_rows_chunked(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   const std::int64_t steps = c.bx->steps;
   const std::int64_t chunk = kBf16ChunkXBytes / (64 * c.n);
-  const std::int64_t chunks = (steps + chunk - 1) / chunk;
   const std::int64_t tiles = (r_end - r_begin) / kW;
-  const std::int64_t ahead = (kBf16AskSteps + chunk - 1) / chunk;      // tiles
+  Bf16ChunkCursor ask{tiles, (steps + chunk - 1) / chunk};
+  for (std::int64_t ahead = (kBf16AskSteps + chunk - 1) / chunk; ahead > 0; --ahead) ask.advance();
   constexpr std::int64_t kParked = std::int64_t{kMaxTileX} * kW * 16;  // floats a tile
   thread_local std::vector<float> park;
   park.resize(static_cast<std::size_t>(kBf16BlockTiles * kParked));
@@ -1485,23 +1500,16 @@ std::int64_t bf16_rows_chunked(const MatmulCall& c, std::int64_t r_begin, std::i
     const std::int64_t block = std::min(kBf16BlockTiles, tiles - b0);
     for (std::int64_t s0 = 0; s0 < steps; s0 += chunk) {
       for (std::int64_t t = 0; t < block; ++t) {
-        // The tile `ahead` places later in the order (block, chunk, tile): position p lies in
-        // the block from tile p / (kBf16BlockTiles chunks) kBf16BlockTiles, every block before
-        // it holding chunks positions a tile.
-        const std::int64_t p = b0 * chunks + s0 / chunk * block + t + ahead;
-        const std::int64_t ask_b0 = p / (kBf16BlockTiles * chunks) * kBf16BlockTiles;
         Bf16Steps at{s0, std::min(steps, s0 + chunk), park.data() + t * kParked};
         const std::byte* ask_rows[kW];
-        if (ask_b0 < tiles) {
-          const std::int64_t ask_block = std::min(kBf16BlockTiles, tiles - ask_b0);
-          const std::int64_t within = p - ask_b0 * chunks;
-          const std::int64_t ask_r0 = r_begin + (ask_b0 + within % ask_block) * kW;
-          const std::int64_t ask_step = within / ask_block * chunk;
+        if (ask.inside()) {
+          const std::int64_t ask_r0 = r_begin + (ask.b0 + ask.t) * kW;
           for (int r = 0; r < kW; ++r)
-            ask_rows[r] = c.w + (ask_r0 + r) * c.row_bytes + ask_step * 64;
+            ask_rows[r] = c.w + (ask_r0 + r) * c.row_bytes + ask.k * chunk * 64;
           at.ask = ask_rows;
-          at.ask_lines = (c.row_bytes + 63) / 64 - ask_step;
+          at.ask_lines = (c.row_bytes + 63) / 64 - ask.k * chunk;
         }
+        ask.advance();
         with_x_rows<kMaxTileX>(c.n, [&](auto x_rows) {
           bf16_tile_dots<decltype(x_rows)::value, kW, true>(c, r_begin + (b0 + t) * kW, 0, at);
         });
