@@ -819,9 +819,9 @@ TEST(Bf16PairOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
 }
 
 // Long rows against 5-8 rows of x, whose bf16 codes outgrow L1, run in column chunks with the
-// accumulators parked between them (VDPBF16PS): still the definition's bits. 200 W rows give
-// 1 thread blocks of 32, 32 and 2 tiles of 3 rows and 2 rows left over, 2 threads a block of 32
-// and one of 1; 4,100 columns end in a partial step, alone in the last chunk.
+// accumulators parked between them (VDPBF16PS): still the definition's bits. On one thread 200 W
+// rows are blocks of 32, 32 and 2 tiles of 3 rows and 2 rows left over (more threads: shorter
+// ranges); 4,100 columns end in a partial step, at 8 rows alone in the last chunk.
 TEST(Bf16PairOrder, LongRowsInColumnChunksGiveTheDefinitionsBits) {
   std::mt19937_64 rng(23);
   ThreadPool two(2), three(3);
