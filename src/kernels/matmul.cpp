@@ -12,6 +12,7 @@
 #include "mixkv/kernels/matmul.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -76,26 +77,35 @@ struct QuantizedX {
 };
 
 // The kBlockSum order of bfloat16 weights reads x rounded to bf16 (float_to_bf16), once per call,
-// in `steps` steps of 32 columns (zeros past the last column). `codes` holds them for VDPBF16PS
-// in groups of kBf16GroupRows rows (the last group m <= 8 rows), step by step: row 8 g + i's step
-// s at (8 g steps + s m + i) 32, so a register tile's x lines for one step are one run of memory.
-// `even` and `odd` hold the same values as floats split by column parity (even[k] is column 2k,
-// odd[k] column 2k + 1; [n][steps * 16]) for the paths without AVX512-BF16.
-constexpr std::int64_t kBf16GroupRows = 8;
+// as pairs of columns: pairs[i * count + q] holds row i's codes of column 2 q (low half) and
+// 2 q + 1 (high half; zero past the last column).
 struct Bf16X {
-  std::int64_t steps = 0;
-  std::vector<std::uint16_t> codes;
-  std::vector<float> even, odd;
+  std::int64_t count = 0;  // pairs a row
+  std::vector<std::uint32_t> pairs;
 };
 
-// The kBlockSum order of bfloat16 weights ends each output with its 16 lanes summed in this
-// fixed tree (lane l with l + 8, then with l + 4, l + 2, l + 1), on every path.
-inline float tree_sum16(const float* lanes) {
-  float a[8];
-  for (int l = 0; l < 8; ++l) a[l] = lanes[l] + lanes[l + 8];
-  for (int l = 0; l < 4; ++l) a[l] = a[l] + a[l + 4];
-  for (int l = 0; l < 2; ++l) a[l] = a[l] + a[l + 2];
-  return a[0] + a[1];
+// The kBlockSum order of bfloat16 weights reads W in panels of this many rows (pack_weight's
+// layout, or packed on the fly a panel at a time): per pair q of columns, 32 words, word j
+// holding row j's codes of columns 2 q (low half) and 2 q + 1 (high half), zeros past the last
+// row and column. Two 512-bit vectors a step, so 8 rows of x take 16 accumulators.
+constexpr std::int64_t kBf16PanelRows = 32;
+
+// Panel p of a bfloat16 weight of rows x cols (rows of 2 cols bytes at w) into `out`
+// (kBf16PanelRows words per pair of columns).
+inline void pack_bf16_panel(const std::byte* w, std::int64_t rows, std::int64_t cols,
+                            std::int64_t p, std::uint32_t* out) {
+  const std::int64_t pairs = (cols + 1) / 2;
+  std::fill_n(out, pairs * kBf16PanelRows, 0u);
+  for (std::int64_t j = 0; j < kBf16PanelRows && p * kBf16PanelRows + j < rows; ++j) {
+    const std::byte* row = w + (p * kBf16PanelRows + j) * cols * 2;
+    for (std::int64_t q = 0; q < cols / 2; ++q)
+      std::memcpy(out + q * kBf16PanelRows + j, row + 4 * q, 4);  // little-endian: 2 q low
+    if (cols % 2 != 0) {
+      std::uint16_t last = 0;
+      std::memcpy(&last, row + 2 * (cols - 1), 2);
+      out[(pairs - 1) * kBf16PanelRows + j] = last;
+    }
+  }
 }
 
 // kBlockSum's packed layout (pack_weight): panels of this many W rows, one VNNI lane each.
@@ -1269,95 +1279,98 @@ void brows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
     for (std::int64_t i = 0; i < c.n; ++i) c.y[i * c.rows + r] = bdot<kT>(c, r, i);
 }
 
-// ---- bfloat16 weights in the kBlockSum order: x as bf16 codes (Bf16X), pairs of products ----
-// y[i][r] keeps 16 float lanes, all +0 at first. Per step s of 32 columns, lane l adds the
-// product of column 32 s + 2 l + 1 (x's code times W's: exact in float), rounding, then that of
-// column 32 s + 2 l, rounding; columns past the row's end count as zeros in both. Then
-// tree_sum16. That is AVX512-BF16's VDPBF16PS lane for lane (one instruction per 32 products of
-// an x row and a W row, where float x needs two fused multiply-adds and W's widening); the other
-// paths do the same two additions as fused multiply-adds of exact products. VDPBF16PS treats
-// subnormal inputs as zero and flushes subnormal results to zero whatever the MXCSR says, so on
-// x86 every path runs the whole order in that mode (FTZ and DAZ), and all give the same bits.
+// ---- bfloat16 weights in the kBlockSum order: x as bf16 pairs (Bf16X), W in panels ----
+// y[i][r] is one float chain, +0 at first: per pair q of columns in order, it adds the product of
+// column 2 q + 1 (x's code times W's: exact in float), rounding, then that of column 2 q,
+// rounding; a column past the row's end counts as zeros. That is AVX512-BF16's VDPBF16PS with x's
+// pair broadcast and W's rows across the lanes (lane j of a panel holds row j's pair): one
+// instruction per 16 W rows and column pair, and no sum across lanes at the end. The other paths
+// add the same two exact products with fused multiply-adds. VDPBF16PS treats subnormal inputs as
+// zero and flushes subnormal results to zero whatever the MXCSR says, so on x86 every path runs
+// the whole order in that mode (FTZ and DAZ), and all give the same bits.
+//
+// Why lanes over W rows (since 2026-12-07; before, lanes over columns and a tree at the end):
+// x's pair per step is 4 bytes a row, so 8 rows of x stay in L1 whatever the row length, and a
+// panel is one stream through memory; lanes over columns read 64 bytes of every x row per step,
+// which for 8 rows of 14,336 columns (224 KiB) came from L2 and needed column chunks with
+// accumulators parked between them (docs/kernels.md, "bfloat16 in panels").
 
-// W's rows from r0 at step s: in place for whole steps (32 codes, 64 bytes), the last partial
-// step zero-padded into `tail`.
-template <int kW>
-HWY_INLINE void bf16_step_rows(const MatmulCall& c, std::int64_t r0, std::int64_t s,
-                               std::uint16_t (&tail)[kW][32], const std::byte* (&w)[kW]) {
-  const std::int64_t full = c.cols / 32;
-  for (int r = 0; r < kW; ++r) {
-    const std::byte* row = c.w + (r0 + r) * c.row_bytes;
-    if (s < full) {
-      w[r] = row + s * 64;
-      continue;
-    }
-    std::fill(tail[r], tail[r] + 32, std::uint16_t{0});
-    std::memcpy(tail[r], row + full * 64, static_cast<std::size_t>((c.cols - full * 32) * 2));
-    w[r] = reinterpret_cast<const std::byte*>(tail[r]);
+// Rows of x per panel tile in float lanes: 4 on 16-lane vectors (8 accumulators), 2 where a panel
+// takes 4 vectors or more.
+constexpr int kBf16FloatX = hn::MaxLanes(hn::CappedTag<float, 16>()) >= 16 ? 4 : 2;
+
+// A float whose bits are `bits`.
+HWY_INLINE float bits_float(std::uint32_t bits) { return std::bit_cast<float>(bits); }
+
+// Outputs y[i][32 p .. 32 p + 32) (fewer in the last panel) from a panel tile's 32 lanes.
+HWY_INLINE void store_panel_row(const MatmulCall& c, std::int64_t p, std::int64_t i,
+                                const float* lanes) {
+  const std::int64_t r0 = p * kBf16PanelRows;
+  const std::int64_t left = std::min(kBf16PanelRows, c.rows - r0);
+  std::copy_n(lanes, left, c.y + i * c.rows + r0);
+}
+
+// acc + x w rounded once, as VDPBF16PS adds each product. Without fused multiply-adds
+// (Highway's scalar and SSE targets) a product of bf16 values below float's normal range would
+// be flushed before the addition: the sum goes through double there instead. The product is
+// exact in double, and the sum either is too or lies far closer to its larger term than to a
+// midpoint between floats, so rounding to float gives the one rounding of the fused step.
+template <class D, class V>
+HWY_INLINE V fused_step(D d, V x, V w, V acc) {
+#if HWY_NATIVE_FMA
+  (void)d;
+  return hn::MulAdd(x, w, acc);
+#else
+  constexpr std::size_t kLanes = hn::MaxLanes(D());
+  float xs[kLanes], ws[kLanes], sums[kLanes];
+  hn::StoreU(x, d, xs);
+  hn::StoreU(w, d, ws);
+  hn::StoreU(acc, d, sums);
+  for (std::size_t l = 0; l < hn::Lanes(d); ++l) {
+    sums[l] = static_cast<float>(static_cast<double>(sums[l]) +
+                                 static_cast<double>(xs[l]) * static_cast<double>(ws[l]));
   }
+  return hn::LoadU(d, sums);
+#endif
 }
 
-// Asks for W's lines of step s. Long rows: 3 KiB ahead of each row; at 1 KiB (tile_registers'
-// distance) the 8-row tile's loads still waited for W (a 4096 x 14336 weight: 9.1 ms on one Zen 4
-// core, 6.8 at 3 KiB), and one to four rows ran 5-12% slower on one core (level on two);
-// docs/kernels.md.
-HWY_INLINE void bf16_prefetch(const MatmulCall& c, std::int64_t r0, int rows, std::int64_t s) {
-  prefetch_tile(c, r0, rows, s * 64, 64, 3072);
-}
-
-// kX rows of x (from i0) against kW rows of W (from r0) in float lanes: every target.
-template <int kX, int kW>
-HWY_NOINLINE void bf16_tile(const MatmulCall& c, std::int64_t r0, std::int64_t i0) {
+// kX rows of x (from i0) against one panel in float lanes: every target.
+template <int kX>
+HWY_NOINLINE void bf16_panel_floats(const MatmulCall& c, const std::uint32_t* panel, std::int64_t p,
+                                    std::int64_t i0) {
   using D = hn::CappedTag<float, 16>;
   const D df;
   const hn::RebindToUnsigned<D> du;
   constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(D()));
-  constexpr std::int64_t kSub = 16 / n;  // vectors per 16 lanes
-  static_assert(kSub * n == 16);
+  constexpr std::int64_t kSub = kBf16PanelRows / n;  // vectors per panel
+  static_assert(kSub * n == kBf16PanelRows);
   const Bf16X& bx = *c.bx;
-  const float* xe[kX];
-  const float* xo[kX];
-  for (int i = 0; i < kX; ++i) {
-    xe[i] = bx.even.data() + (i0 + i) * bx.steps * 16;
-    xo[i] = bx.odd.data() + (i0 + i) * bx.steps * 16;
-  }
-  hn::Vec<D> acc[kX][kW][kSub];
+  const std::uint32_t* x[kX];
+  for (int i = 0; i < kX; ++i) x[i] = bx.pairs.data() + (i0 + i) * bx.count;
+  hn::Vec<D> acc[kX][kSub];
   for (int i = 0; i < kX; ++i)
-    for (int r = 0; r < kW; ++r)
-      for (std::int64_t v = 0; v < kSub; ++v) acc[i][r][v] = hn::Zero(df);
-  // Whole steps from W in place, then a partial one from `tail` (one loop body, no branch in it).
-  std::uint16_t tail[kW][32];
-  const auto step = [&](std::int64_t s, const std::byte* const(&w)[kW]) HWY_ATTR {
+    for (std::int64_t v = 0; v < kSub; ++v) acc[i][v] = hn::Zero(df);
+  const auto high = hn::Set(du, 0xFFFF0000u);
+  for (std::int64_t q = 0; q < bx.count; ++q) {
+    hn::Vec<D> odd[kX], even[kX];
+    for (int i = 0; i < kX; ++i) {
+      odd[i] = hn::Set(df, bits_float(x[i][q] & 0xFFFF0000u));
+      even[i] = hn::Set(df, bits_float(x[i][q] << 16));
+    }
     for (std::int64_t v = 0; v < kSub; ++v) {
-      hn::Vec<D> we[kW], wo[kW];
-      for (int r = 0; r < kW; ++r) {
-        const auto u = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(w[r]) + v * n);
-        wo[r] = hn::BitCast(df, hn::And(u, hn::Set(du, 0xFFFF0000u)));
-        we[r] = hn::BitCast(df, hn::ShiftLeft<16>(u));
-      }
+      const auto u = hn::LoadU(du, panel + q * kBf16PanelRows + v * n);
+      const auto wo = hn::BitCast(df, hn::And(u, high));
+      const auto we = hn::BitCast(df, hn::ShiftLeft<16>(u));
       for (int i = 0; i < kX; ++i) {
-        const auto odd = hn::LoadU(df, xo[i] + s * 16 + v * n);
-        const auto even = hn::LoadU(df, xe[i] + s * 16 + v * n);
-        for (int r = 0; r < kW; ++r) {
-          acc[i][r][v] = hn::MulAdd(odd, wo[r], acc[i][r][v]);
-          acc[i][r][v] = hn::MulAdd(even, we[r], acc[i][r][v]);
-        }
+        acc[i][v] = fused_step(df, odd[i], wo, acc[i][v]);
+        acc[i][v] = fused_step(df, even[i], we, acc[i][v]);
       }
     }
-  };
-  const bool ask = asks_for_float_w(c, kX);
-  for (std::int64_t s = 0; s < bx.steps; ++s) {
-    if (ask) bf16_prefetch(c, r0, kW, s);
-    const std::byte* w[kW];
-    bf16_step_rows<kW>(c, r0, s, tail, w);
-    step(s, w);
   }
   for (int i = 0; i < kX; ++i) {
-    for (int r = 0; r < kW; ++r) {
-      float lanes[16];
-      for (std::int64_t v = 0; v < kSub; ++v) hn::StoreU(acc[i][r][v], df, lanes + v * n);
-      c.y[(i0 + i) * c.rows + r0 + r] = tree_sum16(lanes);
-    }
+    float lanes[kBf16PanelRows];
+    for (std::int64_t v = 0; v < kSub; ++v) hn::StoreU(acc[i][v], df, lanes + v * n);
+    store_panel_row(c, p, i0 + i, lanes);
   }
 }
 
@@ -1372,72 +1385,39 @@ MIXKV_BF16_ATTR HWY_INLINE __m512bh as_bf16_pairs(__m512i v) {
   return (__m512bh)v;  // NOLINT(google-readability-casting): GCC's vector cast
 }
 
-// A register tile's steps [s0, s1). In column chunks (bf16_rows_chunked) `park` holds its
-// accumulators between chunks, and the tile asks for `ask`'s lines as it goes, one of each of its
-// kW rows a step, `ask_lines` at most (ask == nullptr: none). Over the whole row (s0 = 0, s1 =
-// every step) it asks for its own rows' lines where asks_for_float_w says so.
-struct Bf16Steps {
-  std::int64_t s0 = 0, s1 = 0;
-  float* park = nullptr;
-  const std::byte* const* ask = nullptr;
-  std::int64_t ask_lines = 0;
-};
+// Rows of x per panel tile on VDPBF16PS: 8 (16 accumulators).
+constexpr int kBf16DotsX = 8;
 
-template <int kX, int kW, bool kChunked>
-MIXKV_BF16_ATTR HWY_NOINLINE void bf16_tile_dots(const MatmulCall& c, std::int64_t r0,
-                                                 std::int64_t i0, const Bf16Steps& at) {
+// The panel's lines asked for this many steps (4 KiB) ahead: the hardware prefetchers alone
+// left 8 rows of x waiting for W (4096 x 14336 on one Zen 5 core: 4.4-4.5 ms, 3.5-3.7 asking 32
+// steps ahead, 3.7-3.9 at 16; one row 2.9-3.0 ms either way; docs/kernels.md).
+constexpr std::int64_t kBf16AheadSteps = 32;
+
+template <int kX>
+MIXKV_BF16_ATTR HWY_NOINLINE void bf16_panel_dots(const MatmulCall& c, const std::uint32_t* panel,
+                                                  std::int64_t p, std::int64_t i0) {
+  static_assert(kBf16PanelRows == 32);
   const Bf16X& bx = *c.bx;
-  // x tiles are whole groups (i0 a multiple of 8, kX = the group's rows).
-  const std::int64_t m = std::min(kBf16GroupRows, c.n - i0);
-  const std::uint16_t* xg = bx.codes.data() + i0 * bx.steps * 32;
-  __m512 acc[kX][kW];
-  for (int i = 0; i < kX; ++i) {
-    for (int r = 0; r < kW; ++r) {
-      acc[i][r] = kChunked && at.s0 > 0 ? _mm512_loadu_ps(at.park + (i * kW + r) * 16)
-                                        : _mm512_setzero_ps();
-    }
-  }
-  const std::byte* row[kW];
-  for (int r = 0; r < kW; ++r) row[r] = c.w + (r0 + r) * c.row_bytes;
-  const auto step = [&](std::int64_t s, const __m512i(&w)[kW]) MIXKV_BF16_ATTR {
+  const std::uint32_t* x[kX];
+  for (int i = 0; i < kX; ++i) x[i] = bx.pairs.data() + (i0 + i) * bx.count;
+  __m512 acc[kX][2];
+  for (int i = 0; i < kX; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (std::int64_t q = 0; q < bx.count; ++q) {
+    prefetch_l2(panel + (q + kBf16AheadSteps) * kBf16PanelRows);
+    prefetch_l2(panel + (q + kBf16AheadSteps) * kBf16PanelRows + 16);
+    const __m512i w0 = _mm512_loadu_si512(panel + q * kBf16PanelRows);
+    const __m512i w1 = _mm512_loadu_si512(panel + q * kBf16PanelRows + 16);
     for (int i = 0; i < kX; ++i) {
-      const __m512i x = _mm512_loadu_si512(xg + (s * m + i) * 32);
-      for (int r = 0; r < kW; ++r)
-        acc[i][r] = _mm512_dpbf16_ps(acc[i][r], as_bf16_pairs(x), as_bf16_pairs(w[r]));
+      const __m512i xq = _mm512_set1_epi32(static_cast<int>(x[i][q]));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], as_bf16_pairs(xq), as_bf16_pairs(w0));
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], as_bf16_pairs(xq), as_bf16_pairs(w1));
     }
-  };
-  // Over the whole row the tile does not read `at` (its loop stays the one without chunks).
-  const std::int64_t s_begin = kChunked ? at.s0 : 0, s_end = kChunked ? at.s1 : bx.steps;
-  const std::int64_t full = std::min(c.cols / 32, s_end);
-  const bool ask = !kChunked && asks_for_float_w(c, kX);
-  for (std::int64_t s = s_begin; s < full; ++s) {
-    if (ask) bf16_prefetch(c, r0, kW, s);
-    if (kChunked && at.ask != nullptr && s - s_begin < at.ask_lines) {
-      for (int r = 0; r < kW; ++r) prefetch_l2(at.ask[r] + (s - s_begin) * 64);
-    }
-    __m512i w[kW];
-    for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(row[r] + s * 64);
-    step(s, w);
-  }
-  if (full < s_end) {  // the last partial step, zero-padded
-    std::uint16_t tail[kW][32];
-    const std::byte* padded[kW];
-    bf16_step_rows<kW>(c, r0, full, tail, padded);
-    __m512i w[kW];
-    for (int r = 0; r < kW; ++r) w[r] = _mm512_loadu_si512(padded[r]);
-    step(full, w);
-  }
-  if (kChunked && s_end < bx.steps) {
-    for (int i = 0; i < kX; ++i)
-      for (int r = 0; r < kW; ++r) _mm512_storeu_ps(at.park + (i * kW + r) * 16, acc[i][r]);
-    return;
   }
   for (int i = 0; i < kX; ++i) {
-    for (int r = 0; r < kW; ++r) {
-      float lanes[16];
-      _mm512_storeu_ps(lanes, acc[i][r]);
-      c.y[(i0 + i) * c.rows + r0 + r] = tree_sum16(lanes);
-    }
+    float lanes[kBf16PanelRows];
+    _mm512_storeu_ps(lanes, acc[i][0]);
+    _mm512_storeu_ps(lanes + 16, acc[i][1]);
+    store_panel_row(c, p, i0 + i, lanes);
   }
 }
 #undef MIXKV_BF16_ATTR
@@ -1452,121 +1432,39 @@ HWY_INLINE void with_x_rows(std::int64_t m, F&& f) {
   f(std::integral_constant<int, kX>{});
 }
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// 5-8 rows of x meet long rows of W in column chunks (bf16_rows_chunked) when their bf16 codes
-// pass kBf16WholeXBytes: a tile reads 8 x lines a step beside 3 of W, and with x's 224 KiB
-// (4096 x 14336) coming from L2 the tile drew W at 16 GB/s on one Zen 5 core, against 28 for one
-// row. A chunk keeps about kBf16ChunkXBytes of x in L1 while a block of kBf16BlockTiles tiles
-// runs it; each tile asks for W's lines kBf16AskSteps steps ahead in that order. Chosen on that
-// Zen 5 (8 rows: 16 KiB, 32 tiles and 128 steps against 8-24 KiB, 4-64 tiles and 48-512 steps);
-// docs/kernels.md, "x in L1".
-constexpr std::int64_t kBf16WholeXBytes = 32 * 1024;
-constexpr std::int64_t kBf16ChunkXBytes = 16 * 1024;
-constexpr std::int64_t kBf16BlockTiles = 32;
-constexpr std::int64_t kBf16AskSteps = 128;
-
-// A place in bf16_rows_chunked's order (block, chunk, tile) over `tiles` tiles, moved one tile
-// at a time: the tile whose W lines a running tile asks for.
-struct Bf16ChunkCursor {
-  std::int64_t tiles, chunks;
-  std::int64_t b0 = 0, k = 0, t = 0;
-  bool inside() const { return b0 < tiles; }
-  void advance() {
-    if (++t < std::min(kBf16BlockTiles, tiles - b0)) return;
-    t = 0;
-    if (++k < chunks) return;
-    k = 0;
-    b0 += kBf16BlockTiles;
-  }
-};
-
-// W rows [r_begin, r_end) in whole tiles of kW against the n <= kMaxTileX rows of x, the columns
-// in chunks: block by block, chunk by chunk, every tile of the block runs the chunk's steps. A
-// lane still adds its steps in column order (its accumulator only waits in `park` between
-// chunks), so the bits are those of the tile over the whole row. W's rows are no longer read
-// front to back, which the core's prefetchers do not follow, so each tile asks for the lines of
-// the tile `ahead` places later. Returns the first row left (fewer than kW).
-template <int kW, int kMaxTileX>
-std::int64_t bf16_rows_chunked(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
-  const std::int64_t steps = c.bx->steps;
-  const std::int64_t chunk = kBf16ChunkXBytes / (64 * c.n);
-  const std::int64_t tiles = (r_end - r_begin) / kW;
-  Bf16ChunkCursor ask{tiles, (steps + chunk - 1) / chunk};
-  for (std::int64_t ahead = (kBf16AskSteps + chunk - 1) / chunk; ahead > 0; --ahead) ask.advance();
-  constexpr std::int64_t kParked = std::int64_t{kMaxTileX} * kW * 16;  // floats a tile
-  thread_local std::vector<float> park;
-  park.resize(static_cast<std::size_t>(kBf16BlockTiles * kParked));
-  for (std::int64_t b0 = 0; b0 < tiles; b0 += kBf16BlockTiles) {
-    const std::int64_t block = std::min(kBf16BlockTiles, tiles - b0);
-    for (std::int64_t s0 = 0; s0 < steps; s0 += chunk) {
-      for (std::int64_t t = 0; t < block; ++t) {
-        Bf16Steps at{s0, std::min(steps, s0 + chunk), park.data() + t * kParked};
-        const std::byte* ask_rows[kW];
-        if (ask.inside()) {
-          const std::int64_t ask_r0 = r_begin + (ask.b0 + ask.t) * kW;
-          for (int r = 0; r < kW; ++r)
-            ask_rows[r] = c.w + (ask_r0 + r) * c.row_bytes + ask.k * chunk * 64;
-          at.ask = ask_rows;
-          at.ask_lines = (c.row_bytes + 63) / 64 - ask.k * chunk;
-        }
-        ask.advance();
-        with_x_rows<kMaxTileX>(c.n, [&](auto x_rows) {
-          bf16_tile_dots<decltype(x_rows)::value, kW, true>(c, r_begin + (b0 + t) * kW, 0, at);
-        });
-      }
-    }
-  }
-  return r_begin + tiles * kW;
-}
-#endif
-
-// W rows [r_begin, r_end) in tiles of kW (the last ones one by one), each against every x row in
-// tiles of at most kMaxTileX (W's tile comes back from the cache for the later x tiles).
-template <int kW, int kMaxTileX, bool kDots>
-void bf16_rows(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
-  const auto run = [&](std::int64_t r0, auto w_rows) {
-    for (std::int64_t i0 = 0; i0 < c.n; i0 += kMaxTileX) {
-      with_x_rows<kMaxTileX>(std::min<std::int64_t>(kMaxTileX, c.n - i0), [&](auto x_rows) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-        if constexpr (kDots) {
-          return bf16_tile_dots<decltype(x_rows)::value, decltype(w_rows)::value, false>(
-              c, r0, i0, Bf16Steps{});
-        }
-#endif
-        bf16_tile<decltype(x_rows)::value, decltype(w_rows)::value>(c, r0, i0);
-      });
-    }
-  };
-  std::int64_t r = r_begin;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (kDots) {
-    if (c.n > 4 && c.n <= kMaxTileX && c.n * c.bx->steps * 64 > kBf16WholeXBytes)
-      r = bf16_rows_chunked<kW, kMaxTileX>(c, r, r_end);
-  }
-#endif
-  for (; r + kW <= r_end; r += kW) run(r, std::integral_constant<int, kW>{});
-  for (; r < r_end; ++r) run(r, std::integral_constant<int, 1>{});
-}
-
+// The panels holding W rows [r_begin, r_end) (r_begin a panel's first row), each against every
+// row of x in tiles. A weight without pack_weight's copy is packed here a panel at a time, into
+// the thread's buffer (64 bytes a column), so every path reads one layout and gives one result.
 void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   const FlushSubnormals flush;
-  // Register tiles: AVX-512 4 x 4 (up to 4 rows of x) or 8 x 3 (VDPBF16PS reads x from memory)
-  // and 8 x 2 accumulators; other targets 2 x 2 of 16 lanes each.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if (c.bf16_dots) {
-    if (c.n <= 4) {
-      bf16_rows<4, 4, true>(c, r_begin, r_end);
+  const std::int64_t panel_words = c.bx->count * kBf16PanelRows;
+  thread_local std::vector<std::uint32_t> unpacked;
+  const std::int64_t p_end = (r_end + kBf16PanelRows - 1) / kBf16PanelRows;
+  for (std::int64_t p = r_begin / kBf16PanelRows; p < p_end; ++p) {
+    const std::uint32_t* panel = nullptr;
+    if (c.packed != nullptr) {
+      panel = reinterpret_cast<const std::uint32_t*>(c.packed) + p * panel_words;
     } else {
-      bf16_rows<3, 8, true>(c, r_begin, r_end);
+      unpacked.resize(static_cast<std::size_t>(panel_words));
+      pack_bf16_panel(c.w, c.rows, c.cols, p, unpacked.data());
+      panel = unpacked.data();
     }
-  } else if (c.n <= 4) {
-    bf16_rows<4, 4, false>(c, r_begin, r_end);
-  } else {
-    bf16_rows<2, 8, false>(c, r_begin, r_end);
-  }
-#else
-  bf16_rows<2, 2, false>(c, r_begin, r_end);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    if (c.bf16_dots) {
+      for (std::int64_t i0 = 0; i0 < c.n; i0 += kBf16DotsX) {
+        with_x_rows<kBf16DotsX>(std::min<std::int64_t>(kBf16DotsX, c.n - i0), [&](auto x_rows) {
+          bf16_panel_dots<decltype(x_rows)::value>(c, panel, p, i0);
+        });
+      }
+      continue;
+    }
 #endif
+    for (std::int64_t i0 = 0; i0 < c.n; i0 += kBf16FloatX) {
+      with_x_rows<kBf16FloatX>(std::min<std::int64_t>(kBf16FloatX, c.n - i0), [&](auto x_rows) {
+        bf16_panel_floats<decltype(x_rows)::value>(c, panel, p, i0);
+      });
+    }
+  }
 }
 
 template <WeightType kT>
@@ -1731,7 +1629,7 @@ bool ReadsGroupedXImpl(bool vnni) {
 }
 
 // Whether this target runs bfloat16's blocksum order on VDPBF16PS when the CPU may (AVX-512; the
-// others read Bf16X's float halves).
+// others take float lanes).
 bool UsesBf16DotsImpl(bool bf16_dots) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return bf16_dots;
@@ -1881,6 +1779,9 @@ std::int64_t block_bytes(WeightType type) {
 
 bool quantizes_x(WeightType type) { return weight_block_elements(type) == 32; }
 
+// Whether pack_weight lays out a `type` weight (for the kBlockSum order).
+bool packs(WeightType type) { return quantizes_x(type) || type == WeightType::kBfloat16; }
+
 ReductionOrder order_of(const WeightView& w) {
   return weight_order_applies(w.dtype) ? w.order : ReductionOrder::kGgml;
 }
@@ -1914,27 +1815,15 @@ bool bf16_dots_available() {
 }
 
 // The kBlockSum order's x for bfloat16 weights (Bf16X): n rows of cols floats, rounded in vectors
-// (encode_bf16_row: float_to_bf16's bits); the float halves only for the paths that read them.
-void round_x_to_bf16(const float* x, std::int64_t n, std::int64_t cols, bool floats,
-                     detail::Bf16X& bx) {
-  bx.steps = ceil_div(cols, 32);
-  const std::int64_t width = bx.steps * 32;
-  bx.codes.resize(static_cast<std::size_t>(n * width));
-  bx.even.resize(floats ? static_cast<std::size_t>(n * width / 2) : 0);
-  bx.odd.resize(bx.even.size());
+// (encode_bf16_row: float_to_bf16's bits).
+void round_x_to_bf16(const float* x, std::int64_t n, std::int64_t cols, detail::Bf16X& bx) {
+  bx.count = ceil_div(cols, 2);
+  bx.pairs.resize(static_cast<std::size_t>(n * bx.count));
   thread_local std::vector<std::uint16_t> row;
-  row.assign(static_cast<std::size_t>(width), 0);  // zeros past the last column
+  row.assign(static_cast<std::size_t>(2 * bx.count), 0);  // a zero past an odd last column
   for (std::int64_t i = 0; i < n; ++i) {
     detail::encode_bf16_row(x + i * cols, static_cast<std::size_t>(cols), row.data());
-    const std::int64_t g0 = i / detail::kBf16GroupRows * detail::kBf16GroupRows;
-    const std::int64_t m = std::min(detail::kBf16GroupRows, n - g0);
-    for (std::int64_t s = 0; s < bx.steps; ++s) {
-      std::memcpy(bx.codes.data() + g0 * width + (s * m + i - g0) * 32, row.data() + s * 32, 64);
-    }
-    for (std::int64_t k = 0; floats && k < width / 2; ++k) {
-      bx.even[static_cast<std::size_t>(i * width / 2 + k)] = bf16_to_float(row[2 * k]);
-      bx.odd[static_cast<std::size_t>(i * width / 2 + k)] = bf16_to_float(row[2 * k + 1]);
-    }
+    std::memcpy(bx.pairs.data() + i * bx.count, row.data(), static_cast<std::size_t>(bx.count * 4));
   }
 }
 
@@ -1965,27 +1854,41 @@ std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols)
 void PackedWeight::Free::operator()(std::byte* p) const { std::free(p); }
 
 bool matmul_reads_packed(WeightType type) {
-  // AVX-512 VNNI (ptile) or AVX2 (ptile256): Highway's AVX2 and AVX3 targets.
+  // bfloat16: every path reads its panels (packed on the fly without the copy). The block
+  // formats: AVX-512 VNNI (ptile) or AVX2 (ptile256), Highway's AVX2 and AVX3 targets.
+  if (type == WeightType::kBfloat16) return true;
   return quantizes_x(type) && std::string_view(matmul_target()).starts_with("AVX");
 }
 
 PackedWeight pack_weight(const WeightView& w) {
   check_shape(w.dtype, w.rows, w.cols, "pack_weight");
-  if (!quantizes_x(w.dtype)) {
-    throw_invalid(fmt::format("pack_weight: a {} weight; only q8_0, q4_0 and q4_1 are packed",
-                              to_string(w.dtype)));
+  if (!packs(w.dtype)) {
+    throw_invalid(
+        fmt::format("pack_weight: a {} weight; only q8_0, q4_0, q4_1 and bfloat16 are packed",
+                    to_string(w.dtype)));
   }
   if (w.data == nullptr) throw_invalid("pack_weight: the weight has no data");
+  const bool bf16 = w.dtype == WeightType::kBfloat16;
   const std::int64_t blocks = w.cols / 32, bb = block_bytes(w.dtype);
-  const std::int64_t panels = ceil_div(w.rows, detail::kPanelRows);
+  const std::int64_t panels = ceil_div(w.rows, bf16 ? detail::kBf16PanelRows : detail::kPanelRows);
   const detail::PanelFormat f = detail::panel_format(w.dtype);
-  const std::int64_t bytes = checked_product({panels, blocks, f.header + f.codes}, "pack_weight");
-  const std::int64_t row_bytes = blocks * bb;
+  const std::int64_t panel_bytes =
+      bf16 ? checked_mul(ceil_div(w.cols, 2), 4 * detail::kBf16PanelRows, "pack_weight")
+           : checked_mul(blocks, f.header + f.codes, "pack_weight");
+  const std::int64_t bytes = checked_mul(panels, panel_bytes, "pack_weight");
   PackedWeight out;
   out.data_.reset(static_cast<std::byte*>(
       std::aligned_alloc(64, static_cast<std::size_t>(ceil_div(bytes, 64) * 64))));
   if (out.data_ == nullptr) throw std::bad_alloc();  // as a vector of that size would
   out.bytes_ = bytes;
+  if (bf16) {  // the panels one after the other (detail::pack_bf16_panel)
+    for (std::int64_t p = 0; p < panels; ++p) {
+      detail::pack_bf16_panel(w.data, w.rows, w.cols, p,
+                              reinterpret_cast<std::uint32_t*>(out.data_.get() + p * panel_bytes));
+    }
+    return out;
+  }
+  const std::int64_t row_bytes = blocks * bb;
   const bool q8 = w.dtype == WeightType::kQ8_0, q41 = w.dtype == WeightType::kQ4_1;
   const std::int64_t code_bytes = bb - (q41 ? 4 : 2);  // one row's codes of one block
   for (std::int64_t p = 0; p < panels; ++p) {
@@ -2234,10 +2137,9 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
           p.where, p.w.rows, products[0].where, products[0].w.rows));
     }
     n = check_product(p.w, xs, p.y.size(), p.where);
-    if (p.w.packed != nullptr &&
-        (p.w.order != ReductionOrder::kBlockSum || !quantizes_x(p.w.dtype))) {
-      throw_invalid(
-          fmt::format("{}: a packed weight is for the blocksum order of a block format", p.where));
+    if (p.w.packed != nullptr && (p.w.order != ReductionOrder::kBlockSum || !packs(p.w.dtype))) {
+      throw_invalid(fmt::format(
+          "{}: a packed weight is for the blocksum order of a block format or bfloat16", p.where));
     }
   }
   // Rows of x padded with zeros to whole vectors, when W's rows do not fill them (float types).
@@ -2265,7 +2167,7 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   const bool bf16_dots = HWY_DYNAMIC_DISPATCH(detail::UsesBf16DotsImpl)(bf16_dots_available());
   const auto bf16_x_for = [&](const detail::MatmulCall& c) -> const detail::Bf16X* {
     if (c.type != WeightType::kBfloat16 || c.order != ReductionOrder::kBlockSum) return nullptr;
-    if (!bf16_done) round_x_to_bf16(x.data(), n, cols, !bf16_dots, bf16_x);
+    if (!bf16_done) round_x_to_bf16(x.data(), n, cols, bf16_x);
     bf16_done = true;
     return &bf16_x;
   };
@@ -2298,8 +2200,9 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
     return &qx;
   };
   // A call's unit of work in W rows: a register tile, or for the packed blocksum layout one of
-  // its panels of 16 W rows.
+  // its panels (16 W rows; bfloat16 32, packed or not).
   const auto tile_rows = [](const detail::MatmulCall& c) {
+    if (c.bx != nullptr) return detail::kBf16PanelRows;
     return c.packed != nullptr ? detail::kPanelRows : detail::kTileW;
   };
   const auto int8_tiles = [](const detail::MatmulCall& c) {

@@ -251,7 +251,7 @@ Matrix WeightSource::matrix(const std::string& name, std::int64_t rows, std::int
     if (order_ == kernels::ReductionOrder::kBlockSum &&
         kernels::weight_order_applies(*kernel_type)) {
       m.view.order = order_;
-      if (kernels::matmul_reads_packed(*kernel_type)) {  // the block formats, where it pays
+      if (kernels::matmul_reads_packed(*kernel_type)) {  // where the products read the copy
         m.packed = std::make_shared<const kernels::PackedWeight>(kernels::pack_weight(m.view));
         m.view.packed = m.packed->data();
         if (store_.gguf->mapped()) release_pages(g->bytes);

@@ -721,12 +721,12 @@ TEST(BlockSumOrder, NonFiniteActivationsGiveNonFiniteOutputs) {
 
 TEST(BlockSumOrder, RefusesWhatCannotBePacked) {
   using mixkv::testing::expect_error;
-  std::vector<std::byte> w(static_cast<std::size_t>(weight_bytes(WeightType::kBfloat16, 4, 64)));
+  std::vector<std::byte> w(static_cast<std::size_t>(weight_bytes(WeightType::kFloat16, 4, 64)));
   expect_error(
       [&] {
-        (void)pack_weight({WeightType::kBfloat16, 4, 64, w.data()});
+        (void)pack_weight({WeightType::kFloat16, 4, 64, w.data()});
       },
-      ErrorCode::kInvalidInput, {"pack_weight", "bfloat16", "q8_0, q4_0 and q4_1"});
+      ErrorCode::kInvalidInput, {"pack_weight", "float16", "q8_0, q4_0, q4_1 and bfloat16"});
   expect_error(
       [&] {
         (void)pack_weight({WeightType::kQ8_0, 4, 64, nullptr});
@@ -746,11 +746,11 @@ TEST(BlockSumOrder, RefusesWhatCannotBePacked) {
   EXPECT_EQ(to_string(ReductionOrder::kBlockSum), "blocksum");
 }
 
-// ---- bfloat16 in the kBlockSum order: x as bf16, pairs of products in 16 lanes ----
+// ---- bfloat16 in the kBlockSum order: x as bf16, one chain of pairs of products per output ----
 
-// The order's definition (matmul.hpp), written here from it: lane l of step s adds the product
-// of column 32 s + 2 l + 1, then that of 32 s + 2 l (x rounded to bf16; past the row: zeros),
-// then lane l + 8 into l, l + 4, l + 2, l + 1. Products of two bf16 values are exact in float.
+// The order's definition (matmul.hpp), written here from it: per pair q of columns in order, the
+// product of column 2 q + 1, then that of 2 q (x rounded to bf16; past the row: zeros), each
+// addition rounded. Products of two bf16 values are exact in float.
 float bf16_pairs_emulated(const std::vector<std::byte>& w, std::int64_t cols, std::int64_t r,
                           const float* x) {
   const std::byte* row = w.data() + r * 2 * cols;
@@ -758,18 +758,14 @@ float bf16_pairs_emulated(const std::vector<std::byte>& w, std::int64_t cols, st
     if (col >= cols) return 0.0f;
     return bf16_to_float(of_x ? float_to_bf16(x[col]) : u16(row + 2 * col));
   };
-  float lanes[16] = {};
-  for (std::int64_t s = 0; s * 32 < cols; ++s) {
-    for (std::int64_t l = 0; l < 16; ++l) {
-      for (const std::int64_t col : {32 * s + 2 * l + 1, 32 * s + 2 * l}) {
-        const float product = value(col, true) * value(col, false);
-        lanes[l] = lanes[l] + product;
-      }
+  float acc = 0.0f;
+  for (std::int64_t q = 0; 2 * q < cols; ++q) {
+    for (const std::int64_t col : {2 * q + 1, 2 * q}) {
+      const float product = value(col, true) * value(col, false);
+      acc = acc + product;
     }
   }
-  for (int half = 8; half >= 1; half /= 2)
-    for (int l = 0; l < half; ++l) lanes[l] = lanes[l] + lanes[l + half];
-  return lanes[0];
+  return acc;
 }
 
 // Every way this machine computes the order: VDPBF16PS where the CPU has it, and every
@@ -784,10 +780,10 @@ void for_each_bf16_pairs_path(F&& check) {
   set_matmul_bf16_dots(true);
 }
 
-// Shapes: W row tiles with tails (37 = 9 x 4 + 1 = 12 x 3 + 1), whole steps (64, 1056), rows
-// that end inside a step (100, 521, 3).
-constexpr std::pair<std::int64_t, std::int64_t> kBf16PairShapes[] = {
-    {37, 1056}, {6, 64}, {5, 100}, {9, 521}, {3, 3}};
+// Shapes: panels of 32 W rows with tails (37, 70: three panels, the threads' ranges cut between
+// them), one partial panel (6, 5, 9, 3), rows of an odd column count (521, 3, 33).
+constexpr std::pair<std::int64_t, std::int64_t> kBf16PairShapes[] = {{37, 1056}, {6, 64}, {5, 100},
+                                                                     {9, 521},   {3, 3},  {70, 33}};
 
 // Bit for bit the definition, for 1 .. 40 rows of x (up to five x tiles, the last one partial), on
 // every path, with 1, 2 and 3 threads.
@@ -818,35 +814,42 @@ TEST(Bf16PairOrder, EveryPathGivesTheDefinitionsBitsForAnyRowCount) {
   }
 }
 
-// Long rows against 5-8 rows of x, whose bf16 codes outgrow L1, run in column chunks with the
-// accumulators parked between them (VDPBF16PS): still the definition's bits. On one thread 200 W
-// rows are blocks of 32, 32 and 2 tiles of 3 rows and 2 rows left over (more threads: shorter
-// ranges); 4,100 columns end in a partial step, at 8 rows alone in the last chunk.
-TEST(Bf16PairOrder, LongRowsInColumnChunksGiveTheDefinitionsBits) {
+// pack_weight's copy (what a runner hands matmul) gives the bits of the weight's own rows (which
+// matmul packs a panel at a time), on every path and for any rows of x and threads; its size is
+// 32 rows (the last panel padded) x 4 bytes per pair of columns.
+TEST(Bf16PairOrder, PackedCopyGivesTheBitsOfTheRows) {
   std::mt19937_64 rng(23);
   ThreadPool two(2), three(3);
-  const std::int64_t rows = 200, cols = 4100, n_max = 8;
-  const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
-  const auto x = random_x(n_max, cols, rng);
-  const std::vector<float> expect = emulate_outputs(n_max, rows, [&](auto r, auto i) {
-    return bf16_pairs_emulated(w, cols, r, x.data() + i * cols);
-  });
-  const WeightView view{WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum};
-  for_each_bf16_pairs_path([&](const std::string& path) {
-    for (std::int64_t n : {5, 8}) {
-      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
-        std::vector<float> y(static_cast<std::size_t>(n * rows));
-        matmul(view, std::span(x).first(static_cast<std::size_t>(n * cols)), y, pool);
-        expect_same_bits(y, std::vector<float>(expect.begin(), expect.begin() + n * rows),
-                         std::to_string(n) + " rows, " + std::to_string(pool ? pool->size() : 1) +
-                             " threads, " + path);
+  EXPECT_TRUE(matmul_reads_packed(WeightType::kBfloat16));
+  for (const auto& shape : kBf16PairShapes) {
+    const std::int64_t rows = shape.first, cols = shape.second;  // captured below
+    const auto w = random_weight(WeightType::kBfloat16, rows, cols, rng);
+    const std::int64_t n_max = 9;
+    const auto x = random_x(n_max, cols, rng);
+    WeightView view{WeightType::kBfloat16, rows, cols, w.data(), ReductionOrder::kBlockSum};
+    const PackedWeight packed = pack_weight(view);
+    EXPECT_EQ(packed.bytes(), (rows + 31) / 32 * 32 * ((cols + 1) / 2) * 4);
+    for_each_bf16_pairs_path([&](const std::string& path) {
+      for (std::int64_t n : {1, 5, 8, 9}) {
+        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &two, &three}) {
+          const auto xs = std::span(x).first(static_cast<std::size_t>(n * cols));
+          std::vector<float> own(static_cast<std::size_t>(n * rows)), copy(own.size());
+          view.packed = nullptr;
+          matmul(view, xs, own, pool);
+          view.packed = packed.data();
+          matmul(view, xs, copy, pool);
+          expect_same_bits(copy, own,
+                           std::to_string(rows) + "x" + std::to_string(cols) + " " +
+                               std::to_string(n) + " rows, " +
+                               std::to_string(pool ? pool->size() : 1) + " threads, " + path);
+        }
       }
-    }
-  });
+    });
+  }
 }
 
-// Within float rounding (two additions per step, four in the tree) of the double product over x
-// rounded to bf16, and within x's rounding (2^-9 of each product) of the product over x itself.
+// Within float rounding (one addition per column) of the double product over x rounded to bf16,
+// and within x's rounding (2^-9 of each product) of the product over x itself.
 TEST(Bf16PairOrder, MatchesTheDoubleReferenceWithinXsRounding) {
   std::mt19937_64 rng(22);
   const std::int64_t rows = 37, cols = 1056, n = 5;
@@ -864,7 +867,7 @@ TEST(Bf16PairOrder, MatchesTheDoubleReferenceWithinXsRounding) {
       const double exact_x =
           reference_product(WeightType::kBfloat16, w, cols, r, x.data() + i * cols, mag);
       const auto at = static_cast<std::size_t>(i * rows + r);
-      ASSERT_NEAR(y[at], rounded_x, (2.0 * static_cast<double>(cols / 32) + 4) * 0x1p-24 * mag)
+      ASSERT_NEAR(y[at], rounded_x, static_cast<double>(cols) * 0x1p-24 * mag)
           << "row " << i << " output " << r;
       ASSERT_NEAR(y[at], exact_x, 0x1p-9 * mag) << "row " << i << " output " << r;
     }

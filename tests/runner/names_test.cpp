@@ -71,9 +71,10 @@ TEST(NameTables, EachFamilyListsHfAndGgufNamesOfTheSameShapesOnce) {
   EXPECT_TRUE(has(hybrid.gguf, "blk.0.ssm_ba.weight"));
 }
 
-// --weight-order blocksum reaches every GGUF matrix whose type reads an order: bf16 (as stored,
-// x rounded to bf16 in the products) and the block formats (packed where this CPU's path reads
-// the packed layout); float32 matrices keep the default. The ggml order leaves them all alone.
+// --weight-order blocksum reaches every GGUF matrix whose type reads an order: bf16 (packed into
+// panels of 32 rows, x rounded to bf16 in the products) and the block formats (packed where this
+// CPU's path reads the packed layout); float32 matrices keep the default. The ggml order leaves
+// them all alone.
 TEST(WeightSource, BlocksumOrderReachesTheBf16AndBlockMatricesOfAGguf) {
   mixkv::testing::GgufBuilder b;
   b.str("general.architecture", "llama");
@@ -97,7 +98,7 @@ TEST(WeightSource, BlocksumOrderReachesTheBf16AndBlockMatricesOfAGguf) {
     const Matrix v = source.layer_matrix(prefix, Role::kAttnV, 32, 64);
     EXPECT_EQ(q.view.dtype, kernels::WeightType::kBfloat16);
     EXPECT_EQ(q.view.order, order);
-    EXPECT_EQ(q.packed, nullptr);
+    EXPECT_EQ(q.packed != nullptr, order == kernels::ReductionOrder::kBlockSum);
     EXPECT_EQ(k.view.dtype, kernels::WeightType::kQ8_0);
     EXPECT_EQ(k.view.order, order);
     const bool packs = order == kernels::ReductionOrder::kBlockSum &&

@@ -48,10 +48,11 @@ std::int64_t weight_bytes(WeightType type, std::int64_t rows, std::int64_t cols)
 //   of the vector work per row, so n rows cost little more than one.
 // bfloat16:
 // - kGgml: x in float32, each instruction set's float order (as float32 and float16 weights).
-// - kBlockSum: x rounded to bf16 once (as ggml's own bf16 dot products read it), each pair of
-//   columns' products added into one of 16 float lanes (AVX512-BF16's VDPBF16PS), the lanes
-//   summed in a fixed tree: half the instructions of float x per row, so 8 rows cost little more
-//   than one; the same bits on every instruction set (on x86; subnormals flushed to zero, as
+// - kBlockSum: x rounded to bf16 once (as ggml's own bf16 dot products read it), one float chain
+//   per output over the pairs of columns in order, each pair adding the odd column's product,
+//   then the even one's (AVX512-BF16's VDPBF16PS with W's rows across the lanes): half the
+//   instructions of float x per row and no sum across lanes, so 8 rows cost little more than
+//   one; the same bits on every instruction set (on x86; subnormals flushed to zero, as
 //   VDPBF16PS does). x's rounding costs accuracy: about 2^-9 of each product.
 // A property of the weight, fixed by the model (never chosen by the row count); float32 and
 // float16 ignore it (weight_order_applies).
@@ -72,19 +73,20 @@ struct WeightView {
   std::int64_t cols = 0;
   const std::byte* data = nullptr;
   ReductionOrder order = ReductionOrder::kGgml;
-  // Optional, kBlockSum only: pack_weight's copy of this weight, which the AVX-512 VNNI path then
-  // reads instead of `data` (16 W rows side by side per block). Paths that cannot use it read
-  // `data`; the bits are the same either way.
+  // Optional, kBlockSum only: pack_weight's copy of this weight, which the AVX-512 VNNI path (the
+  // block formats: 16 W rows side by side per block) or every path (bfloat16: 32 rows side by
+  // side per pair of columns) then reads instead of `data`. Paths that cannot use it read `data`
+  // (bfloat16 packs a panel at a time from it); the bits are the same either way.
   const std::byte* packed = nullptr;
 };
 
-// A block-format weight laid out for the kBlockSum VNNI and AMX-INT8 paths, made once (at
-// load): per panel of 16 W rows (the last one padded with zero rows), first every block's
-// scales (the 16 rows' fp16 d, q4_1 then their 16 m), then every block's codes as vectors of 16
-// lanes, lane j holding four bytes of row j (q8_0: codes 4k..4k+3 plus 128, k = 0..7;
-// q4_0/q4_1: bytes 4v..4v+3 of the row's block, i.e. codes 4v.. in the low and 16 + 4v.. in the
-// high nibbles, v = 0..3). About the bytes of the original (plus the padding rows): once packed,
-// a caller that only multiplies may let the original's pages go.
+// A weight laid out for the kBlockSum order, made once (at load). bfloat16: see pack_weight.
+// A block format, for the VNNI and AMX-INT8 paths: per panel of 16 W rows (the last one padded with
+// zero rows), first every block's scales (the 16 rows' fp16 d, q4_1 then their 16 m), then every
+// block's codes as vectors of 16 lanes, lane j holding four bytes of row j (q8_0: codes 4k..4k+3
+// plus 128, k = 0..7; q4_0/q4_1: bytes 4v..4v+3 of the row's block, i.e. codes 4v.. in the low and
+// 16 + 4v.. in the high nibbles, v = 0..3). About the bytes of the original (plus the padding
+// rows): once packed, a caller that only multiplies may let the original's pages go.
 class PackedWeight {
  public:
   PackedWeight() = default;
@@ -102,10 +104,14 @@ class PackedWeight {
 
 // Whether matmul reads a packed copy of a `type` weight in the kBlockSum order on this CPU
 // (block formats on x86 with AVX2 or AVX-512: 16 W rows across the lanes of one 512-bit or two
-// 256-bit vectors); elsewhere the kernels read W's own layout and packing would not pay.
+// 256-bit vectors; bfloat16 everywhere); elsewhere the kernels read W's own layout and packing
+// would not pay.
 bool matmul_reads_packed(WeightType type);
 
-// The kBlockSum layout of `w` (a q8_0, q4_0 or q4_1 weight; Error otherwise). Reads all of W.
+// The kBlockSum layout of `w` (a q8_0, q4_0, q4_1 or bfloat16 weight; Error otherwise). Reads all
+// of W. bfloat16: panels of 32 rows (the last one padded with zero rows), per pair of columns 32
+// words, word j holding row j's codes of the even (low half) and odd column (high half; zero past
+// an odd last column): 64 bytes a column per panel.
 PackedWeight pack_weight(const WeightView& w);
 
 // y[i][r] = sum over c of x[i][c] * W[r][c] for `x` of [n, w.cols] and `y` of [n, w.rows]
