@@ -810,13 +810,13 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_scores_dots(const std::uint16_t* con
                                                         const std::uint32_t* kt, std::int64_t len,
                                                         float* sc) {
   __m512 a[kHeads], b[kHeads];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int x = 0; x < kHeads; ++x) a[x] = b[x] = _mm512_setzero_ps();
   std::uint32_t q32[kHeads];
   for (std::int64_t p = 0; p < len / 2; p += 2) {
     const __m512bh k0 = attn_bf16_pairs(_mm512_loadu_si512(kt + p * kTileTokens));
     const __m512bh k1 = attn_bf16_pairs(_mm512_loadu_si512(kt + (p + 1) * kTileTokens));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int x = 0; x < kHeads; ++x) {
       // q's pair broadcast, as the operand VDPBF16PS could read broadcast from memory (GCC 12
       // still emits a separate VPBROADCASTD for it).
@@ -828,7 +828,7 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_scores_dots(const std::uint16_t* con
           _mm512_dpbf16_ps(b[x], k1, attn_bf16_pairs(_mm512_set1_epi32(static_cast<int>(q32[x]))));
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int x = 0; x < kHeads; ++x)
     _mm512_storeu_ps(sc + x * kTileTokens, _mm512_add_ps(a[x], b[x]));
 }
@@ -843,7 +843,7 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
                                                           std::int64_t j) {
   constexpr int kVecs = 2 * kHalves;
   __m512 acc[kHeads][kVecs];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int x = 0; x < kHeads; ++x) {
 #pragma GCC unroll 4
     for (int h = 0; h < kVecs; ++h) {
@@ -859,7 +859,7 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
       pv[2 * h] = attn_bf16_pairs(_mm512_unpacklo_epi16(e, f));
       pv[2 * h + 1] = attn_bf16_pairs(_mm512_unpackhi_epi16(e, f));
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int x = 0; x < kHeads; ++x) {
       const __m512bh w =
           attn_bf16_pairs(_mm512_set1_epi32(static_cast<int>(pw[x * kTileTokens + m])));
@@ -867,15 +867,16 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
       for (int h = 0; h < kVecs; ++h) acc[x][h] = _mm512_dpbf16_ps(acc[x][h], pv[h], w);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int x = 0; x < kHeads; ++x) {
 #pragma GCC unroll 4
     for (int h = 0; h < kVecs; ++h) _mm512_storeu_ps(o[x] + j + 16 * h, acc[x][h]);
   }
 }
 
-// pair_accumulate on VDPBF16PS, 64 elements a pass (32 for the last of an odd count of 32). Each
-// 32 elements of o stay in VPUNPCKLWD / VPUNPCKHWD's order (unpermute_pairs puts them back).
+// pair_accumulate on VDPBF16PS, 64 elements a pass (32 for the last of an odd count of 32, and
+// for 8 states: 16 accumulators either way). Each 32 elements of o stay in VPUNPCKLWD /
+// VPUNPCKHWD's order (unpermute_pairs puts them back).
 template <int kHeads>
 MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, const float* c,
                                                             const std::uint32_t* pw,
@@ -883,8 +884,10 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, con
                                                             const std::byte* const* rows,
                                                             std::int64_t len) {
   std::int64_t j = 0;
-  for (; j + 64 <= len; j += 64) pair_accumulate_pass<kHeads, 2>(o, c, pw, m_lo, m_hi, rows, j);
-  if (j < len) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j);
+  if constexpr (kHeads <= 4) {
+    for (; j + 64 <= len; j += 64) pair_accumulate_pass<kHeads, 2>(o, c, pw, m_lo, m_hi, rows, j);
+  }
+  for (; j < len; j += 32) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j);
 }
 #endif
 
@@ -901,28 +904,33 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, con
 // The heads h0.. (kHeads of them) of query row i over tile keys [a, b]: scores against the
 // transposed keys, the online softmax step, the weights rounded and paired, then p.V into their
 // accumulators.
+// The scores of kHeads (query row, head) states (q: their bf16 codes) against the tile's keys:
+// sc[x * kTileTokens + t].
 template <bool kDots, int kHeads>
-HWY_INLINE void pair_group(const TaskState& ts, const std::uint32_t* kt,
-                           const std::byte* const* rows, std::int64_t a, std::int64_t b,
-                           std::int64_t state0) {
-  AttendScratch& s = *ts.s;
-  const std::int64_t d = ts.spec->head_size;
-  const std::int64_t dv = ts.spec->head_size_v;
-  const std::uint16_t* q[kHeads];
-  for (int x = 0; x < kHeads; ++x) q[x] = s.q_bf16.data() + (state0 + x) * d;
-  float* sc = s.scores.data();
+HWY_INLINE void pair_scores_of(const std::uint16_t* const* q, const std::uint32_t* kt,
+                               std::int64_t d, float* sc) {
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
   if constexpr (kDots) pair_scores_dots<kHeads>(q, kt, d, sc);
 #endif
   if constexpr (!kDots) pair_scores<kHeads>(q, kt, d, sc);
+}
+
+// The rest of a tile for kHeads (query row, head) states (states[x], their scores in sc): the
+// softmax step, the weights rounded to pairs, and p.V over the keys [a, b] (rows: token t's V
+// row, or the zero row), which every state given shares.
+template <bool kDots, int kHeads>
+HWY_INLINE void pair_group(const TaskState& ts, float* sc, const std::byte* const* rows,
+                           std::int64_t a, std::int64_t b, const std::int64_t* states) {
+  AttendScratch& s = *ts.s;
+  const std::int64_t dv = ts.spec->head_size_v;
   float* o[kHeads];
   float c[kHeads];
   std::uint32_t* pw = s.p_pairs.data();
   for (int x = 0; x < kHeads; ++x) {
-    const auto st = static_cast<std::size_t>(state0 + x);
+    const auto st = static_cast<std::size_t>(states[x]);
     float* probs = s.probs.data() + x * kTileTokens;
     softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st], probs, c[x]);
-    o[x] = s.acc.data() + (state0 + x) * ts.dvp;
+    o[x] = s.acc.data() + states[x] * ts.dvp;
     // Weights outside [a, b] are zeros already (softmax_step).
     round_pairs(probs, pw + x * kTileTokens);
   }
@@ -932,52 +940,88 @@ HWY_INLINE void pair_group(const TaskState& ts, const std::uint32_t* kt,
   if constexpr (!kDots) pair_accumulate<kHeads>(o, c, pw, a / 2, b / 2, rows, dv);
 }
 
+// f(integral_constant<int, heads>) for a group of 1 to 4 heads.
+template <class F>
+HWY_INLINE void with_heads(std::int64_t heads, F&& f) {
+  switch (heads) {
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    default:
+      return f(std::integral_constant<int, 1>{});
+  }
+}
+
 // One tile of KV head hk in the bf16-pair order, for every query and head of the task (the
-// structure of attend_tile; q from s.q_bf16): K transposed once for all of them.
+// structure of attend_tile; q from s.q_bf16): K transposed once for all of them. Query rows go
+// two at a time: their scores for a group of 4 heads are one call of 8 states (16 chains of
+// VDPBF16PS, whose 6-cycle latency left one row's 8 chains waiting on each other); the bits are
+// each state's own chains either way.
 template <bool kDots>
 HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const std::byte* v,
                                   const PageLayout& p, std::int64_t t0, std::int64_t tile,
                                   std::int64_t hk) {
   const AttendTask& task = *ts.task;
   AttendScratch& s = *ts.s;
+  const std::int64_t d = ts.spec->head_size;
   std::uint32_t* kt = s.k_pairs.data();
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
-  if constexpr (kDots)
-    transpose_keys_dots(k, p.k_token_bytes, tile, ts.spec->head_size, kt, ts.next);
+  if constexpr (kDots) transpose_keys_dots(k, p.k_token_bytes, tile, d, kt, ts.next);
 #endif
-  if constexpr (!kDots) transpose_keys(k, p.k_token_bytes, tile, ts.spec->head_size, kt, ts.next);
+  if constexpr (!kDots) transpose_keys(k, p.k_token_bytes, tile, d, kt, ts.next);
   ts.next->upto(ts.next->rows);
   const std::int64_t hb = std::max(task.h_begin, hk * ts.group);
   const std::int64_t he = std::min(task.h_end, (hk + 1) * ts.group);
-  for (std::int64_t i = 0; i < ts.nq; ++i) {
-    const KeyRange range =
-        key_range(ts.spec->params, ts.first_pos + task.q_begin + i, task.seq->kv_len);
-    const std::int64_t a = std::max(range.lo, t0) - t0;
-    const std::int64_t b = std::min(range.hi, t0 + tile - 1) - t0;
-    if (a > b) continue;
-    // Token t's V row where it is one of this query's keys, else zeros (pairs end by token 15).
-    const std::byte* rows[kTileTokens];
-    for (std::int64_t t = 0; t < kTileTokens; ++t) {
-      rows[t] =
-          t >= a && t <= b ? v + t * p.v_token_bytes : reinterpret_cast<const std::byte*>(kZeroRow);
+  for (std::int64_t i0 = 0; i0 < ts.nq; i0 += 2) {
+    const std::int64_t nr = std::min<std::int64_t>(2, ts.nq - i0);
+    std::int64_t a[2] = {1, 1}, b[2] = {0, 0};  // an empty range unless the row sees the tile
+    // Token t's V row where it is one of the row's keys, else zeros (pairs end by token 15).
+    const std::byte* rows[2][kTileTokens];
+    for (std::int64_t r = 0; r < nr; ++r) {
+      const KeyRange range =
+          key_range(ts.spec->params, ts.first_pos + task.q_begin + i0 + r, task.seq->kv_len);
+      a[r] = std::max(range.lo, t0) - t0;
+      b[r] = std::min(range.hi, t0 + tile - 1) - t0;
+      for (std::int64_t t = 0; t < kTileTokens; ++t) {
+        rows[r][t] = t >= a[r] && t <= b[r] ? v + t * p.v_token_bytes
+                                            : reinterpret_cast<const std::byte*>(kZeroRow);
+      }
     }
+    const bool both = nr == 2 && a[0] <= b[0] && a[1] <= b[1];
     for (std::int64_t h0 = hb, heads = 0; h0 < he; h0 += heads) {
       heads = std::min<std::int64_t>(4, he - h0);
-      const std::int64_t state0 = i * ts.nh + h0 - task.h_begin;
-      switch (heads) {
-        case 4:
-          pair_group<kDots, 4>(ts, kt, rows, a, b, state0);
-          break;
-        case 3:
-          pair_group<kDots, 3>(ts, kt, rows, a, b, state0);
-          break;
-        case 2:
-          pair_group<kDots, 2>(ts, kt, rows, a, b, state0);
-          break;
-        default:
-          pair_group<kDots, 1>(ts, kt, rows, a, b, state0);
-          break;
+      float* sc = s.scores.data();  // row r's head x at (r * 4 + x) * kTileTokens
+      const std::uint16_t* q[8];
+      for (std::int64_t r = 0; r < nr; ++r) {
+        for (std::int64_t x = 0; x < heads; ++x)
+          q[r * 4 + x] = s.q_bf16.data() + ((i0 + r) * ts.nh + h0 + x - task.h_begin) * d;
       }
+      std::int64_t states[8];
+      for (std::int64_t r = 0; r < nr; ++r) {
+        for (std::int64_t x = 0; x < 4; ++x)
+          states[r * 4 + x] = (i0 + r) * ts.nh + h0 + x - task.h_begin;
+      }
+      with_heads(heads, [&](auto group) {
+        constexpr int kHeads = decltype(group)::value;
+        if (kHeads == 4 && both) {
+          pair_scores_of<kDots, 8>(q, kt, d, sc);
+          if (a[0] == a[1] && b[0] == b[1]) {  // the same keys: one pass over V for both rows
+            pair_group<kDots, 8>(ts, sc, rows[0], a[0], b[0], states);
+            return;
+          }
+        } else {
+          for (std::int64_t r = 0; r < nr; ++r) {
+            if (a[r] <= b[r]) pair_scores_of<kDots, kHeads>(q + r * 4, kt, d, sc + r * 64);
+          }
+        }
+        for (std::int64_t r = 0; r < nr; ++r) {
+          if (a[r] <= b[r])
+            pair_group<kDots, kHeads>(ts, sc + r * 64, rows[r], a[r], b[r], states + r * 4);
+        }
+      });
     }
   }
 }
@@ -1107,7 +1151,9 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   if (pairs) {
     flush.emplace();
     grow(s.q_bf16, nq * nh * d);
-    grow(s.p_pairs, 4 * kTileTokens);
+    grow(s.p_pairs, 8 * kTileTokens);  // two query rows' states for a group of 4 heads
+    grow(s.scores, 8 * kTileTokens);
+    grow(s.probs, 8 * kTileTokens);
     grow(s.k_pairs, d / 2 * kTileTokens);
   }
   grow(s.q, nq * nh * dp);
