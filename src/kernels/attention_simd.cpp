@@ -901,9 +901,6 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, con
   }
 }
 
-// The heads h0.. (kHeads of them) of query row i over tile keys [a, b]: scores against the
-// transposed keys, the online softmax step, the weights rounded and paired, then p.V into their
-// accumulators.
 // The scores of kHeads (query row, head) states (q: their bf16 codes) against the tile's keys:
 // sc[x * kTileTokens + t].
 template <bool kDots, int kHeads>
@@ -993,33 +990,39 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
     const bool both = nr == 2 && a[0] <= b[0] && a[1] <= b[1];
     for (std::int64_t h0 = hb, heads = 0; h0 < he; h0 += heads) {
       heads = std::min<std::int64_t>(4, he - h0);
-      float* sc = s.scores.data();  // row r's head x at (r * 4 + x) * kTileTokens
+      // Row r's head x: state states[4 r + x], q codes q[4 r + x], scores at sc + (4 r + x) 16.
+      constexpr std::int64_t kRowScores = 4 * kTileTokens;
+      float* sc = s.scores.data();
       const std::uint16_t* q[8];
-      for (std::int64_t r = 0; r < nr; ++r) {
-        for (std::int64_t x = 0; x < heads; ++x)
-          q[r * 4 + x] = s.q_bf16.data() + ((i0 + r) * ts.nh + h0 + x - task.h_begin) * d;
-      }
       std::int64_t states[8];
       for (std::int64_t r = 0; r < nr; ++r) {
-        for (std::int64_t x = 0; x < 4; ++x)
+        for (std::int64_t x = 0; x < heads; ++x) {
           states[r * 4 + x] = (i0 + r) * ts.nh + h0 + x - task.h_begin;
+          q[r * 4 + x] = s.q_bf16.data() + states[r * 4 + x] * d;
+        }
       }
       with_heads(heads, [&](auto group) {
         constexpr int kHeads = decltype(group)::value;
-        if (kHeads == 4 && both) {
-          pair_scores_of<kDots, 8>(q, kt, d, sc);
-          if (a[0] == a[1] && b[0] == b[1]) {  // the same keys: one pass over V for both rows
-            pair_group<kDots, 8>(ts, sc, rows[0], a[0], b[0], states);
-            return;
-          }
-        } else {
-          for (std::int64_t r = 0; r < nr; ++r) {
-            if (a[r] <= b[r]) pair_scores_of<kDots, kHeads>(q + r * 4, kt, d, sc + r * 64);
+        bool scored = false;
+        if constexpr (kHeads == 4) {
+          if (both) {
+            if constexpr (kDots) {
+              pair_scores_of<kDots, 8>(q, kt, d, sc);
+            } else {  // (8 states' 32 chains would not fit AVX2's 16 registers)
+              pair_scores_of<kDots, 4>(q, kt, d, sc);
+              pair_scores_of<kDots, 4>(q + 4, kt, d, sc + kRowScores);
+            }
+            if (a[0] == a[1] && b[0] == b[1]) {  // the same keys: one pass over V for both rows
+              pair_group<kDots, 8>(ts, sc, rows[0], a[0], b[0], states);
+              return;
+            }
+            scored = true;
           }
         }
         for (std::int64_t r = 0; r < nr; ++r) {
-          if (a[r] <= b[r])
-            pair_group<kDots, kHeads>(ts, sc + r * 64, rows[r], a[r], b[r], states + r * 4);
+          if (a[r] > b[r]) continue;
+          if (!scored) pair_scores_of<kDots, kHeads>(q + r * 4, kt, d, sc + r * kRowScores);
+          pair_group<kDots, kHeads>(ts, sc + r * kRowScores, rows[r], a[r], b[r], states + r * 4);
         }
       });
     }
