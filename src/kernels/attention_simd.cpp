@@ -505,12 +505,14 @@ struct TaskState {
   NextRows* next;  // this head's rows of the next tile, to prefetch
 };
 
-// The online-softmax step of one (query, head) over tile keys [a, b]: logits from the raw dots
-// in `row` (scaled, capped), the running max and sum updated, weights into `probs` (zero
-// outside [a, b]), and into c the factor the accumulator must be scaled by: 1 exactly where the
-// max holds (which scales to the same bits), so every step scales.
-HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, std::int64_t b,
-                             float& m, float& l, float* probs, float& c) {
+// The online-softmax step of one (query, head) over tile keys [a, b], in three phases (several
+// states may run each phase in turn, so their chains overlap; each state's bits are the same):
+// softmax_logits turns the raw dots in `row` into logits (scaled, capped, -inf outside [a, b]) and
+// returns their max; softmax_rescale updates the running max m and sum l and gives in c the factor
+// the accumulator must be scaled by (1 exactly where the max holds, which scales to the same
+// bits, so every step scales); softmax_weights writes the weights into `probs` (zero outside
+// [a, b]) and adds them to l.
+HWY_INLINE float softmax_logits(const TaskState& ts, float* row, std::int64_t a, std::int64_t b) {
   const DF df;
   const hn::RebindToSigned<DF> di;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
@@ -533,6 +535,10 @@ HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, st
     hn::StoreU(v, df, row + j);
     tile_max = std::max(tile_max, hn::GetLane(hn::MaxOfLanes(df, v)));
   }
+  return tile_max;
+}
+
+HWY_INLINE void softmax_rescale(float tile_max, float& m, float& l, float& c) {
   // Without a branch: whether a tile raises the max is as good as random, and a mispredicted
   // jump threw away the work the core had run ahead on (about 6% of SmolLM2's one-row attention
   // on a Zen 5).
@@ -540,6 +546,12 @@ HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, st
   c = std::exp(up ? m - tile_max : 0.0f);
   l *= c;
   m = up ? tile_max : m;
+}
+
+HWY_INLINE void softmax_weights(const TaskState& ts, const float* row, float m, float& l,
+                                float* probs) {
+  const DF df;
+  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   auto total = hn::Zero(df);
   const auto vm = hn::Set(df, m);
   for (std::int64_t j = 0; j < ts.tile_pad; j += n) {
@@ -550,6 +562,13 @@ HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, st
     total = hn::Add(total, e);
   }
   l += hn::GetLane(hn::SumOfLanes(df, total));
+}
+
+// The three phases for one state.
+HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, std::int64_t b,
+                             float& m, float& l, float* probs, float& c) {
+  softmax_rescale(softmax_logits(ts, row, a, b), m, l, c);
+  softmax_weights(ts, row, m, l, probs);
 }
 
 // One tile of KV head hk (keys t0 .. t0 + tile - 1) for every query and head of the task; K rows
@@ -923,12 +942,21 @@ HWY_INLINE void pair_group(const TaskState& ts, float* sc, const std::byte* cons
   float* o[kHeads];
   float c[kHeads];
   std::uint32_t* pw = s.p_pairs.data();
+  // The softmax a phase at a time over the states: their max and sum reductions, each a chain of
+  // dependent shuffles, then overlap (one state after another: 5 verify rows at 8k with the cache
+  // near took 7-8% longer on a Zen 5; docs/kernels.md).
+  float tile_max[kHeads];
+  for (int x = 0; x < kHeads; ++x) tile_max[x] = softmax_logits(ts, sc + x * kTileTokens, a, b);
+  for (int x = 0; x < kHeads; ++x) {
+    const auto st = static_cast<std::size_t>(states[x]);
+    softmax_rescale(tile_max[x], s.max[st], s.sum[st], c[x]);
+  }
   for (int x = 0; x < kHeads; ++x) {
     const auto st = static_cast<std::size_t>(states[x]);
     float* probs = s.probs.data() + x * kTileTokens;
-    softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st], probs, c[x]);
+    softmax_weights(ts, sc + x * kTileTokens, s.max[st], s.sum[st], probs);
     o[x] = s.acc.data() + states[x] * ts.dvp;
-    // Weights outside [a, b] are zeros already (softmax_step).
+    // Weights outside [a, b] are zeros already (softmax_logits).
     round_pairs(probs, pw + x * kTileTokens);
   }
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
