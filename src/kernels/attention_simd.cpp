@@ -345,12 +345,42 @@ HWY_INLINE void dots4_heads(std::int64_t heads, const float* const* q, const Row
 }
 #endif
 
+// The next tile's K and V rows of one KV head, asked for into L2 (prefetch_l2) a row at a time,
+// K's while this tile's scores are computed (more_k, upto_k), V's while its weights meet V
+// (more_v), so the requests spread over the whole tile as the kernel's own loads do. Asked for
+// all at once (64 lines for a head of 128 in fp8), they filled the line-fill buffers and the core
+// stalled on the prefetches; K's and V's rows together during the scores alone left the reads of
+// p.V without requests beside them (docs/kernels.md, "Prefetch beside the work").
+struct NextRows {
+  const std::byte* k = nullptr;
+  const std::byte* v = nullptr;
+  std::int64_t rows = 0, k_stride = 0, v_stride = 0, k_bytes = 0, v_bytes = 0;
+  std::int64_t k_done = 0, v_done = 0;
+  HWY_INLINE void upto_k(std::int64_t r) {
+    for (; k_done < std::min(r, rows); ++k_done)
+      for (std::int64_t i = 0; i < k_bytes; i += 64) prefetch_l2(k + k_done * k_stride + i);
+  }
+  HWY_INLINE void upto_v(std::int64_t r) {
+    for (; v_done < std::min(r, rows); ++v_done)
+      for (std::int64_t i = 0; i < v_bytes; i += 64) prefetch_l2(v + v_done * v_stride + i);
+  }
+  HWY_INLINE void more_k() { upto_k(k_done + 1); }
+  HWY_INLINE void more_v() { upto_v(v_done + 1); }
+  // Both, up to row r (the AMX path, which asks between its phases).
+  HWY_INLINE void upto(std::int64_t r) {
+    upto_k(r);
+    upto_v(r);
+  }
+  HWY_INLINE void more(std::int64_t r) { upto(std::max(k_done, v_done) + r); }
+  HWY_INLINE void all() { upto(rows); }
+};
+
 // o = o * c + sum over t in [a, b] of p[t] * v[t], `len` floats (a multiple of
 // the vector). Eight, four or one vector of o stay in registers over the whole tile; each lane
 // sums the tokens in order, whatever the grouping (accumulate_heads below gives the same bits).
 template <class Rows>
 void accumulate(float* o, float c, const float* p, std::int64_t a, std::int64_t b, const Rows& v,
-                std::int64_t len) {
+                std::int64_t len, NextRows* next) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   const auto vc = hn::Set(df, c);
@@ -360,6 +390,7 @@ void accumulate(float* o, float c, const float* p, std::int64_t a, std::int64_t 
     auto a0 = start(j), a1 = start(j + n), a2 = start(j + 2 * n), a3 = start(j + 3 * n);
     auto a4 = start(j + 4 * n), a5 = start(j + 5 * n), a6 = start(j + 6 * n), a7 = start(j + 7 * n);
     for (std::int64_t t = a; t <= b; ++t) {
+      next->more_v();
       const auto w = hn::Set(df, p[t]);
       hn::Vec<DF> x0, x1, x2, x3, x4, x5, x6, x7;
       v.load2(t, j, x0, x1);
@@ -395,7 +426,7 @@ void accumulate(float* o, float c, const float* p, std::int64_t a, std::int64_t 
 // once for all of them. p[x] are head x's weights, kTileTokens apart.
 template <int kHeads, class Rows>
 void accumulate_heads(float* const* o, const float* c, const float* p, std::int64_t a,
-                      std::int64_t b, const Rows& v, std::int64_t len) {
+                      std::int64_t b, const Rows& v, std::int64_t len, NextRows* next) {
   const DF df;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
   const auto start = [&](int x, std::int64_t j) {
@@ -417,6 +448,7 @@ void accumulate_heads(float* const* o, const float* c, const float* p, std::int6
       for (int x = 0; x < kHeads; ++x)
         for (int e = 0; e < 4; ++e) acc[x][e] = start(x, j + e * n);
       for (std::int64_t t = a; t <= b; ++t) {
+        next->more_v();
         hn::Vec<DF> y[4];
         v.load2(t, j, y[0], y[1]);
         v.load2(t, j + 2 * n, y[2], y[3]);
@@ -433,6 +465,7 @@ void accumulate_heads(float* const* o, const float* c, const float* p, std::int6
     auto a0 = start(0, j), b0 = start(0, j + n), a1 = start(1, j), b1 = start(1, j + n);
     auto a2 = start(x2, j), b2 = start(x2, j + n), a3 = start(x3, j), b3 = start(x3, j + n);
     for (std::int64_t t = a; t <= b; ++t) {
+      next->more_v();
       hn::Vec<DF> x, y;
       v.load2(t, j, x, y);
       const auto w0 = hn::Set(df, p0[t]), w1 = hn::Set(df, p1[t]);
@@ -471,23 +504,6 @@ void accumulate_heads(float* const* o, const float* c, const float* p, std::int6
     if constexpr (kHeads >= 4) hn::StoreU(a3, df, o[3] + j);
   }
 }
-
-// The next tile's K and V rows of one KV head, asked for into L2 (prefetch_l2) a few rows at a
-// time while this tile's scores are computed (upto), the rest after them: asked for all at once
-// (64 lines for a head of 128 in fp8), they filled the line-fill buffers and the core stalled on
-// the prefetches.
-struct NextRows {
-  const std::byte* k = nullptr;
-  const std::byte* v = nullptr;
-  std::int64_t rows = 0, done = 0, k_stride = 0, v_stride = 0, k_bytes = 0, v_bytes = 0;
-  HWY_INLINE void more(std::int64_t r) { upto(done + r); }
-  HWY_INLINE void upto(std::int64_t r) {
-    for (; done < std::min(r, rows); ++done) {
-      for (std::int64_t i = 0; i < k_bytes; i += 64) prefetch_l2(k + done * k_stride + i);
-      for (std::int64_t i = 0; i < v_bytes; i += 64) prefetch_l2(v + done * v_stride + i);
-    }
-  }
-};
 
 template <class V>
 void grow(V& v, std::int64_t n) {
@@ -595,16 +611,16 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       std::int64_t t = a;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
       for (; t + 3 <= b; t += 4) {
-        ts.next->upto(t + 4);
+        ts.next->upto_k(t + 4);
         dots4_heads(heads, q, k, t, k_len, sc);
       }
 #endif
       for (; t + 1 <= b; t += 2) {
-        ts.next->upto(t + 2);
+        ts.next->upto_k(t + 2);
         dots_heads<2>(heads, q, k, t, k_len, sc);
       }
       if (t <= b) dots_heads<1>(heads, q, k, t, k_len, sc);
-      ts.next->upto(ts.next->rows);
+      ts.next->upto_k(ts.next->rows);
       float* o[4];
       float c[4];
       for (int x = 0; x < heads; ++x) {
@@ -615,20 +631,21 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       }
       switch (heads) {
         case 4:
-          accumulate_heads<4>(o, c, s.probs.data(), a, b, v, v_len);
+          accumulate_heads<4>(o, c, s.probs.data(), a, b, v, v_len, ts.next);
           break;
         case 3:
-          accumulate_heads<3>(o, c, s.probs.data(), a, b, v, v_len);
+          accumulate_heads<3>(o, c, s.probs.data(), a, b, v, v_len, ts.next);
           break;
         case 2:
-          accumulate_heads<2>(o, c, s.probs.data(), a, b, v, v_len);
+          accumulate_heads<2>(o, c, s.probs.data(), a, b, v, v_len, ts.next);
           break;
         default:
-          accumulate(o[0], c[0], s.probs.data(), a, b, v, v_len);
+          accumulate(o[0], c[0], s.probs.data(), a, b, v, v_len, ts.next);
           break;
       }
     }
   }
+  ts.next->all();
 }
 
 template <DType kT, bool kNanFree = false>
@@ -693,12 +710,11 @@ HWY_INLINE void round_pairs(const float* probs, std::uint32_t* pairs) {
 }
 
 // K of a tile transposed: kt[p * 16 + t] = key t's elements 2p and 2p + 1 (its p-th 32 bits),
-// zeros for t past the tile; `len` elements a key. Asks for the next tile's rows as it goes.
+// zeros for t past the tile; `len` elements a key.
 HWY_INLINE void transpose_keys(const std::byte* k, std::int64_t stride, std::int64_t tile,
-                               std::int64_t len, std::uint32_t* kt, NextRows* next) {
+                               std::int64_t len, std::uint32_t* kt) {
   const std::int64_t pairs = len / 2;
   for (std::int64_t t = 0; t < kTileTokens; ++t) {
-    next->upto(t + 1);
     for (std::int64_t q = 0; q < pairs; ++q) {
       std::uint32_t w = 0;
       if (t < tile) std::memcpy(&w, k + t * stride + 4 * q, 4);
@@ -711,7 +727,7 @@ HWY_INLINE void transpose_keys(const std::byte* k, std::int64_t stride, std::int
 // elements (a multiple of 32): sc[x * kTileTokens + t]. Every target, in float lanes.
 template <int kHeads>
 HWY_INLINE void pair_scores(const std::uint16_t* const* q, const std::uint32_t* kt,
-                            std::int64_t len, float* sc) {
+                            std::int64_t len, float* sc, NextRows* next) {
   const DP df;
   const hn::RebindToUnsigned<DP> du;
   constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DP()));
@@ -722,6 +738,7 @@ HWY_INLINE void pair_scores(const std::uint16_t* const* q, const std::uint32_t* 
     for (int x = 0; x < kHeads; ++x)
       for (std::int64_t v = 0; v < kSub; ++v) c[x][v] = hn::Zero(df);
   for (std::int64_t p = 0; p < len / 2; ++p) {
+    if (p % 2 == 0) next->more_k();
     auto& c = chain[p % 2];
     for (std::int64_t v = 0; v < kSub; ++v) {
       const auto w = hn::LoadU(du, kt + p * kTileTokens + v * n);
@@ -744,7 +761,7 @@ HWY_INLINE void pair_scores(const std::uint16_t* const* q, const std::uint32_t* 
 template <int kHeads>
 HWY_INLINE void pair_accumulate(float* const* o, const float* c, const std::uint32_t* pw,
                                 std::int64_t m_lo, std::int64_t m_hi, const std::byte* const* rows,
-                                std::int64_t len) {
+                                std::int64_t len, NextRows* next) {
   const DP df;
   const hn::RebindToUnsigned<DP> du;
   const hn::Rebind<std::uint16_t, DP> d16;
@@ -760,6 +777,7 @@ HWY_INLINE void pair_accumulate(float* const* o, const float* c, const std::uint
       acc[x] = hn::Mul(hn::LoadU(df, o[x] + j), hn::Set(df, c[x]));
     }
     for (std::int64_t m = m_lo; m <= m_hi; ++m) {
+      next->more_v();
       const auto v_even = widen(rows[2 * m], j);
       const auto v_odd = widen(rows[2 * m + 1], j);
       for (int x = 0; x < kHeads; ++x) {
@@ -786,10 +804,9 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE __m512bh attn_bf16_pairs(__m512i v) {
 // 32-bit words (unpack 32 and 64 bits, then two rounds of 128-bit lane shuffles).
 MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void transpose_keys_dots(const std::byte* k, std::int64_t stride,
                                                            std::int64_t tile, std::int64_t len,
-                                                           std::uint32_t* kt, NextRows* next) {
+                                                           std::uint32_t* kt) {
   const std::int64_t blocks = len / 32;
   for (std::int64_t blk = 0; blk < blocks; ++blk) {
-    next->upto((blk + 1) * next->rows / blocks);
     __m512i r[16], t[16], u[16], v[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i)
@@ -827,12 +844,13 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void transpose_keys_dots(const std::byte* k, s
 template <int kHeads>
 MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_scores_dots(const std::uint16_t* const* q,
                                                         const std::uint32_t* kt, std::int64_t len,
-                                                        float* sc) {
+                                                        float* sc, NextRows* next) {
   __m512 a[kHeads], b[kHeads];
 #pragma GCC unroll 8
   for (int x = 0; x < kHeads; ++x) a[x] = b[x] = _mm512_setzero_ps();
   std::uint32_t q32[kHeads];
   for (std::int64_t p = 0; p < len / 2; p += 2) {
+    next->more_k();
     const __m512bh k0 = attn_bf16_pairs(_mm512_loadu_si512(kt + p * kTileTokens));
     const __m512bh k1 = attn_bf16_pairs(_mm512_loadu_si512(kt + (p + 1) * kTileTokens));
 #pragma GCC unroll 8
@@ -859,7 +877,7 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
                                                           const std::uint32_t* pw,
                                                           std::int64_t m_lo, std::int64_t m_hi,
                                                           const std::byte* const* rows,
-                                                          std::int64_t j) {
+                                                          std::int64_t j, NextRows* next) {
   constexpr int kVecs = 2 * kHalves;
   __m512 acc[kHeads][kVecs];
 #pragma GCC unroll 8
@@ -870,6 +888,7 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
     }
   }
   for (std::int64_t m = m_lo; m <= m_hi; ++m) {
+    next->more_v();
     __m512bh pv[kVecs];
 #pragma GCC unroll 2
     for (int h = 0; h < kHalves; ++h) {
@@ -901,12 +920,13 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, con
                                                             const std::uint32_t* pw,
                                                             std::int64_t m_lo, std::int64_t m_hi,
                                                             const std::byte* const* rows,
-                                                            std::int64_t len) {
+                                                            std::int64_t len, NextRows* next) {
   std::int64_t j = 0;
   if constexpr (kHeads <= 4) {
-    for (; j + 64 <= len; j += 64) pair_accumulate_pass<kHeads, 2>(o, c, pw, m_lo, m_hi, rows, j);
+    for (; j + 64 <= len; j += 64)
+      pair_accumulate_pass<kHeads, 2>(o, c, pw, m_lo, m_hi, rows, j, next);
   }
-  for (; j < len; j += 32) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j);
+  for (; j < len; j += 32) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j, next);
 }
 #endif
 
@@ -924,11 +944,11 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, con
 // sc[x * kTileTokens + t].
 template <bool kDots, int kHeads>
 HWY_INLINE void pair_scores_of(const std::uint16_t* const* q, const std::uint32_t* kt,
-                               std::int64_t d, float* sc) {
+                               std::int64_t d, float* sc, NextRows* next) {
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
-  if constexpr (kDots) pair_scores_dots<kHeads>(q, kt, d, sc);
+  if constexpr (kDots) pair_scores_dots<kHeads>(q, kt, d, sc, next);
 #endif
-  if constexpr (!kDots) pair_scores<kHeads>(q, kt, d, sc);
+  if constexpr (!kDots) pair_scores<kHeads>(q, kt, d, sc, next);
 }
 
 // The rest of a tile for kHeads (query row, head) states (states[x], their scores in sc): the
@@ -960,9 +980,9 @@ HWY_INLINE void pair_group(const TaskState& ts, float* sc, const std::byte* cons
     round_pairs(probs, pw + x * kTileTokens);
   }
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
-  if constexpr (kDots) pair_accumulate_dots<kHeads>(o, c, pw, a / 2, b / 2, rows, dv);
+  if constexpr (kDots) pair_accumulate_dots<kHeads>(o, c, pw, a / 2, b / 2, rows, dv, ts.next);
 #endif
-  if constexpr (!kDots) pair_accumulate<kHeads>(o, c, pw, a / 2, b / 2, rows, dv);
+  if constexpr (!kDots) pair_accumulate<kHeads>(o, c, pw, a / 2, b / 2, rows, dv, ts.next);
 }
 
 // f(integral_constant<int, heads>) for a group of 1 to 4 heads.
@@ -994,10 +1014,9 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
   const std::int64_t d = ts.spec->head_size;
   std::uint32_t* kt = s.k_pairs.data();
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
-  if constexpr (kDots) transpose_keys_dots(k, p.k_token_bytes, tile, d, kt, ts.next);
+  if constexpr (kDots) transpose_keys_dots(k, p.k_token_bytes, tile, d, kt);
 #endif
-  if constexpr (!kDots) transpose_keys(k, p.k_token_bytes, tile, d, kt, ts.next);
-  ts.next->upto(ts.next->rows);
+  if constexpr (!kDots) transpose_keys(k, p.k_token_bytes, tile, d, kt);
   const std::int64_t hb = std::max(task.h_begin, hk * ts.group);
   const std::int64_t he = std::min(task.h_end, (hk + 1) * ts.group);
   for (std::int64_t i0 = 0; i0 < ts.nq; i0 += 2) {
@@ -1035,10 +1054,10 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
         if constexpr (kHeads == 4) {
           if (both) {
             if constexpr (kDots) {
-              pair_scores_of<kDots, 8>(q, kt, d, sc);
+              pair_scores_of<kDots, 8>(q, kt, d, sc, ts.next);
             } else {  // (8 states' 32 chains would not fit AVX2's 16 registers)
-              pair_scores_of<kDots, 4>(q, kt, d, sc);
-              pair_scores_of<kDots, 4>(q + 4, kt, d, sc + kRowScores);
+              pair_scores_of<kDots, 4>(q, kt, d, sc, ts.next);
+              pair_scores_of<kDots, 4>(q + 4, kt, d, sc + kRowScores, ts.next);
             }
             if (a[0] == a[1] && b[0] == b[1]) {  // the same keys: one pass over V for both rows
               pair_group<kDots, 8>(ts, sc, rows[0], a[0], b[0], states);
@@ -1049,12 +1068,14 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
         }
         for (std::int64_t r = 0; r < nr; ++r) {
           if (a[r] > b[r]) continue;
-          if (!scored) pair_scores_of<kDots, kHeads>(q + r * 4, kt, d, sc + r * kRowScores);
+          if (!scored)
+            pair_scores_of<kDots, kHeads>(q + r * 4, kt, d, sc + r * kRowScores, ts.next);
           pair_group<kDots, kHeads>(ts, sc + r * kRowScores, rows[r], a[r], b[r], states + r * 4);
         }
       });
     }
   }
+  ts.next->all();
 }
 
 HWY_NOINLINE void attend_tile_pairs_float(const TaskState& ts, const std::byte* k,
@@ -1306,7 +1327,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       attn_amx::pv(pr, factors, cols, m, s.amx_v.data(), dv,
                    s.amx_acc.data() + (col0 + gi * m) * dv, dv);
     }
-    next.upto(next.rows);
+    next.all();
   };
   // The partial (max, sum, acc) of row i, head h for the chunk just done. The AMX accumulator
   // is made +0 where it is a zero: a column beside others adds their keys' 0 x V products, whose
@@ -1398,7 +1419,6 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           next = NextRows{next_k + hk * k_head_bytes,
                           next_v + hk * v_head_bytes,
                           next_tile,
-                          0,
                           p.k_token_bytes,
                           p.v_token_bytes,
                           k_head_bytes,
