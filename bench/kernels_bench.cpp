@@ -14,8 +14,9 @@
 // Names: BM_Decode/<paged|contiguous>/<dtype>/ctx:<tokens>/threads:<n>, BM_StreamRead/threads:<n>,
 // BM_ComputePeak/<vnni_int8|bf16_dot|fma_f32>/threads:<n> (multiply-adds per second: the compute
 // yardstick), BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
-// BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n> (and BM_Decode/paged/bfloat16_pairs,
-// BM_DecodeMultiRow/bfloat16_pairs: the same bf16 caches in AttentionOrder::kBf16Pairs),
+// BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n> (and BM_Decode/paged/<dtype>_pairs,
+// BM_DecodeMultiRow/<dtype>_pairs for bfloat16 and fp8_e4m3: the same caches in
+// AttentionOrder::kBf16Pairs),
 // BM_DecodeBatch/<dtype>/requests:<n>/ctx:<tokens>/threads:<n> (short contexts, many requests),
 // BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for
 // bfloat16 and the block formats in the kBlockSum order (also over SmolLM2's 1536 x 576 up
@@ -648,25 +649,28 @@ const bool registered = [] {
         }
       }
     }
-    // The bf16-pair order (AttentionOrder::kBf16Pairs) over the same bf16 caches.
-    for (std::int64_t ctx : {8192, 32768}) {
-      benchmark::RegisterBenchmark(
-          ("BM_Decode/paged/bfloat16_pairs/ctx:" + std::to_string(ctx) + th).c_str(),
-          [=](benchmark::State& s) {
-            run_decode(s, DType::kBfloat16, ctx, true, t, AttentionOrder::kBf16Pairs);
-          })
-          ->Unit(benchmark::kMicrosecond)
-          ->UseRealTime();
-      for (std::int64_t rows : {1, 2, 5, 8}) {
+    // The bf16-pair order (AttentionOrder::kBf16Pairs) over the same bf16 and e4m3 caches.
+    for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {
+      const std::string order = std::string(to_string(dtype)) + "_pairs";
+      for (std::int64_t ctx : {8192, 32768}) {
         benchmark::RegisterBenchmark(
-            ("BM_DecodeMultiRow/bfloat16_pairs/rows:" + std::to_string(rows) +
-             "/ctx:" + std::to_string(ctx) + th)
-                .c_str(),
+            ("BM_Decode/paged/" + order + "/ctx:" + std::to_string(ctx) + th).c_str(),
             [=](benchmark::State& s) {
-              run_multi_row(s, DType::kBfloat16, rows, ctx, t, AttentionOrder::kBf16Pairs);
+              run_decode(s, dtype, ctx, true, t, AttentionOrder::kBf16Pairs);
             })
             ->Unit(benchmark::kMicrosecond)
             ->UseRealTime();
+        for (std::int64_t rows : {1, 2, 5, 8}) {
+          benchmark::RegisterBenchmark(
+              ("BM_DecodeMultiRow/" + order + "/rows:" + std::to_string(rows) +
+               "/ctx:" + std::to_string(ctx) + th)
+                  .c_str(),
+              [=](benchmark::State& s) {
+                run_multi_row(s, dtype, rows, ctx, t, AttentionOrder::kBf16Pairs);
+              })
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
       }
     }
     for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {

@@ -88,8 +88,8 @@ void add_attention_order_option(CLI::App& cmd, std::string& order) {
   cmd.add_option("--attention-order", order,
                  "Reduction order of attention: float, or bf16-pairs (q and the softmax weights "
                  "rounded to bf16, products summed in pairs, VDPBF16PS where the CPU has it: "
-                 "verify rows cost less; needs --kv-dtype bfloat16 and head sizes that are "
-                 "multiples of 32); docs/kernels.md")
+                 "verify rows cost less; needs --kv-dtype bfloat16 or fp8_e4m3 and head sizes "
+                 "that are multiples of 32); docs/kernels.md")
       ->capture_default_str()
       ->check(CLI::IsMember({"float", "bf16-pairs"}));
 }

@@ -204,12 +204,13 @@ void validate(const AttentionSpec& spec, const std::string& where) {
                               where, p.scale, p.soft_cap ? *p.soft_cap : 0.0));
   }
   if (spec.order == AttentionOrder::kBf16Pairs &&
-      (p.kv_dtype != DType::kBfloat16 || spec.mla || spec.head_size % 32 != 0 ||
-       spec.head_size_v % 32 != 0 || spec.head_size > 512 || spec.head_size_v > 512)) {
+      ((p.kv_dtype != DType::kBfloat16 && p.kv_dtype != DType::kFp8E4m3) || spec.mla ||
+       spec.head_size % 32 != 0 || spec.head_size_v % 32 != 0 || spec.head_size > 512 ||
+       spec.head_size_v > 512)) {
     throw_invalid(fmt::format(
-        "{}: the bf16-pairs attention order needs a bfloat16 cache (got {}), no MLA (got {}) and "
-        "head sizes that are multiples of 32 up to 512 (got {} and {}); use the float order for "
-        "this layer, or a bfloat16 cache",
+        "{}: the bf16-pairs attention order needs a bfloat16 or fp8_e4m3 cache (got {}), no MLA "
+        "(got {}) and head sizes that are multiples of 32 up to 512 (got {} and {}); use the "
+        "float order for this layer, or a bfloat16 or fp8_e4m3 cache",
         where, to_string(p.kv_dtype), spec.mla ? "MLA" : "none", spec.head_size, spec.head_size_v));
   }
 }

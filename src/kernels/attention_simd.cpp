@@ -677,6 +677,72 @@ void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::b
 // lane (the keys of a tile across its lanes for q.k, the output elements for p.V), and the paths
 // without it add the same products in the same order.
 
+// e4m3 caches in the pair order: every e4m3 code is a bf16 value exactly (in units of
+// code_unit: value / 256, from 2^-17 to 1.75, normal in bf16), so the order runs on the codes
+// widened to bf16 as a tile is read, with the same arithmetic as a bf16 cache. The widening is a
+// table of the 128 magnitudes' bf16 bits (NaN for 0x7F) with the sign put back: no floating-point
+// instruction, so the task's FTZ and DAZ cannot touch e4m3's subnormals.
+constexpr std::uint16_t e4m3_unit_bf16(unsigned em) {
+  if (em == 0x7F) return 0x7FC0;  // e4m3fn's NaN (no infinities)
+  const unsigned e = em >> 3, m = em & 7;
+  if (e != 0) return static_cast<std::uint16_t>(((e + 112) << 7) | (m << 4));  // 2^(e-15)(1+m/8)
+  if (m == 0) return 0;
+  const unsigned top = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m 2^-17, normalised
+  return static_cast<std::uint16_t>(((110 + top) << 7) | ((m << (7 - top)) & 0x7F));
+}
+struct E4m3Table {
+  alignas(64) std::uint16_t bits[128];
+};
+constexpr E4m3Table make_e4m3_table() {
+  E4m3Table t{};
+  for (unsigned em = 0; em < 128; ++em) t.bits[em] = e4m3_unit_bf16(em);
+  return t;
+}
+constexpr E4m3Table kE4m3Bf16 = make_e4m3_table();
+static_assert(kE4m3Bf16.bits[0x01] == 0x3700 && kE4m3Bf16.bits[0x03] == 0x37C0 &&
+              kE4m3Bf16.bits[0x08] == 0x3880 && kE4m3Bf16.bits[0x7E] == 0x3FE0);
+
+// `rows` rows of `len` e4m3 codes (`stride` bytes apart) as bf16 codes, `len` a row in dst.
+void widen_e4m3_rows(const std::byte* src, std::int64_t stride, std::int64_t rows, std::int64_t len,
+                     std::uint16_t* dst) {
+  std::int64_t r = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // 32 codes at a time: the magnitude's 7 bits index two 64-entry halves of the table
+  // (VPERMI2W), bit 6 picks the half, and the sign goes to bit 15.
+  const __m512i t0 = _mm512_load_si512(kE4m3Bf16.bits);
+  const __m512i t1 = _mm512_load_si512(kE4m3Bf16.bits + 32);
+  const __m512i t2 = _mm512_load_si512(kE4m3Bf16.bits + 64);
+  const __m512i t3 = _mm512_load_si512(kE4m3Bf16.bits + 96);
+  const __m512i sign = _mm512_set1_epi16(static_cast<short>(0x8000));
+  for (; r < rows; ++r) {
+    const std::byte* row = src + r * stride;
+    std::uint16_t* out = dst + r * len;
+    std::int64_t j = 0;
+    for (; j + 32 <= len; j += 32) {
+      const __m512i c =
+          _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + j)));
+      const __m512i low = _mm512_permutex2var_epi16(t0, c, t1);
+      const __m512i high = _mm512_permutex2var_epi16(t2, c, t3);
+      const __m512i mag =
+          _mm512_mask_blend_epi16(_mm512_test_epi16_mask(c, _mm512_set1_epi16(0x40)), low, high);
+      const __m512i w = _mm512_or_si512(mag, _mm512_and_si512(_mm512_slli_epi16(c, 8), sign));
+      _mm512_storeu_si512(out + j, w);
+    }
+    for (; j < len; ++j) {
+      const auto code = std::to_integer<unsigned>(row[j]);
+      out[j] = static_cast<std::uint16_t>(kE4m3Bf16.bits[code & 0x7F] | ((code & 0x80) << 8));
+    }
+  }
+#endif
+  for (; r < rows; ++r) {
+    for (std::int64_t j = 0; j < len; ++j) {
+      const auto code = std::to_integer<unsigned>(src[r * stride + j]);
+      dst[r * len + j] =
+          static_cast<std::uint16_t>(kE4m3Bf16.bits[code & 0x7F] | ((code & 0x80) << 8));
+    }
+  }
+}
+
 // Heads of up to 512 elements (validate): the row a pair's missing token reads.
 alignas(64) constexpr std::uint16_t kZeroRow[512] = {};
 
@@ -1207,7 +1273,15 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     grow(s.scores, 8 * kTileTokens);
     grow(s.probs, 8 * kTileTokens);
     grow(s.k_pairs, d / 2 * kTileTokens);
+    if (p.dtype == DType::kFp8E4m3) {
+      grow(s.k_wide, kTileTokens * d);
+      grow(s.v_wide, kTileTokens * dv);
+    }
   }
+  // e4m3 in the pair order: a tile's rows widened to bf16, back to back (widen_e4m3_rows).
+  PageLayout wide = p;
+  wide.k_token_bytes = 2 * d;
+  wide.v_token_bytes = 2 * dv;
   grow(s.q, nq * nh * dp);
   grow(s.k, kTileTokens * dp);
   grow(s.v, spec.mla ? 0 : kTileTokens * dvp);
@@ -1431,13 +1505,23 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           continue;
         }
         if (pairs) {
+          const std::byte* k_rows = k_head;
+          const std::byte* v_rows = v_head;
+          const PageLayout* rows_layout = &p;
+          if (p.dtype == DType::kFp8E4m3) {  // the tile's codes as bf16, once for every row
+            widen_e4m3_rows(k_head, p.k_token_bytes, tile, d, s.k_wide.data());
+            widen_e4m3_rows(v_head, p.v_token_bytes, tile, dv, s.v_wide.data());
+            k_rows = reinterpret_cast<const std::byte*>(s.k_wide.data());
+            v_rows = reinterpret_cast<const std::byte*>(s.v_wide.data());
+            rows_layout = &wide;
+          }
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
           if (call.bf16_dots) {
-            attend_tile_pairs_dots(ts, k_head, v_head, p, t0, tile, hk);
+            attend_tile_pairs_dots(ts, k_rows, v_rows, *rows_layout, t0, tile, hk);
             continue;
           }
 #endif
-          attend_tile_pairs_float(ts, k_head, v_head, p, t0, tile, hk);
+          attend_tile_pairs_float(ts, k_rows, v_rows, *rows_layout, t0, tile, hk);
           continue;
         }
         if (in_registers) {

@@ -145,10 +145,10 @@ TEST(BadInputCommand, TheBf16PairAttentionOrderNamesTheLayerItCannotServe) {
     } else {
       args.insert(args.end(), {"--max-tokens", "2"});
     }
-    expect_bad_input(args, {"layer layers.0: the bf16-pairs attention order needs a bfloat16 "
-                            "cache (got float32)",
+    expect_bad_input(args, {"layer layers.0: the bf16-pairs attention order needs a bfloat16 or "
+                            "fp8_e4m3 cache (got float32)",
                             "multiples of 32 up to 512 (got 16 and 16)",
-                            "use the float order for this layer, or a bfloat16 cache"});
+                            "use the float order for this layer, or a bfloat16 or fp8_e4m3 cache"});
   }
   expect_bad_input({"generate", "tiny-swa", "--attention-order", "bf16"},
                    {"--attention-order: bf16 not in {float,bf16-pairs}"});

@@ -5,6 +5,7 @@
 // dense double reference; and a clear error where the layer cannot take the order.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -24,9 +25,9 @@ namespace {
 using testing::Layer;
 using testing::same_bits;
 
-AttentionSpec pairs_spec(int q_heads, int kv_heads, int head_size) {
+AttentionSpec pairs_spec(int q_heads, int kv_heads, int head_size, DType cache = DType::kBfloat16) {
   AttentionSpec s;
-  s.params.kv_dtype = DType::kBfloat16;
+  s.params.kv_dtype = cache;
   s.params.num_q_heads = q_heads;
   s.params.num_kv_heads = kv_heads;
   s.head_size = head_size;
@@ -66,6 +67,10 @@ TEST(AttentionPairs, VerifyRowsMatchTheirDecodesAndTheReference) {
        1043},
       {"MHA of 96, non-causal, values of 300", pairs_spec(2, 2, 96), -1, false, true, false, 300.0f,
        333},
+      {"fp8 e4m3, GQA 4 x 128", pairs_spec(8, 2, 128, DType::kFp8E4m3), -1, false, false, true,
+       1.0f, 1040},
+      {"fp8 e4m3, GQA 3 x 64, window 701, cap, sinks, values of 300",
+       pairs_spec(9, 3, 64, DType::kFp8E4m3), 701, true, true, true, 300.0f, 1043},
   };
   int targets = 0;
   for_each_simd_target([&](const std::string& target) {
@@ -119,16 +124,48 @@ TEST(AttentionPairs, DotsGiveTheOrdinaryInstructionsBitsAndDifferFromFloatOnlyIn
   EXPECT_LT(worst, 1e-2);
 }
 
+// Every e4m3 code is a bf16 value exactly, so an e4m3 cache gives the bits of a bf16 cache holding
+// its values, on every instruction set and both paths: the widening maps each code to its value
+// (subnormal codes too, which the task's DAZ would flush in a floating-point widening), and the
+// cache's unit (values / 256) moves no bit.
+TEST(AttentionPairs, AnE4m3CacheGivesTheBitsOfABf16CacheOfItsValues) {
+  const AttentionSpec e4m3 = pairs_spec(16, 4, 128, DType::kFp8E4m3);
+  const AttentionSpec bf16 = pairs_spec(16, 4, 128);
+  std::vector<std::int64_t> blocks(40);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  int targets = 0;
+  for_each_simd_target([&](const std::string& target) {
+    ++targets;
+    Layer l8 = testing::make_layer(e4m3, 40, 16, "e4m3");
+    Layer l16 = testing::make_layer(bf16, 40, 16, "bf16");
+    std::mt19937_64 rng(59);
+    const auto r = testing::make_request(e4m3, l8.geometry, {}, l8.cache, blocks, 631, 5, rng);
+    const std::vector<float> k = testing::stored(DType::kFp8E4m3, r.k, 1.0f);
+    const std::vector<float> v = testing::stored(DType::kFp8E4m3, r.v, 1.0f);
+    const auto subnormal = [](float x) { return x != 0 && std::fabs(x) < 0x1p-6f; };
+    ASSERT_GT(std::count_if(k.begin(), k.end(), subnormal), 0) << "no subnormal e4m3 code in K";
+    write_kv(bf16, l16.geometry, {}, l16.cache, slot_mapping(l16.geometry, blocks, 0, 631), k, v);
+    for (const bool dots : dots_settings()) {
+      set_attention_bf16_dots(dots);
+      const auto a = attend(l8, blocks, 631, 5, r.q, {}, nullptr);
+      const auto b = attend(l16, blocks, 631, 5, r.q, {}, nullptr);
+      EXPECT_TRUE(same_bits(a, b)) << target << (dots ? ", VDPBF16PS" : ", ordinary instructions");
+    }
+    set_attention_bf16_dots(true);
+  });
+  EXPECT_GE(targets, 1);
+}
+
 // A layer the order cannot serve is refused by name, with what would fix it.
-TEST(AttentionPairs, NeedsABfloat16CacheNoMlaAndHeadsOf32) {
-  AttentionSpec fp8 = pairs_spec(8, 2, 128);
-  fp8.params.kv_dtype = DType::kFp8E4m3;
+TEST(AttentionPairs, NeedsABfloat16OrE4m3CacheNoMlaAndHeadsOf32) {
+  AttentionSpec f16 = pairs_spec(8, 2, 128, DType::kFloat16);
+  AttentionSpec e5m2 = pairs_spec(8, 2, 128, DType::kFp8E5m2);
   AttentionSpec odd = pairs_spec(8, 2, 72);
   AttentionSpec mla = pairs_spec(8, 1, 128);
   mla.mla = true;
   mla.head_size_v = 64;
   AttentionSpec wide = pairs_spec(8, 2, 544);  // a multiple of 32 beyond 512
-  for (const AttentionSpec& s : {fp8, odd, mla, wide}) {
+  for (const AttentionSpec& s : {f16, e5m2, odd, mla, wide}) {
     try {
       validate(s, "layer 7");
       ADD_FAILURE() << "accepted";

@@ -23,10 +23,11 @@ namespace mixkv::kernels {
 enum class AttentionOrder {
   // Float products and sums (or AMX's on a CPU that has it, attention_uses_amx): the default.
   kFloat,
-  // bf16 caches: q and the softmax weights rounded to bf16, every product exact, summed in
-  // pairs as AVX512-BF16's VDPBF16PS sums them (one instruction per 32 products where it
-  // exists; the same bits from ordinary instructions where it does not). Needs head sizes that
-  // are multiples of 32 up to 512 and no MLA.
+  // bf16 and fp8 e4m3 caches (each e4m3 code is a bf16 value exactly): q and the softmax
+  // weights rounded to bf16, every product exact, summed in pairs as AVX512-BF16's VDPBF16PS sums
+  // them (one instruction per 32 products where it exists; the same bits from ordinary
+  // instructions where it does not). Needs head sizes that are multiples of 32 up to 512 and no
+  // MLA.
   kBf16Pairs,
 };
 std::string_view to_string(AttentionOrder order);

@@ -101,7 +101,8 @@ struct RunnerOptions {
   // batched.
   kernels::ReductionOrder weight_order = kernels::ReductionOrder::kGgml;
   // How the attention layers reduce (kernels::AttentionOrder), the target's and the drafter's:
-  // kBf16Pairs needs bfloat16 caches (kv_dtype) and head sizes that are multiples of 32, and
+  // kBf16Pairs needs bfloat16 or fp8_e4m3 caches (kv_dtype) and head sizes that are multiples of
+  // 32, and
   // loading a model whose attention layers cannot take it throws Error naming the layer.
   kernels::AttentionOrder attention_order = kernels::AttentionOrder::kFloat;
 };
