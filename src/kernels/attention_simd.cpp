@@ -701,6 +701,10 @@ constexpr E4m3Table make_e4m3_table() {
 constexpr E4m3Table kE4m3Bf16 = make_e4m3_table();
 static_assert(kE4m3Bf16.bits[0x01] == 0x3700 && kE4m3Bf16.bits[0x03] == 0x37C0 &&
               kE4m3Bf16.bits[0x08] == 0x3880 && kE4m3Bf16.bits[0x7E] == 0x3FE0);
+HWY_INLINE std::uint16_t e4m3_bf16(std::byte code) {
+  const auto c = std::to_integer<unsigned>(code);
+  return static_cast<std::uint16_t>(kE4m3Bf16.bits[c & 0x7F] | ((c & 0x80) << 8));
+}
 
 // `rows` rows of `len` e4m3 codes (`stride` bytes apart) as bf16 codes, `len` a row in dst.
 void widen_e4m3_rows(const std::byte* src, std::int64_t stride, std::int64_t rows, std::int64_t len,
@@ -728,19 +732,11 @@ void widen_e4m3_rows(const std::byte* src, std::int64_t stride, std::int64_t row
       const __m512i w = _mm512_or_si512(mag, _mm512_and_si512(_mm512_slli_epi16(c, 8), sign));
       _mm512_storeu_si512(out + j, w);
     }
-    for (; j < len; ++j) {
-      const auto code = std::to_integer<unsigned>(row[j]);
-      out[j] = static_cast<std::uint16_t>(kE4m3Bf16.bits[code & 0x7F] | ((code & 0x80) << 8));
-    }
+    for (; j < len; ++j) out[j] = e4m3_bf16(row[j]);
   }
 #endif
-  for (; r < rows; ++r) {
-    for (std::int64_t j = 0; j < len; ++j) {
-      const auto code = std::to_integer<unsigned>(src[r * stride + j]);
-      dst[r * len + j] =
-          static_cast<std::uint16_t>(kE4m3Bf16.bits[code & 0x7F] | ((code & 0x80) << 8));
-    }
-  }
+  for (; r < rows; ++r)
+    for (std::int64_t j = 0; j < len; ++j) dst[r * len + j] = e4m3_bf16(src[r * stride + j]);
 }
 
 // Heads of up to 512 elements (validate): the row a pair's missing token reads.
