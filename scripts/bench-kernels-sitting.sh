@@ -33,7 +33,7 @@ groups=(
   'BM_Decode/(paged|contiguous)/bfloat16/ctx:32768/threads:2/'
   'BM_Decode/(paged|contiguous)/fp8_e4m3/ctx:8192/threads:2/'
   'BM_Decode/(paged|contiguous)/fp8_e4m3/ctx:32768/threads:2/'
-  'BM_DecodeMultiRow/(bfloat16|bfloat16_pairs|fp8_e4m3)/rows:(1|5)/ctx:8192/threads:2/'
+  'BM_DecodeMultiRow/(bfloat16|bfloat16_pairs|fp8_e4m3|fp8_e4m3_pairs)/rows:(1|5)/ctx:8192/threads:2/'
   'BM_WeightMatmul/bfloat16(_blocksum)?/rows:(1|8)/threads:2/'
   'BM_WeightMatmul/q8_0(_blocksum)?/rows:(1|8)/threads:2/'
   'BM_WeightMatmul/q4_1(_blocksum)?/rows:(1|8)/threads:2/'

@@ -71,7 +71,7 @@ def points(round_):
                         SHARE, 0.70))
             out.append((f"paged / contiguous {dtype}, {ctx // 1024}k", ratio(paged, contiguous),
                         RATIO, 1.10))
-    for order in ("bfloat16", "bfloat16_pairs", "fp8_e4m3"):
+    for order in ("bfloat16", "bfloat16_pairs", "fp8_e4m3", "fp8_e4m3_pairs"):
         base = f"BM_DecodeMultiRow/{order}/rows:{{}}/ctx:8192/threads:2"
         out.append((f"5 verify rows / 1 row, {order}, 8k", ratio(base.format(5), base.format(1)),
                     RATIO, 1.30))
