@@ -700,7 +700,8 @@ constexpr E4m3Table make_e4m3_table() {
 }
 constexpr E4m3Table kE4m3Bf16 = make_e4m3_table();
 static_assert(kE4m3Bf16.bits[0x01] == 0x3700 && kE4m3Bf16.bits[0x03] == 0x37C0 &&
-              kE4m3Bf16.bits[0x08] == 0x3880 && kE4m3Bf16.bits[0x7E] == 0x3FE0);
+              kE4m3Bf16.bits[0x08] == 0x3880 && kE4m3Bf16.bits[0x7E] == 0x3FE0 &&
+              kE4m3Bf16.bits[0x7F] == 0x7FC0);  // 2^-17, 3 2^-17, 2^-14, 448 / 256, NaN
 HWY_INLINE std::uint16_t e4m3_bf16(std::byte code) {
   const auto c = std::to_integer<unsigned>(code);
   return static_cast<std::uint16_t>(kE4m3Bf16.bits[c & 0x7F] | ((c & 0x80) << 8));
