@@ -679,45 +679,39 @@ void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::b
 
 // e4m3 caches in the pair order: every e4m3 code is a bf16 value exactly (in units of
 // code_unit: value / 256, from 2^-17 to 1.75, normal in bf16), so the order runs on the codes
-// widened to bf16 as a tile is read, with the same arithmetic as a bf16 cache. The widening is a
-// table of the 128 magnitudes' bf16 bits (NaN for 0x7F) with the sign put back: no floating-point
-// instruction, so the task's FTZ and DAZ cannot touch e4m3's subnormals.
-constexpr std::uint16_t e4m3_unit_bf16(unsigned em) {
-  if (em == 0x7F) return 0x7FC0;  // e4m3fn's NaN (no infinities)
-  const unsigned e = em >> 3, m = em & 7;
-  if (e != 0) return static_cast<std::uint16_t>(((e + 112) << 7) | (m << 4));  // 2^(e-15)(1+m/8)
-  if (m == 0) return 0;
-  const unsigned top = m >= 4 ? 2 : m >= 2 ? 1 : 0;  // m 2^-17, normalised
-  return static_cast<std::uint16_t>(((110 + top) << 7) | ((m << (7 - top)) & 0x7F));
-}
-struct E4m3Table {
-  alignas(64) std::uint16_t bits[128];
-};
-constexpr E4m3Table make_e4m3_table() {
-  E4m3Table t{};
-  for (unsigned em = 0; em < 128; ++em) t.bits[em] = e4m3_unit_bf16(em);
-  return t;
-}
-constexpr E4m3Table kE4m3Bf16 = make_e4m3_table();
-static_assert(kE4m3Bf16.bits[0x01] == 0x3700 && kE4m3Bf16.bits[0x03] == 0x37C0 &&
-              kE4m3Bf16.bits[0x08] == 0x3880 && kE4m3Bf16.bits[0x7E] == 0x3FE0 &&
-              kE4m3Bf16.bits[0x7F] == 0x7FC0);  // 2^-17, 3 2^-17, 2^-14, 448 / 256, NaN
-HWY_INLINE std::uint16_t e4m3_bf16(std::byte code) {
-  const auto c = std::to_integer<unsigned>(code);
-  return static_cast<std::uint16_t>(kE4m3Bf16.bits[c & 0x7F] | ((c & 0x80) << 8));
+// widened to bf16 as a tile is read, with the same arithmetic as a bf16 cache. The widening looks
+// the magnitude up in a table of their bf16 codes and puts the sign back: no floating-point
+// instruction on the cache's codes, so the task's FTZ and DAZ cannot touch e4m3's subnormals.
+
+// The bf16 codes of e4m3's 128 magnitudes in units of code_unit (NaN for 0x7F), from `table`
+// (fp8_table's values, which every path decodes by): exact, a float of at most 4 significant
+// bits having a zero low half.
+void e4m3_magnitudes_bf16(const float* table, std::uint16_t* out) {
+  for (std::size_t em = 0; em < 128; ++em) {
+    const float unit = table[em] * code_unit(DType::kFp8E4m3);
+    std::uint32_t bits;
+    std::memcpy(&bits, &unit, sizeof bits);
+    out[em] = static_cast<std::uint16_t>(bits >> 16);
+  }
 }
 
-// `rows` rows of `len` e4m3 codes (`stride` bytes apart) as bf16 codes, `len` a row in dst.
-void widen_e4m3_rows(const std::byte* src, std::int64_t stride, std::int64_t rows, std::int64_t len,
-                     std::uint16_t* dst) {
+HWY_INLINE std::uint16_t e4m3_bf16(const std::uint16_t* magnitudes, std::byte code) {
+  const auto c = std::to_integer<unsigned>(code);
+  return static_cast<std::uint16_t>(magnitudes[c & 0x7F] | ((c & 0x80) << 8));
+}
+
+// `rows` rows of `len` e4m3 codes (`stride` bytes apart) as bf16 codes, `len` a row in dst;
+// `magnitudes` from e4m3_magnitudes_bf16, 64-byte aligned.
+void widen_e4m3_rows(const std::uint16_t* magnitudes, const std::byte* src, std::int64_t stride,
+                     std::int64_t rows, std::int64_t len, std::uint16_t* dst) {
   std::int64_t r = 0;
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   // 32 codes at a time: the magnitude's 7 bits index two 64-entry halves of the table
   // (VPERMI2W), bit 6 picks the half, and the sign goes to bit 15.
-  const __m512i t0 = _mm512_load_si512(kE4m3Bf16.bits);
-  const __m512i t1 = _mm512_load_si512(kE4m3Bf16.bits + 32);
-  const __m512i t2 = _mm512_load_si512(kE4m3Bf16.bits + 64);
-  const __m512i t3 = _mm512_load_si512(kE4m3Bf16.bits + 96);
+  const __m512i t0 = _mm512_load_si512(magnitudes);
+  const __m512i t1 = _mm512_load_si512(magnitudes + 32);
+  const __m512i t2 = _mm512_load_si512(magnitudes + 64);
+  const __m512i t3 = _mm512_load_si512(magnitudes + 96);
   const __m512i sign = _mm512_set1_epi16(static_cast<short>(0x8000));
   for (; r < rows; ++r) {
     const std::byte* row = src + r * stride;
@@ -733,11 +727,12 @@ void widen_e4m3_rows(const std::byte* src, std::int64_t stride, std::int64_t row
       const __m512i w = _mm512_or_si512(mag, _mm512_and_si512(_mm512_slli_epi16(c, 8), sign));
       _mm512_storeu_si512(out + j, w);
     }
-    for (; j < len; ++j) out[j] = e4m3_bf16(row[j]);
+    for (; j < len; ++j) out[j] = e4m3_bf16(magnitudes, row[j]);
   }
 #endif
   for (; r < rows; ++r)
-    for (std::int64_t j = 0; j < len; ++j) dst[r * len + j] = e4m3_bf16(src[r * stride + j]);
+    for (std::int64_t j = 0; j < len; ++j)
+      dst[r * len + j] = e4m3_bf16(magnitudes, src[r * stride + j]);
 }
 
 // Heads of up to 512 elements (validate): the row a pair's missing token reads.
@@ -1279,6 +1274,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   PageLayout wide = p;
   wide.k_token_bytes = 2 * d;
   wide.v_token_bytes = 2 * dv;
+  alignas(64) std::uint16_t e4m3_magnitudes[128];
+  if (pairs && p.dtype == DType::kFp8E4m3) e4m3_magnitudes_bf16(table, e4m3_magnitudes);
   grow(s.q, nq * nh * dp);
   grow(s.k, kTileTokens * dp);
   grow(s.v, spec.mla ? 0 : kTileTokens * dvp);
@@ -1506,8 +1503,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           const std::byte* v_rows = v_head;
           const PageLayout* rows_layout = &p;
           if (p.dtype == DType::kFp8E4m3) {  // the tile's codes as bf16, once for every row
-            widen_e4m3_rows(k_head, p.k_token_bytes, tile, d, s.k_wide.data());
-            widen_e4m3_rows(v_head, p.v_token_bytes, tile, dv, s.v_wide.data());
+            widen_e4m3_rows(e4m3_magnitudes, k_head, p.k_token_bytes, tile, d, s.k_wide.data());
+            widen_e4m3_rows(e4m3_magnitudes, v_head, p.v_token_bytes, tile, dv, s.v_wide.data());
             k_rows = reinterpret_cast<const std::byte*>(s.k_wide.data());
             v_rows = reinterpret_cast<const std::byte*>(s.v_wide.data());
             rows_layout = &wide;
