@@ -16,7 +16,7 @@
 // yardstick), BM_Prefill/<dtype>/tokens:<n>/threads:<n>, BM_Matmul/n:<n>/threads:<n>,
 // BM_DecodeMultiRow/<dtype>/rows:<r>/ctx:<tokens>/threads:<n> (and BM_Decode/paged/<dtype>_pairs,
 // BM_DecodeMultiRow/<dtype>_pairs for bfloat16 and fp8_e4m3: the same caches in
-// AttentionOrder::kBf16Pairs),
+// AttentionOrder::kBf16Pairs; BM_Decode/paged_hnd/<dtype>[_pairs]/ctx:<tokens>: HND pages),
 // BM_DecodeBatch/<dtype>/requests:<n>/ctx:<tokens>/threads:<n> (short contexts, many requests),
 // BM_WeightMatmul/<dtype>/rows:<r>/threads:<n>, and BM_WeightMatmul/<dtype>_blocksum/... for
 // bfloat16 and the block formats in the kBlockSum order (also over SmolLM2's 1536 x 576 up
@@ -114,7 +114,8 @@ struct CacheFixture {
 // `layers` copies when positive (a model's layers, which its step reads one after the other, so the
 // caches hold what they would in a real step), else as many as fill kBeyondCaches.
 CacheFixture make_cache(DType dtype, std::int64_t context, bool paged,
-                        const LayerShape& shape = kLlama, std::int64_t layers = 0) {
+                        const LayerShape& shape = kLlama, std::int64_t layers = 0,
+                        attn::KvLayout kv_layout = attn::KvLayout::kNHD) {
   CacheFixture f;
   f.shape = shape;
   f.spec = bench_spec(dtype, shape);
@@ -128,6 +129,8 @@ CacheFixture make_cache(DType dtype, std::int64_t context, bool paged,
   l.kernel_page_bytes = page_tokens * (l.k_token_bytes + l.v_token_bytes);
   l.kernel_page_stride = l.kernel_page_bytes;
   l.v_offset = page_tokens * l.k_token_bytes;
+  l.kv_layout = kv_layout;
+  l.num_kv_heads = shape.kv_heads;
   const std::int64_t num_pages = context / page_tokens;
   f.cache.resize(static_cast<std::size_t>(num_pages * l.kernel_page_stride));
   f.pages.resize(static_cast<std::size_t>(num_pages));
@@ -161,13 +164,14 @@ CacheFixture make_cache(DType dtype, std::int64_t context, bool paged,
 
 // One fixture at a time (each holds kBeyondCaches or more, or a model's layers).
 const CacheFixture& cache_of(DType dtype, std::int64_t context, bool paged,
-                             const LayerShape& shape = kLlama, std::int64_t layers = 0) {
-  static std::tuple<DType, std::int64_t, bool, LayerShape, std::int64_t> key;
+                             const LayerShape& shape = kLlama, std::int64_t layers = 0,
+                             attn::KvLayout kv_layout = attn::KvLayout::kNHD) {
+  static std::tuple<DType, std::int64_t, bool, LayerShape, std::int64_t, attn::KvLayout> key;
   static std::unique_ptr<CacheFixture> f;
-  if (f && key == std::tuple{dtype, context, paged, shape, layers}) return *f;
+  if (f && key == std::tuple{dtype, context, paged, shape, layers, kv_layout}) return *f;
   f.reset();
-  f = std::make_unique<CacheFixture>(make_cache(dtype, context, paged, shape, layers));
-  key = {dtype, context, paged, shape, layers};
+  f = std::make_unique<CacheFixture>(make_cache(dtype, context, paged, shape, layers, kv_layout));
+  key = {dtype, context, paged, shape, layers, kv_layout};
   return *f;
 }
 
@@ -212,8 +216,9 @@ std::int64_t kv_bytes(DType dtype, std::int64_t tokens, const LayerShape& shape 
 
 // One decode query over the whole context. Bytes/s counts the K and V bytes read per call.
 void run_decode(benchmark::State& state, DType dtype, std::int64_t context, bool paged, int threads,
-                AttentionOrder order = AttentionOrder::kFloat) {
-  const CacheFixture& f = cache_of(dtype, context, paged);
+                AttentionOrder order = AttentionOrder::kFloat,
+                attn::KvLayout kv_layout = attn::KvLayout::kNHD) {
+  const CacheFixture& f = cache_of(dtype, context, paged, kLlama, 0, kv_layout);
   const std::vector<PagedSequence> batch = {{f.pages, context, 1}};
   time_attention(state, f, batch, 2, threads, order);
   state.SetBytesProcessed(state.iterations() * kv_bytes(dtype, context));
@@ -644,6 +649,23 @@ const bool registered = [] {
                                    th;
           benchmark::RegisterBenchmark(
               name.c_str(), [=](benchmark::State& s) { run_decode(s, dtype, ctx, paged, t); })
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
+      }
+    }
+    // HND pages (trtllm-gen's layout: a KV head's tokens side by side in each page), float and
+    // bf16-pair orders.
+    for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {
+      for (AttentionOrder order : {AttentionOrder::kFloat, AttentionOrder::kBf16Pairs}) {
+        const std::string name =
+            std::string(to_string(dtype)) + (order == AttentionOrder::kBf16Pairs ? "_pairs" : "");
+        for (std::int64_t ctx : {8192, 32768}) {
+          benchmark::RegisterBenchmark(
+              ("BM_Decode/paged_hnd/" + name + "/ctx:" + std::to_string(ctx) + th).c_str(),
+              [=](benchmark::State& s) {
+                run_decode(s, dtype, ctx, true, t, order, attn::KvLayout::kHND);
+              })
               ->Unit(benchmark::kMicrosecond)
               ->UseRealTime();
         }

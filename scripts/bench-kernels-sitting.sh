@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Issue 14's points in one sitting: rounds of `mixkv_bench` over the benchmarks its acceptance
-# names (the streaming read, paged and contiguous decode at 8k and 32k, 1 and 5 verify rows, 1 and
-# 8 rows of bf16, q8_0 and q4_1 weights in both orders, all on 2 threads, and the cache-line round
-# trip that says where the host put the threads), then scripts/kernels_sitting.py prints each
-# point as a ratio within its round, the median over rounds and whether it meets the issue. On a
+# names (the streaming read, paged (NHD and HND pages) and contiguous decode at 8k and 32k, 1 and 5
+# verify rows, 1 and 8 rows of bf16, q8_0 and q4_1 weights in both orders, all on 2 threads, and
+# the cache-line round trip that says where the host put the threads), then
+# scripts/kernels_sitting.py prints each point as a ratio within its round, the median over rounds
+# and whether it meets the issue. On a
 # host whose bandwidth moves from minute to minute, only ratios taken in the same round compare.
 # Not run by CI: about a minute a round on a 2-core Zen 5.
 #   usage: scripts/bench-kernels-sitting.sh [--rounds N (3)] [--min-time S (0.3): seconds each
@@ -29,10 +30,10 @@ mkdir -p "$out"
 # Each group runs in an invocation of its own beside a streaming read and a round trip, so that a
 # point's yardstick is seconds from it, not a minute.
 groups=(
-  'BM_Decode/(paged|contiguous)/bfloat16/ctx:8192/threads:2/'
-  'BM_Decode/(paged|contiguous)/bfloat16/ctx:32768/threads:2/'
-  'BM_Decode/(paged|contiguous)/fp8_e4m3/ctx:8192/threads:2/'
-  'BM_Decode/(paged|contiguous)/fp8_e4m3/ctx:32768/threads:2/'
+  'BM_Decode/(paged|paged_hnd|contiguous)/bfloat16/ctx:8192/threads:2/'
+  'BM_Decode/(paged|paged_hnd|contiguous)/bfloat16/ctx:32768/threads:2/'
+  'BM_Decode/(paged|paged_hnd|contiguous)/fp8_e4m3/ctx:8192/threads:2/'
+  'BM_Decode/(paged|paged_hnd|contiguous)/fp8_e4m3/ctx:32768/threads:2/'
   'BM_DecodeMultiRow/(bfloat16|bfloat16_pairs|fp8_e4m3|fp8_e4m3_pairs)/rows:(1|5)/ctx:8192/threads:2/'
   'BM_WeightMatmul/bfloat16(_blocksum)?/rows:(1|8)/threads:2/'
   'BM_WeightMatmul/q8_0(_blocksum)?/rows:(1|8)/threads:2/'

@@ -67,12 +67,13 @@ def points(round_):
 
     for dtype in ("bfloat16", "fp8_e4m3"):
         for ctx in (8192, 32768):
-            paged = f"BM_Decode/paged/{dtype}/ctx:{ctx}/threads:2"
             contiguous = f"BM_Decode/contiguous/{dtype}/ctx:{ctx}/threads:2"
-            out.append((f"paged {dtype} decode, {ctx // 1024}k: % of streaming", share(paged),
-                        SHARE, 0.70))
-            out.append((f"paged / contiguous {dtype}, {ctx // 1024}k", ratio(paged, contiguous),
-                        RATIO, 1.10))
+            for pages in ("paged", "paged_hnd"):  # NHD and HND pages
+                paged = f"BM_Decode/{pages}/{dtype}/ctx:{ctx}/threads:2"
+                out.append((f"{pages} {dtype} decode, {ctx // 1024}k: % of streaming",
+                            share(paged), SHARE, 0.70))
+                out.append((f"{pages} / contiguous {dtype}, {ctx // 1024}k",
+                            ratio(paged, contiguous), RATIO, 1.10))
     for order in ("bfloat16", "bfloat16_pairs", "fp8_e4m3", "fp8_e4m3_pairs"):
         base = f"BM_DecodeMultiRow/{order}/rows:{{}}/ctx:8192/threads:2"
         out.append((f"5 verify rows / 1 row, {order}, 8k", ratio(base.format(5), base.format(1)),

@@ -119,6 +119,12 @@ std::string rule_text(const KernelPageRule& rule) {
 
 std::string_view to_string(KvLayout layout) { return layout == KvLayout::kNHD ? "NHD" : "HND"; }
 
+KvLayout parse_kv_layout(std::string_view text, const std::string& where) {
+  if (text == "NHD") return KvLayout::kNHD;
+  if (text == "HND") return KvLayout::kHND;
+  throw_invalid(fmt::format("{} '{}' is not a KV layout; use NHD or HND", where, text));
+}
+
 const BackendCaps& capabilities(Backend backend) {
   static const std::map<Backend, BackendCaps> table = [] {
     std::map<Backend, BackendCaps> t;

@@ -219,6 +219,7 @@ Action add_bench_generate_command(CLI::App& app) {
     int threads = 0;
     std::string weight_order = kDefaultWeightOrder;
     std::string attention_order = "float";
+    std::string kv_layout = "NHD";
     bool fixed_draft = false;
     std::optional<double> step_cost_per_row;  // absent: measured
     std::string memory = "256MiB";
@@ -260,6 +261,7 @@ Action add_bench_generate_command(CLI::App& app) {
       ->capture_default_str();
   add_weight_order_option(*cmd, args->weight_order);
   add_attention_order_option(*cmd, args->attention_order);
+  add_kv_layout_option(*cmd, args->kv_layout);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
   cmd->add_flag("--fixed-draft-length", args->fixed_draft,
@@ -321,6 +323,7 @@ Action add_bench_generate_command(CLI::App& app) {
     ro.threads = args->threads;
     ro.weight_order = parse_weight_order(args->weight_order);
     ro.attention_order = kernels::parse_attention_order(args->attention_order, "--attention-order");
+    ro.kv_layout = attn::parse_kv_layout(args->kv_layout, "--kv-layout");
     ro.kv_dtype = dtype_option("--kv-dtype", args->kv_dtype);
     if (gguf) ro.max_model_len = 2048;  // as generate: far more than a prompt and its answer
     if (self) {

@@ -64,6 +64,7 @@ Action add_generate_command(CLI::App& app) {
     std::optional<int> draft_layers;  // --draft self
     std::string weight_order = kDefaultWeightOrder;
     std::string attention_order = "float";
+    std::string kv_layout = "NHD";
     std::string kv_dtype = "auto";
     int num_spec_tokens = 3;
     std::string prompt;
@@ -140,6 +141,7 @@ Action add_generate_command(CLI::App& app) {
                   "most 2048 for a GGUF model)");
   add_weight_order_option(*cmd, args->weight_order);
   add_attention_order_option(*cmd, args->attention_order);
+  add_kv_layout_option(*cmd, args->kv_layout);
   add_kv_dtype_option(*cmd, args->kv_dtype);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)");
@@ -187,6 +189,7 @@ Action add_generate_command(CLI::App& app) {
     setup.options.weight_order = parse_weight_order(args->weight_order);
     setup.options.attention_order =
         kernels::parse_attention_order(args->attention_order, "--attention-order");
+    setup.options.kv_layout = attn::parse_kv_layout(args->kv_layout, "--kv-layout");
     setup.options.kv_dtype = dtype_option("--kv-dtype", args->kv_dtype);
     runner::ModelRunner runner = setup.make_runner();
 

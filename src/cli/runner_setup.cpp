@@ -94,6 +94,15 @@ void add_attention_order_option(CLI::App& cmd, std::string& order) {
       ->check(CLI::IsMember({"float", "bf16-pairs"}));
 }
 
+void add_kv_layout_option(CLI::App& cmd, std::string& kv_layout) {
+  cmd.add_option("--kv-layout", kv_layout,
+                 "Order of the KV cache's pages: NHD (a token's KV heads side by side) or HND (a "
+                 "KV head's tokens side by side: paged decode reads them faster); the same "
+                 "tokens either way; docs/kernels.md")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"NHD", "HND"}));
+}
+
 void add_kv_dtype_option(CLI::App& cmd, std::string& dtype) {
   cmd.add_option("--kv-dtype", dtype,
                  "KV cache dtype of the attention layers: auto (the model's) or a dtype (e.g. "

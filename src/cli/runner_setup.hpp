@@ -72,6 +72,10 @@ kernels::ReductionOrder parse_weight_order(const std::string& text);
 // kernels::parse_attention_order with an Error naming the flag.
 void add_attention_order_option(CLI::App& cmd, std::string& order);
 
+// --kv-layout TEXT of generate, bench-generate and serve: "NHD" (the default) or "HND"
+// (RunnerOptions::kv_layout), parsed by attn::parse_kv_layout.
+void add_kv_layout_option(CLI::App& cmd, std::string& kv_layout);
+
 // --kv-dtype TEXT of generate, bench-generate and serve: "auto" (the model's) or a dtype, read
 // by dtype_option (model_options.hpp) into RunnerOptions::kv_dtype.
 void add_kv_dtype_option(CLI::App& cmd, std::string& dtype);

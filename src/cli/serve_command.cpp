@@ -37,6 +37,7 @@ Action add_serve_command(CLI::App& app) {
     std::string policy = "mixkv";
     std::string weight_order = kDefaultWeightOrder;
     std::string attention_order = "float";
+    std::string kv_layout = "NHD";
     std::string kv_dtype = "auto";
     std::string kv_role, kv_load_failure = "recompute";
     double kv_timeout = 10, kv_lease = 5;
@@ -103,6 +104,7 @@ Action add_serve_command(CLI::App& app) {
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 20));
   add_weight_order_option(*cmd, args->weight_order);
   add_attention_order_option(*cmd, args->attention_order);
+  add_kv_layout_option(*cmd, args->kv_layout);
   add_kv_dtype_option(*cmd, args->kv_dtype);
   cmd->add_option("--threads", args->threads,
                   "Threads for matrix products and attention (default: one per core, at most 8)")
@@ -206,6 +208,7 @@ Action add_serve_command(CLI::App& app) {
     setup.options.weight_order = parse_weight_order(args->weight_order);
     setup.options.attention_order =
         kernels::parse_attention_order(args->attention_order, "--attention-order");
+    setup.options.kv_layout = attn::parse_kv_layout(args->kv_layout, "--kv-layout");
     setup.options.kv_dtype = dtype_option("--kv-dtype", args->kv_dtype);
     setup.options.policy = args->policy == "vllm" ? plan::Policy::kVllm : plan::Policy::kMixkv;
     runner::ModelRunner runner = setup.make_runner();

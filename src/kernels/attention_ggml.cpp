@@ -357,6 +357,16 @@ void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& laye
         "fp16 KV heads of {}/{}",
         who, layer.k_token_bytes, layer.v_token_bytes, kt, hkv, d, dv));
   }
+  // A KV head's rows: a token's apart (NHD) or side by side (HND), heads after each other.
+  const bool hnd = layer.kv_layout == attn::KvLayout::kHND && hkv > 1;
+  if (hnd && layer.num_kv_heads != hkv) {
+    throw_invalid(fmt::format("{}: its HND geometry splits a token into {} KV heads, not {}", who,
+                              layer.num_kv_heads, hkv));
+  }
+  const std::int64_t k_row = hnd ? d * 2 : layer.k_token_bytes;
+  const std::int64_t v_row = hnd ? dv * 2 : layer.v_token_bytes;
+  const std::int64_t k_head = hnd ? kt * d * 2 : d * 2;
+  const std::int64_t v_head = hnd ? kt * dv * 2 : dv * 2;
   const auto size = static_cast<std::int64_t>(inputs.cache.size());
   const std::int64_t span =
       std::max(kt * layer.k_token_bytes, layer.v_offset + kt * layer.v_token_bytes);
@@ -425,9 +435,9 @@ void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& laye
     for (std::int64_t j = 0; j < n; ++j) {
       const std::int64_t page = t.seq->kernel_pages[static_cast<std::size_t>(j / kt)];
       const std::int64_t base = layer.offset + page * layer.kernel_page_stride;
-      const std::byte* kp = inputs.cache.data() + base + (j % kt) * layer.k_token_bytes + g * d * 2;
+      const std::byte* kp = inputs.cache.data() + base + (j % kt) * k_row + g * k_head;
       const std::byte* vp =
-          inputs.cache.data() + base + layer.v_offset + (j % kt) * layer.v_token_bytes + g * dv * 2;
+          inputs.cache.data() + base + layer.v_offset + (j % kt) * v_row + g * v_head;
       decode_f16(kp, d, table, sc.k.data() + j * d);
       decode_f16(vp, dv, table, sc.v.data() + j * dv);
     }

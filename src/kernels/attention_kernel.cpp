@@ -54,16 +54,14 @@ PageLayout page_layout(const AttentionSpec& spec, const layout::LayerGeometry& l
   p.kernel_tokens = layer.kernel_tokens;
   p.stride = layer.kernel_page_stride;
   p.offset = layer.offset;
-  p.k_token_bytes = layer.k_token_bytes;
-  p.v_token_bytes = layer.v_token_bytes;
   p.v_offset = layer.v_offset;
   const std::int64_t k_bytes = k_row_elements(spec) * p.elem;
   const std::int64_t v_bytes = v_row_elements(spec) * p.elem;
-  if (p.k_token_bytes != k_bytes || p.v_token_bytes != v_bytes) {
+  if (layer.k_token_bytes != k_bytes || layer.v_token_bytes != v_bytes) {
     throw_invalid(fmt::format(
         "{}: its geometry stores {} K and {} V bytes per token, but {} heads of {}/{} {} values "
         "need {} and {}; the geometry was made for another layer or dtype",
-        where, p.k_token_bytes, p.v_token_bytes, spec.params.num_kv_heads, spec.head_size,
+        where, layer.k_token_bytes, layer.v_token_bytes, spec.params.num_kv_heads, spec.head_size,
         spec.head_size_v, to_string(p.dtype), k_bytes, v_bytes));
   }
   if (p.kernel_tokens <= 0 || p.stride <= 0 || p.offset < 0 || p.v_offset < 0) {
@@ -72,13 +70,30 @@ PageLayout page_layout(const AttentionSpec& spec, const layout::LayerGeometry& l
         "geometry",
         where, p.kernel_tokens, p.stride, p.offset, p.v_offset));
   }
+  // NHD: a token's rows side by side; HND: a head's. The heads come from the spec; an HND
+  // geometry names its own, which must be the spec's (MLA's latent is one head either way).
+  const std::int64_t heads = spec.mla ? 1 : spec.params.num_kv_heads;
+  if (layer.kv_layout == attn::KvLayout::kHND && !spec.mla && layer.num_kv_heads != heads) {
+    throw_invalid(fmt::format(
+        "{}: its HND geometry splits a token into {} KV heads, but the layer has {}; the "
+        "geometry was made for another layer",
+        where, layer.num_kv_heads, heads));
+  }
+  const bool hnd = layer.kv_layout == attn::KvLayout::kHND && heads > 1;
+  const std::int64_t k_head = k_bytes / heads;
+  const std::int64_t v_head = v_bytes / heads;
+  p.k_row_stride = hnd ? k_head : k_bytes;
+  p.v_row_stride = hnd ? v_head : v_bytes;
+  p.k_head_stride = hnd ? p.kernel_tokens * k_head : k_head;
+  p.v_head_stride = hnd ? p.kernel_tokens * v_head : v_head;
+  p.span_bytes = std::max(p.kernel_tokens * k_bytes, p.v_offset + p.kernel_tokens * v_bytes);
   return p;
 }
 
 // Throws unless every byte the kernel may touch in `page` lies inside a cache of `size` bytes.
 void check_page(const PageLayout& p, std::int64_t page, std::int64_t size, const std::string& who) {
-  if (page < 0 || page > (size - p.offset - p.span_bytes()) / p.stride ||
-      size < p.offset + p.span_bytes()) {
+  if (page < 0 || page > (size - p.offset - p.span_bytes) / p.stride ||
+      size < p.offset + p.span_bytes) {
     throw_invalid(fmt::format(
         "{}: kernel page {} (stride {} B, offset {} B) lies outside the {}-byte cache tensor", who,
         page, p.stride, p.offset, size));
@@ -273,6 +288,14 @@ void write_kv(const AttentionSpec& spec, const layout::LayerGeometry& layer, KvS
   check_scales(spec, scales, who);
   const auto k_row = static_cast<std::size_t>(k_row_elements(spec));
   const auto v_row = static_cast<std::size_t>(v_row_elements(spec));
+  // A token is written in pieces of whole heads that lie side by side: all of them at once in
+  // NHD, one at a time in HND.
+  const auto heads = static_cast<std::size_t>(spec.mla ? 1 : spec.params.num_kv_heads);
+  const bool adjacent =
+      p.k_head_stride * static_cast<std::int64_t>(heads) == p.k_row_stride || heads == 1;
+  const std::size_t pieces = adjacent ? 1 : heads;
+  const std::size_t k_piece = k_row / pieces;
+  const std::size_t v_piece = v_row / pieces;
   if (k.size() != slots.size() * k_row || v.size() != slots.size() * v_row) {
     throw_invalid(fmt::format("{}: {} slots need {} K and {} V values, got {} and {}", who,
                               slots.size(), slots.size() * k_row, slots.size() * v_row, k.size(),
@@ -286,13 +309,17 @@ void write_kv(const AttentionSpec& spec, const layout::LayerGeometry& layer, KvS
     check_page(p, page, size, who);
     const std::int64_t in_page = slot % p.kernel_tokens;
     const std::int64_t base = p.offset + page * p.stride;
-    const auto k_at = static_cast<std::size_t>(base + in_page * p.k_token_bytes);
-    encode_row(p.dtype, k.subspan(i * k_row, k_row), scales.k,
-               cache.subspan(k_at, static_cast<std::size_t>(p.k_token_bytes)));
-    if (v_row > 0) {
-      const auto v_at = static_cast<std::size_t>(base + p.v_offset + in_page * p.v_token_bytes);
-      encode_row(p.dtype, v.subspan(i * v_row, v_row), scales.v,
-                 cache.subspan(v_at, static_cast<std::size_t>(p.v_token_bytes)));
+    for (std::size_t h = 0; h < pieces; ++h) {
+      const auto k_at = static_cast<std::size_t>(base + in_page * p.k_row_stride +
+                                                 static_cast<std::int64_t>(h) * p.k_head_stride);
+      encode_row(p.dtype, k.subspan(i * k_row + h * k_piece, k_piece), scales.k,
+                 cache.subspan(k_at, k_piece * static_cast<std::size_t>(p.elem)));
+      if (v_row > 0) {
+        const auto v_at = static_cast<std::size_t>(base + p.v_offset + in_page * p.v_row_stride +
+                                                   static_cast<std::int64_t>(h) * p.v_head_stride);
+        encode_row(p.dtype, v.subspan(i * v_row + h * v_piece, v_piece), scales.v,
+                   cache.subspan(v_at, v_piece * static_cast<std::size_t>(p.elem)));
+      }
     }
   }
 }

@@ -656,13 +656,13 @@ void attend_tile_cache(const TaskState& ts, const std::byte* k_src, const std::b
     // e4m3's NaN test is a quarter of its widening; one pass over the tile's codes of the head
     // (in the cache by now, read again from L1 by the products) lets a tile without NaN, every
     // tile of a sane cache, skip it.
-    const bool nan = any_e4m3_nan(k_src, p.k_token_bytes, tile, spec.head_size) ||
-                     (!spec.mla && any_e4m3_nan(v_src, p.v_token_bytes, tile, spec.head_size_v));
+    const bool nan = any_e4m3_nan(k_src, p.k_row_stride, tile, spec.head_size) ||
+                     (!spec.mla && any_e4m3_nan(v_src, p.v_row_stride, tile, spec.head_size_v));
     if (!nan) return attend_tile_cache<kT, true>(ts, k_src, v_src, p, t0, tile, hk);
   }
-  const CacheRows<kT, kNanFree> k{k_src, p.k_token_bytes};
+  const CacheRows<kT, kNanFree> k{k_src, p.k_row_stride};
   // MLA: the value is the latent's first dv elements.
-  const CacheRows<kT, kNanFree> v = spec.mla ? k : CacheRows<kT, kNanFree>{v_src, p.v_token_bytes};
+  const CacheRows<kT, kNanFree> v = spec.mla ? k : CacheRows<kT, kNanFree>{v_src, p.v_row_stride};
   attend_tile(ts, k, v, spec.head_size, spec.head_size_v, t0, tile, hk);
 }
 
@@ -1072,9 +1072,9 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
   const std::int64_t d = ts.spec->head_size;
   std::uint32_t* kt = s.k_pairs.data();
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
-  if constexpr (kDots) transpose_keys_dots(k, p.k_token_bytes, tile, d, kt);
+  if constexpr (kDots) transpose_keys_dots(k, p.k_row_stride, tile, d, kt);
 #endif
-  if constexpr (!kDots) transpose_keys(k, p.k_token_bytes, tile, d, kt);
+  if constexpr (!kDots) transpose_keys(k, p.k_row_stride, tile, d, kt);
   const std::int64_t hb = std::max(task.h_begin, hk * ts.group);
   const std::int64_t he = std::min(task.h_end, (hk + 1) * ts.group);
   for (std::int64_t i0 = 0; i0 < ts.nq; i0 += 2) {
@@ -1088,7 +1088,7 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
       a[r] = std::max(range.lo, t0) - t0;
       b[r] = std::min(range.hi, t0 + tile - 1) - t0;
       for (std::int64_t t = 0; t < kTileTokens; ++t) {
-        rows[r][t] = t >= a[r] && t <= b[r] ? v + t * p.v_token_bytes
+        rows[r][t] = t >= a[r] && t <= b[r] ? v + t * p.v_row_stride
                                             : reinterpret_cast<const std::byte*>(kZeroRow);
       }
     }
@@ -1272,8 +1272,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   }
   // e4m3 in the pair order: a tile's rows widened to bf16, back to back (widen_e4m3_rows).
   PageLayout wide = p;
-  wide.k_token_bytes = 2 * d;
-  wide.v_token_bytes = 2 * dv;
+  wide.k_row_stride = 2 * d;
+  wide.v_row_stride = 2 * dv;
   alignas(64) std::uint16_t e4m3_magnitudes[128];
   if (pairs && p.dtype == DType::kFp8E4m3) e4m3_magnitudes_bf16(table, e4m3_magnitudes);
   grow(s.q, nq * nh * dp);
@@ -1363,10 +1363,10 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     if (m != amx_m) attn_amx::configure(m);
     amx_m = m;
     next.more(2);
-    attn_amx::relayout_v(v_head, p.v_token_bytes, std::max(vis_lo, t0) - t0,
+    attn_amx::relayout_v(v_head, p.v_row_stride, std::max(vis_lo, t0) - t0,
                          std::min(vis_hi, t0 + tile - 1) - t0, dv, s.amx_v.data());
     next.more(2);
-    attn_amx::transpose_k(k_head, p.k_token_bytes, d, s.amx_kt.data());
+    attn_amx::transpose_k(k_head, p.k_row_stride, d, s.amx_kt.data());
     next.more(2);
     float* sc = s.amx_scores.data();
     float* pr = s.amx_probs.data();
@@ -1424,9 +1424,11 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
   // The task's keys: its chunks' share of the block's.
   const std::int64_t task_lo = std::max(lo_all, task.chunk_begin * kSplitTokens);
   const std::int64_t task_hi = std::min(hi_all, task.chunk_end * kSplitTokens - 1);
-  // The bytes of a K (V) row this task reads: its KV heads only.
+  // The bytes of a KV head's K (V) row, and from one head's rows to the next's.
   const std::int64_t k_head_bytes = d * p.elem;
   const std::int64_t v_head_bytes = spec.mla ? 0 : dv * p.elem;
+  const std::int64_t k_head_stride = p.k_head_stride;
+  const std::int64_t v_head_stride = spec.mla ? 0 : p.v_head_stride;
   const auto page_base = [&](std::int64_t t) {
     return call.cache + p.offset +
            seq.kernel_pages[static_cast<std::size_t>(t / p.kernel_tokens)] * p.stride;
@@ -1462,8 +1464,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       const std::int64_t in_page = t0 % p.kernel_tokens;
       const std::int64_t tile = tile_at(t0, hi);
       const std::byte* base = page_base(t0);
-      const std::byte* k_src = base + in_page * p.k_token_bytes;
-      const std::byte* v_src = base + p.v_offset + in_page * p.v_token_bytes;
+      const std::byte* k_src = base + in_page * p.k_row_stride;
+      const std::byte* v_src = base + p.v_offset + in_page * p.v_row_stride;
       // The next tile may sit on another page anywhere in the tensor: every path asks for it
       // while this tile is computed, head by head, a row or two at a time (NextRows). Bursts (a
       // whole tile's rows at once, 64 KiB for 8 KV heads of 128, or a head's at once) filled
@@ -1477,18 +1479,18 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
         const std::byte* next_base = page_base(next);
         const std::int64_t next_in = next % p.kernel_tokens;
         next_tile = tile_at(next, task_hi);
-        next_k = next_base + next_in * p.k_token_bytes;
-        next_v = next_base + p.v_offset + next_in * p.v_token_bytes;
+        next_k = next_base + next_in * p.k_row_stride;
+        next_v = next_base + p.v_offset + next_in * p.v_row_stride;
       }
       for (std::int64_t hk = hk_first; hk <= hk_last; ++hk) {
-        const std::byte* k_head = k_src + hk * k_head_bytes;
-        const std::byte* v_head = v_src + hk * v_head_bytes;
+        const std::byte* k_head = k_src + hk * k_head_stride;
+        const std::byte* v_head = v_src + hk * v_head_stride;
         if (next_k != nullptr) {
-          next = NextRows{next_k + hk * k_head_bytes,
-                          next_v + hk * v_head_bytes,
+          next = NextRows{next_k + hk * k_head_stride,
+                          next_v + hk * v_head_stride,
                           next_tile,
-                          p.k_token_bytes,
-                          p.v_token_bytes,
+                          p.k_row_stride,
+                          p.v_row_stride,
                           k_head_bytes,
                           v_head_bytes};
         } else {
@@ -1503,8 +1505,8 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           const std::byte* v_rows = v_head;
           const PageLayout* rows_layout = &p;
           if (p.dtype == DType::kFp8E4m3) {  // the tile's codes as bf16, once for every row
-            widen_e4m3_rows(e4m3_magnitudes, k_head, p.k_token_bytes, tile, d, s.k_wide.data());
-            widen_e4m3_rows(e4m3_magnitudes, v_head, p.v_token_bytes, tile, dv, s.v_wide.data());
+            widen_e4m3_rows(e4m3_magnitudes, k_head, p.k_row_stride, tile, d, s.k_wide.data());
+            widen_e4m3_rows(e4m3_magnitudes, v_head, p.v_row_stride, tile, dv, s.v_wide.data());
             k_rows = reinterpret_cast<const std::byte*>(s.k_wide.data());
             v_rows = reinterpret_cast<const std::byte*>(s.v_wide.data());
             rows_layout = &wide;
@@ -1538,11 +1540,11 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           }
           continue;
         }
-        convert_rows(p.dtype, table, k_head, p.k_token_bytes, tile, d, s.k.data(), dp);
+        convert_rows(p.dtype, table, k_head, p.k_row_stride, tile, d, s.k.data(), dp);
         // MLA: the value is the latent's first dv elements.
         FloatRows v{s.k.data(), dp};
         if (!spec.mla) {
-          convert_rows(p.dtype, table, v_head, p.v_token_bytes, tile, dv, s.v.data(), dvp);
+          convert_rows(p.dtype, table, v_head, p.v_row_stride, tile, dv, s.v.data(), dvp);
           v = FloatRows{s.v.data(), dvp};
         }
         attend_tile(ts, FloatRows{s.k.data(), dp}, v, dp, dvp, t0, tile, hk);

@@ -19,13 +19,14 @@ struct PageLayout {
   std::int64_t kernel_tokens = 0;
   std::int64_t stride = 0;
   std::int64_t offset = 0;
-  std::int64_t k_token_bytes = 0;
-  std::int64_t v_token_bytes = 0;
+  // A KV head's rows: one token's to the next (row), one head's first to the next head's (head);
+  // layout::LayerGeometry's NHD or HND strides.
+  std::int64_t k_row_stride = 0;
+  std::int64_t v_row_stride = 0;
+  std::int64_t k_head_stride = 0;
+  std::int64_t v_head_stride = 0;
   std::int64_t v_offset = 0;
-  // Bytes of a page the kernel may touch, from the page's base.
-  std::int64_t span_bytes() const {
-    return std::max(kernel_tokens * k_token_bytes, v_offset + kernel_tokens * v_token_bytes);
-  }
+  std::int64_t span_bytes = 0;  // of a page the kernel may touch, from the page's base
 };
 
 // Keys visible to the query at position `pos` of a sequence of `kv_len` tokens: [lo, hi].

@@ -65,6 +65,16 @@ Geometry make_geometry(const model::ModelDesc& desc, const plan::CachePlan& plan
       }
       g.kernel_page_bytes = g.kernel_tokens * token_bytes;
       g.v_offset = g.kernel_tokens * g.k_token_bytes;
+      g.kv_layout = ag.layout;
+      g.num_kv_heads = layer.kind == model::LayerKind::kMla ? 1 : layer.num_kv_heads;
+      if (g.hnd() &&
+          (g.k_token_bytes % g.num_kv_heads != 0 || g.v_token_bytes % g.num_kv_heads != 0)) {
+        throw_invalid(fmt::format(
+            "layer {}: its {} K and {} V bytes a token do not split into {} KV heads, as the {} "
+            "layout of attention group {} needs; use a cache dtype whose blocks do not cross heads",
+            layer.name, g.k_token_bytes, g.v_token_bytes, g.num_kv_heads, to_string(ag.layout),
+            ag.id));
+      }
       // A manager page splits into k kernel pages of one stride: the plan's own stride when it
       // cut the page for this kernel size (mixkv interleaves), else the page divided evenly.
       if (placement->kernel_page_stride_bytes * g.kernel_pages_per_block == page_stride &&
@@ -132,8 +142,8 @@ TokenLocation locate_token(const LayerGeometry& layer, std::span<const std::int6
   const std::int64_t in_page = in_block % layer.kernel_tokens;
   loc.slot = add(mul(loc.kernel_page, layer.kernel_tokens), in_page);
   const std::int64_t page_base = add(layer.offset, mul(loc.kernel_page, layer.kernel_page_stride));
-  loc.k_offset = add(page_base, mul(in_page, layer.k_token_bytes));
-  loc.v_offset = add(add(page_base, layer.v_offset), mul(in_page, layer.v_token_bytes));
+  loc.k_offset = add(page_base, mul(in_page, layer.k_row_stride()));
+  loc.v_offset = add(add(page_base, layer.v_offset), mul(in_page, layer.v_row_stride()));
   return loc;
 }
 
@@ -173,11 +183,17 @@ std::vector<TransferDescriptor> transfer_descriptors(const LayerGeometry& layer,
     i = j;
   }
   if (rest > 0) {
+    // The filled part of the last page: its first `rest` tokens, one piece (NHD) or one piece a
+    // KV head (HND: each head's tokens start kernel_tokens head pieces apart).
     const std::int64_t base =
         layer.offset + pages[static_cast<std::size_t>(full_pages)] * layer.kernel_page_stride;
-    out.push_back({layer.tensor, base, rest * layer.k_token_bytes, 1, 0});
-    if (layer.v_token_bytes > 0)
-      out.push_back({layer.tensor, base + layer.v_offset, rest * layer.v_token_bytes, 1, 0});
+    const std::int64_t heads = layer.hnd() ? layer.num_kv_heads : 1;
+    out.push_back({layer.tensor, base, rest * layer.k_token_bytes / heads, heads,
+                   heads > 1 ? layer.k_head_stride() : 0});
+    if (layer.v_token_bytes > 0) {
+      out.push_back({layer.tensor, base + layer.v_offset, rest * layer.v_token_bytes / heads, heads,
+                     heads > 1 ? layer.v_head_stride() : 0});
+    }
   }
   return out;
 }

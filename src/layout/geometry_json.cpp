@@ -57,6 +57,8 @@ json to_json(const Geometry& geometry) {
       j["k_token_bytes"] = l.k_token_bytes;
       j["v_token_bytes"] = l.v_token_bytes;
       j["v_offset"] = l.v_offset;
+      j["kv_layout"] = attn::to_string(l.kv_layout);
+      j["num_kv_heads"] = l.num_kv_heads;
     }
     layers.push_back(std::move(j));
   }

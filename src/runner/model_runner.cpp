@@ -276,6 +276,8 @@ ModelRunner::ModelRunner(const model::ModelSource& config, const TensorMap* weig
                                      : desc_.facts.max_position_embeddings.value_or(512));
   plan_ = plan_runner_cache(desc_, popt, config.origin);
   groups_ = attn::build_attention_groups(desc_, plan_);
+  for (attn::AttentionGroup& g : groups_)
+    g.layout = options.kv_layout;  // the cpu backend takes both
   geometry_ = layout::make_geometry(desc_, plan_, groups_);
   std::int64_t cache_bytes = 0;
   for (const plan::Tensor& t : plan_.tensors) cache_bytes += t.bytes;  // the plan bounds the sum

@@ -163,6 +163,7 @@ LayoutDescriptor make_descriptor(const model::ModelDesc& desc, const plan::Cache
     out.k_token_bytes = g.k_token_bytes;
     out.v_token_bytes = g.v_token_bytes;
     out.v_offset = g.v_offset;
+    out.kv_layout = g.kv_layout;
     out.state_bytes = g.state_bytes;
     const model::LayerDesc* whole = l.state.empty() ? nullptr : unsharded_layer(options, l);
     for (const auto& s : l.state) {
@@ -221,6 +222,7 @@ nlohmann::json to_json(const LayoutDescriptor& d) {
                       {"k_token_bytes", l.k_token_bytes},
                       {"v_token_bytes", l.v_token_bytes},
                       {"v_offset", l.v_offset},
+                      {"kv_layout", attn::to_string(l.kv_layout)},
                       {"state_bytes", l.state_bytes}};
     lj["state"] = nlohmann::json::array();
     for (const auto& s : l.state) {
@@ -417,6 +419,12 @@ LayoutDescriptor descriptor_from_json(const nlohmann::json& j) {
     l.k_token_bytes = get<std::int64_t>(lj, "k_token_bytes", w);
     l.v_token_bytes = get<std::int64_t>(lj, "v_token_bytes", w);
     l.v_offset = get<std::int64_t>(lj, "v_offset", w);
+    const auto kv_layout = get<std::string>(lj, "kv_layout", w);
+    if (kv_layout != "NHD" && kv_layout != "HND") {
+      throw_invalid(fmt::format("layout descriptor: {} has kv_layout '{}'; it is NHD or HND", w,
+                                printable(kv_layout)));
+    }
+    l.kv_layout = kv_layout == "HND" ? attn::KvLayout::kHND : attn::KvLayout::kNHD;
     l.state_bytes = get<std::int64_t>(lj, "state_bytes", w);
     for (const auto& sj : get<nlohmann::json>(lj, "state", w)) {
       l.state.push_back(state_from_json(sj, w + " state"));
@@ -449,7 +457,13 @@ LayoutDescriptor descriptor_from_json(const nlohmann::json& j) {
           l.block_tokens / l.kernel_pages_per_block != l.kernel_tokens ||
           l.block_tokens % l.kernel_pages_per_block != 0 || (l.window && *l.window < 1) ||
           (l.chunk && *l.chunk < 1)));
-    if (bad_tensor || bad_numbers) {
+    // HND strides are kernel_tokens head pieces: a page's K (V) half must stay a tensor's size.
+    const auto half_ok = [&](std::int64_t token_bytes) {
+      return token_bytes == 0 || l.kernel_tokens <= kMaxTensorBytes / token_bytes;
+    };
+    const bool bad_half = !bad_numbers && !l.recurrent && l.kv_layout == attn::KvLayout::kHND &&
+                          (!half_ok(l.k_token_bytes) || !half_ok(l.v_token_bytes));
+    if (bad_tensor || bad_numbers || bad_half) {
       throw_invalid(fmt::format("layout descriptor: {} has an inconsistent geometry", w));
     }
     d.layers.push_back(std::move(l));
@@ -555,9 +569,13 @@ Reconciliation reconcile(const LayoutDescriptor& p, const LayoutDescriptor& d) {
       reconcile_states(pl, p.tp_size, *dl, d.tp_size);
       continue;
     }
-    if (pl.num_kv_heads > 0 && pl.k_token_bytes % pl.num_kv_heads != 0) {
-      throw_invalid(fmt::format("layer {}: {} K bytes per token do not split into {} heads",
-                                pl.name, pl.k_token_bytes, pl.num_kv_heads));
+    for (const LayerLayout* l : {&pl, dl}) {
+      if (l->num_kv_heads > 0 &&
+          (l->k_token_bytes % l->num_kv_heads != 0 || l->v_token_bytes % l->num_kv_heads != 0)) {
+        throw_invalid(
+            fmt::format("layer {}: {} K / {} V bytes per token do not split into {} heads", pl.name,
+                        l->k_token_bytes, l->v_token_bytes, l->num_kv_heads));
+      }
     }
     const auto per_head = [](const LayerLayout& l, std::int64_t bytes) {
       return l.num_kv_heads > 0 ? bytes / l.num_kv_heads : 0;

@@ -42,6 +42,8 @@ layout::LayerGeometry geometry_of(const LayerLayout& l) {
   g.k_token_bytes = l.k_token_bytes;
   g.v_token_bytes = l.v_token_bytes;
   g.v_offset = l.v_offset;
+  g.kv_layout = l.kv_layout;
+  g.num_kv_heads = std::max(1, l.num_kv_heads);
   g.state_bytes = l.state_bytes;
   return g;
 }
@@ -74,21 +76,25 @@ int first_owner(int total, int tp, int head) {
   return -1;
 }
 
-// One side of a layer's transfer: where the slice of token t sits, and how many tokens from t
-// on are contiguous in memory.
+// One side of a layer's transfer: where head `head` of the slice sits for token t, and how many
+// tokens from t on are contiguous in memory for a piece of `span` heads of the slice.
 struct Side {
   layout::LayerGeometry geo;
   const std::vector<std::int64_t>* blocks = nullptr;
-  std::int64_t head_offset_k = 0;  // bytes into a token's K where the slice starts
-  std::int64_t head_offset_v = 0;
-  bool whole_token = false;  // the slice is the whole token: tokens of a page are contiguous
-  std::int64_t offset(std::int64_t token, bool v) const {
+  int first_head = 0;  // the slice's first KV head among this side's
+  std::int64_t offset(std::int64_t token, int head, bool v) const {
     const layout::TokenLocation loc = layout::locate_token(geo, *blocks, token);  // checked
-    return checked_add(v ? loc.v_offset : loc.k_offset, v ? head_offset_v : head_offset_k,
-                       "a KV-head slice's offset");
+    constexpr std::string_view kSlice = "a KV-head slice's offset";
+    return checked_add(
+        v ? loc.v_offset : loc.k_offset,
+        checked_mul(first_head + head, v ? geo.v_head_stride() : geo.k_head_stride(), kSlice),
+        kSlice);
   }
-  std::int64_t contiguous(std::int64_t token) const {
-    return whole_token ? geo.kernel_tokens - (token % geo.block_tokens) % geo.kernel_tokens : 1;
+  // NHD: a token's heads lie side by side, so tokens follow each other when the piece is all of
+  // them. HND: a head's tokens lie side by side, so they follow each other for one head.
+  std::int64_t contiguous(std::int64_t token, int span) const {
+    const bool runs = geo.hnd() ? span == 1 : span == geo.num_kv_heads;
+    return runs ? geo.kernel_tokens - (token % geo.block_tokens) % geo.kernel_tokens : 1;
   }
 };
 
@@ -240,28 +246,44 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
     const std::int64_t end = spec.num_tokens;
     check_blocks(pl, pb, first, end, "prefill");
     check_blocks(dl, db, first, end, "decode");
-    constexpr std::string_view kSlice = "a KV-head slice's offset";
-    Side src{geometry_of(pl), &pb, checked_mul(hb - pl.kv_head_begin, k_head, kSlice),
-             checked_mul(hb - pl.kv_head_begin, v_head, kSlice), heads == pl.num_kv_heads};
-    Side dst{geometry_of(dl), &db, checked_mul(hb - dl.kv_head_begin, k_head, kSlice),
-             checked_mul(hb - dl.kv_head_begin, v_head, kSlice), heads == dl.num_kv_heads};
+    Side src{geometry_of(pl), &pb, hb - pl.kv_head_begin};
+    Side dst{geometry_of(dl), &db, hb - dl.kv_head_begin};
+    // Pieces of `span` heads: the whole slice when both sides are NHD, else one head, since an
+    // HND side holds a token's heads apart. They come in the prefill side's own order (token by
+    // token for NHD, head by head for HND), so a unit's bytes hash alike whatever the decode
+    // side's layout (PrefillAgent hashes whole units against its own plan).
+    const bool per_head = src.geo.hnd() || dst.geo.hnd();
+    const int span = per_head ? 1 : heads;
     // One checksum unit per prefill kernel page; in it, K then V, run by run.
     for (std::int64_t a = first; a < end;) {
       const std::int64_t b = std::min(
           end, a + src.geo.kernel_tokens - (a % src.geo.block_tokens) % src.geo.kernel_tokens);
-      ChecksumUnit unit{static_cast<int>(li), a, b, plan.runs.size(), 0, src.whole_token};
+      ChecksumUnit unit{static_cast<int>(li), a, b, plan.runs.size(), 0, heads == pl.num_kv_heads};
       for (int part = 0; part < 2; ++part) {
         const bool v = part == 1;
-        const std::int64_t slice = checked_mul(heads, v ? v_head : k_head, kSlice);
-        if (slice == 0) continue;
-        for (std::int64_t t = a; t < b;) {
-          const std::int64_t n = std::min({b - t, src.contiguous(t), dst.contiguous(t)});
-          const CopyRun run{pl.tensor, src.offset(t, v), dl.tensor, dst.offset(t, v),
-                            checked_mul(n, slice, "a copy run's length")};
+        const std::int64_t piece = checked_mul(span, v ? v_head : k_head, "a copy run's length");
+        if (piece == 0) continue;
+        // Tokens [t, t + n) of heads [h, h + span): one run.
+        const auto emit = [&](std::int64_t t, int h, std::int64_t n) {
+          const CopyRun run{pl.tensor, src.offset(t, h, v), dl.tensor, dst.offset(t, h, v),
+                            checked_mul(n, piece, "a copy run's length")};
           check_run(run, prefill, decode, pl);
           plan.runs.push_back(run);
           plan.bytes = checked_add(plan.bytes, run.length, "the transfer's bytes");
-          t += n;
+        };
+        const auto tokens_of = [&](std::int64_t t, int h) {
+          std::int64_t n = std::min({b - t, src.contiguous(t, span), dst.contiguous(t, span)});
+          emit(t, h, n);
+          return n;
+        };
+        if (src.geo.hnd()) {
+          for (int h = 0; h < heads; h += span)
+            for (std::int64_t t = a; t < b;) t += tokens_of(t, h);
+        } else if (per_head) {  // NHD to HND: a token's heads one by one
+          for (std::int64_t t = a; t < b; ++t)
+            for (int h = 0; h < heads; ++h) emit(t, h, 1);
+        } else {
+          for (std::int64_t t = a; t < b;) t += tokens_of(t, 0);
         }
       }
       unit.run_end = plan.runs.size();

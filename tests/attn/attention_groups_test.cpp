@@ -224,5 +224,13 @@ TEST(BackendCaps, EveryBackendHasCapabilitiesAndAName) {
   }
 }
 
+TEST(KvLayout, ParsesItsNamesAndRefusesOthersByFlag) {
+  for (KvLayout l : {KvLayout::kNHD, KvLayout::kHND}) {
+    EXPECT_EQ(parse_kv_layout(to_string(l), "--kv-layout"), l);
+  }
+  testing::expect_error([] { parse_kv_layout("hnd", "--kv-layout"); }, ErrorCode::kInvalidInput,
+                        {"--kv-layout 'hnd' is not a KV layout; use NHD or HND"});
+}
+
 }  // namespace
 }  // namespace mixkv::attn

@@ -84,6 +84,28 @@ TEST(GenerateCommand, BatchPrintsOneObjectPerRequestAndRandomDraftsChangeNothing
   EXPECT_EQ(lengths.size(), 4u);  // mixed prompt lengths
 }
 
+// --kv-layout HND pages hold the same tokens (each KV head's side by side): the same output,
+// with a drafter sharing the cache. A layout that is not one is refused by name.
+TEST(GenerateCommand, HndPagesGiveTheTokensOfNhdPages) {
+  std::vector<nlohmann::json> by_layout;
+  for (const char* layout : {"NHD", "HND"}) {
+    const auto r = run_cli(
+        "generate", {"tiny-swa", "--draft", "tiny-eagle", "--num-spec-tokens", "3", "--max-tokens",
+                     "16", "--batch", "2", "--kv-layout", layout, "--json"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    nlohmann::json tokens = nlohmann::json::array();
+    for (const auto& j : json_lines(r.out)) {
+      EXPECT_EQ(j["stats"]["identical_to_plain"], true) << layout;
+      tokens.push_back(j["tokens"]);
+    }
+    by_layout.push_back(tokens);
+  }
+  EXPECT_EQ(by_layout[0], by_layout[1]);
+  const auto bad = run_cli("generate", {"tiny-swa", "--kv-layout", "hnd"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("--kv-layout: hnd not in {NHD,HND}"), std::string::npos) << bad.err;
+}
+
 TEST(GenerateCommand, TinyEagleDraftsThroughTheSharedCache) {
   const auto r = run_cli("generate", {"tiny-swa", "--draft", "tiny-eagle", "--num-spec-tokens", "3",
                                       "--max-tokens", "16", "--batch", "2", "--json"});

@@ -37,7 +37,8 @@ struct Cache {
   layout::LayerGeometry layer;
   std::vector<std::byte> bytes;
 };
-Cache make_cache(const AttentionSpec& spec, std::int64_t pages) {
+Cache make_cache(const AttentionSpec& spec, std::int64_t pages,
+                 attn::KvLayout kv_layout = attn::KvLayout::kNHD) {
   Cache c;
   auto& l = c.layer;
   l.layer = "ggml";
@@ -48,6 +49,8 @@ Cache make_cache(const AttentionSpec& spec, std::int64_t pages) {
   l.v_offset = l.kernel_tokens * l.k_token_bytes;
   l.kernel_page_bytes = l.kernel_tokens * (l.k_token_bytes + l.v_token_bytes);
   l.kernel_page_stride = l.kernel_page_bytes;
+  l.kv_layout = kv_layout;
+  l.num_kv_heads = spec.params.num_kv_heads;
   c.bytes.assign(static_cast<std::size_t>(pages * l.kernel_page_stride), std::byte{0xFF});
   return c;
 }
@@ -113,6 +116,21 @@ TEST(GgmlAttention, AQueryGivesTheSameBitsAloneInAVerifyBlockAnyBatchAndPool) {
         attend(spec, c, std::span(&one, 1), std::span<const float>(a.q).subspan(i * qw, qw));
     EXPECT_EQ(std::memcmp(alone.data(), together.data() + i * qw, qw * sizeof(float)), 0) << i;
   }
+}
+
+// HND pages (a KV head's tokens side by side) hold the same tokens: the same bits.
+TEST(GgmlAttention, HndPagesGiveTheBitsOfNhdPages) {
+  const AttentionSpec spec = smollm2_spec();
+  std::mt19937_64 rng(13);
+  Cache nhd = make_cache(spec, 12);
+  Cache hnd = make_cache(spec, 12, attn::KvLayout::kHND);
+  const testing::Request r = request(spec, nhd, 2, 150, 5, rng);
+  const std::vector<std::int64_t> pages = layout::kernel_block_table(nhd.layer, r.blocks);
+  write_kv(spec, hnd.layer, {}, hnd.bytes, slot_mapping(hnd.layer, r.blocks, 0, 150), r.k, r.v);
+  const PagedSequence seq{pages, 150, 5};
+  const std::vector<float> want = attend(spec, nhd, std::span(&seq, 1), r.q);
+  EXPECT_EQ(attend(spec, hnd, std::span(&seq, 1), r.q), want);
+  EXPECT_NE(hnd.bytes, nhd.bytes);  // the layouts differ, not only the names
 }
 
 TEST(GgmlAttention, TheBaselineAndTheAvx2CopiesGiveTheSameBits) {

@@ -75,7 +75,7 @@ inline Request make_request(const AttentionSpec& spec, const layout::LayerGeomet
 }
 
 // A layer over `num_pages` kernel pages of `page_tokens` tokens, laid out like make_geometry's
-// (NHD, K then V in each page, uniform stride), every byte 0xFF (NaN in every dtype) until
+// (NHD or HND, K then V in each page, uniform stride), every byte 0xFF (NaN in every dtype) until
 // written, so a read of anything a test did not write shows up as NaN.
 struct Layer {
   AttentionSpec spec;
@@ -84,7 +84,7 @@ struct Layer {
 };
 
 inline Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages, std::int64_t page_tokens,
-                        std::string name) {
+                        std::string name, attn::KvLayout kv_layout = attn::KvLayout::kNHD) {
   Layer l;
   l.spec = spec;
   auto& g = l.geometry;
@@ -97,6 +97,8 @@ inline Layer make_layer(const AttentionSpec& spec, std::int64_t num_pages, std::
   g.kernel_page_bytes = g.kernel_tokens * (g.k_token_bytes + g.v_token_bytes);
   g.kernel_page_stride = g.kernel_page_bytes;
   g.v_offset = g.kernel_tokens * g.k_token_bytes;
+  g.kv_layout = kv_layout;
+  g.num_kv_heads = spec.mla ? 1 : spec.params.num_kv_heads;
   l.cache.assign(static_cast<std::size_t>(num_pages * g.kernel_page_stride), std::byte{0xFF});
   return l;
 }
@@ -153,15 +155,16 @@ inline std::vector<float> attend(const Layer& l, std::span<const std::int64_t> p
 
 // A 17-row verify (two query blocks) at the end of `kv_len` random tokens of `spec`'s layer (K
 // and V of `magnitude`): a 5-row verify is within the tolerance of the dense double reference;
-// no pool and two workers, shuffled pages and one contiguous page give the same bits; the last
-// 1, 5 and 16 rows as a verify equal the same rows of the whole (causal), and each row alone
-// equals its row of the verify. Failures name `name`.
+// no pool and two workers, shuffled pages, HND pages and one contiguous page give the same bits;
+// the last 1, 5 and 16 rows as a verify equal the same rows of the whole (causal), and each row
+// alone equals its row of the verify. Failures name `name`.
 inline void check_verify_rows(const AttentionSpec& spec, std::int64_t kv_len, float magnitude,
                               std::uint64_t seed, const std::string& name) {
   const std::int64_t hq = spec.params.num_q_heads;
   const std::int64_t pages = (kv_len + 15) / 16;
   Layer paged = make_layer(spec, pages + 2, 16, "verify");
   Layer contiguous = make_layer(spec, 1, pages * 16, "verify");
+  Layer hnd = make_layer(spec, pages + 2, 16, "verify", attn::KvLayout::kHND);
   std::mt19937_64 rng(seed);
   std::vector<std::int64_t> blocks(static_cast<std::size_t>(pages + 2));
   std::iota(blocks.begin(), blocks.end(), 0);
@@ -176,6 +179,8 @@ inline void check_verify_rows(const AttentionSpec& spec, std::int64_t kv_len, fl
   const std::vector<std::int64_t> one_page = {0};
   write_kv(spec, contiguous.geometry, {}, contiguous.cache,
            slot_mapping(contiguous.geometry, one_page, 0, kv_len), r.k, r.v);
+  write_kv(spec, hnd.geometry, {}, hnd.cache, slot_mapping(hnd.geometry, blocks, 0, kv_len), r.k,
+           r.v);
 
   const auto q_row = static_cast<std::size_t>(hq * spec.head_size);
   // Accuracy of a 5-row verify (the dense double reference is the slow part).
@@ -190,6 +195,8 @@ inline void check_verify_rows(const AttentionSpec& spec, std::int64_t kv_len, fl
   EXPECT_TRUE(same_bits(attend(paged, blocks, kv_len, rows, r.q, sinks, &two), all)) << name;
   EXPECT_TRUE(same_bits(attend(contiguous, one_page, kv_len, rows, r.q, sinks, &two), all))
       << name << ": contiguous";
+  EXPECT_TRUE(same_bits(attend(hnd, blocks, kv_len, rows, r.q, sinks, &two), all))
+      << name << ": HND";
   const bool causal = spec.params.causal;
   for (std::int64_t n : {1, 5, 16}) {
     const std::int64_t first = rows - n;

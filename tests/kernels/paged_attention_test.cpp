@@ -20,11 +20,12 @@ struct PageShape {
   std::int64_t pages_per_block = 1;
   std::int64_t pad_bytes = 0;  // after each kernel page
   std::int64_t offset = 0;     // of the layer inside a manager page
+  bool hnd = false;            // each KV head's tokens side by side (trtllm-gen's layout)
 };
 
-// A layer geometry laid out like make_geometry's (NHD, K then V in each kernel page, uniform
-// stride) over a tensor of `num_blocks` manager blocks, every byte 0xFF: NaN in every dtype, so
-// a read of anything the test did not write shows up as NaN.
+// A layer geometry laid out like make_geometry's (NHD or HND, K then V in each kernel page,
+// uniform stride) over a tensor of `num_blocks` manager blocks, every byte 0xFF: NaN in every
+// dtype, so a read of anything the test did not write shows up as NaN.
 struct Synthetic {
   AttentionSpec spec;
   layout::LayerGeometry layer;
@@ -49,6 +50,8 @@ Synthetic make_synthetic(const AttentionSpec& spec, const PageShape& shape,
   l.kernel_page_bytes = l.kernel_tokens * (l.k_token_bytes + l.v_token_bytes);
   l.v_offset = l.kernel_tokens * l.k_token_bytes;
   l.kernel_page_stride = l.kernel_page_bytes + shape.pad_bytes;
+  l.kv_layout = shape.hnd ? attn::KvLayout::kHND : attn::KvLayout::kNHD;
+  l.num_kv_heads = spec.mla ? 1 : spec.params.num_kv_heads;
   s.cache.assign(static_cast<std::size_t>(l.offset + num_blocks * l.kernel_pages_per_block *
                                                          l.kernel_page_stride),
                  std::byte{0xFF});
@@ -112,14 +115,17 @@ testing::Comparison run(const AttentionSpec& spec, const PageShape& shape, KvSca
 }
 
 const std::vector<PageShape> kPageShapes = {
-    {16, 1, 0, 0},   {32, 1, 0, 0}, {64, 1, 0, 0},
-    {32, 17, 0, 0},   // a 544-token manager block in 32-token kernel pages (qwen3-next, vLLM)
-    {16, 4, 96, 64},  // padded kernel pages, the layer at an offset in its manager page
+    {16, 1, 0, 0},         {32, 1, 0, 0}, {64, 1, 0, 0},
+    {32, 17, 0, 0},         // a 544-token manager block in 32-token kernel pages (qwen3-next, vLLM)
+    {16, 4, 96, 64},        // padded kernel pages, the layer at an offset in its manager page
+    {16, 1, 0, 0, true},    // HND
+    {32, 4, 96, 64, true},  // HND, padded and offset
 };
 
 std::string label(const PageShape& p) {
   return std::to_string(p.kernel_tokens) + "x" + std::to_string(p.pages_per_block) + " pad " +
-         std::to_string(p.pad_bytes) + " offset " + std::to_string(p.offset);
+         std::to_string(p.pad_bytes) + " offset " + std::to_string(p.offset) +
+         (p.hnd ? " HND" : " NHD");
 }
 
 TEST(PagedDecode, MatchesDenseReferenceAcrossPageSizes) {
@@ -146,12 +152,14 @@ TEST(PagedDecode, EveryDtypeWithinItsTolerance) {
                         Case{DType::kFloat16, {}}, Case{DType::kFp8E4m3, {0.02f, 0.5f}},
                         Case{DType::kFp8E5m2, {1.0f, 0.001f}}, Case{DType::kFp8E4m3, {}}}) {
     const AttentionSpec spec = make_spec(c.dtype, 8, 4, 64);
-    const auto r = run(spec, kPageShapes[1], c.scales, {{300, 1}, {45, 1}}, rng, 2.0f);
-    EXPECT_TRUE(r.ok()) << to_string(c.dtype) << ": " << r.to_string();
-    // The stored-value check must be tight whatever the dtype; fp32 stores exactly.
-    EXPECT_LT(r.tolerance_stored, 1e-4) << to_string(c.dtype);
-    if (c.dtype == DType::kFloat32) {
-      EXPECT_EQ(r.tolerance_stored, r.tolerance_original);
+    for (const PageShape& shape : {kPageShapes[1], kPageShapes[6]}) {
+      const auto r = run(spec, shape, c.scales, {{300, 1}, {45, 1}}, rng, 2.0f);
+      EXPECT_TRUE(r.ok()) << to_string(c.dtype) << ", " << label(shape) << ": " << r.to_string();
+      // The stored-value check must be tight whatever the dtype; fp32 stores exactly.
+      EXPECT_LT(r.tolerance_stored, 1e-4) << to_string(c.dtype);
+      if (c.dtype == DType::kFloat32) {
+        EXPECT_EQ(r.tolerance_stored, r.tolerance_original);
+      }
     }
   }
 }
@@ -165,9 +173,11 @@ TEST(PagedDecode, GqaMqaMhaAndAnyScale) {
     for (double scale : {0.05, 0.125, 1.0, -0.3}) {
       AttentionSpec spec = make_spec(DType::kBfloat16, h.q, h.kv, h.size);
       spec.params.scale = scale;
-      const auto c = run(spec, kPageShapes[0], {}, {{130, 1}, {17, 1}}, rng);
-      EXPECT_TRUE(c.ok()) << h.q << "/" << h.kv << " heads of " << h.size << ", scale " << scale
-                          << ": " << c.to_string();
+      for (const PageShape& shape : {kPageShapes[0], kPageShapes[5]}) {
+        const auto c = run(spec, shape, {}, {{130, 1}, {17, 1}}, rng);
+        EXPECT_TRUE(c.ok()) << h.q << "/" << h.kv << " heads of " << h.size << ", scale " << scale
+                            << ", " << label(shape) << ": " << c.to_string();
+      }
     }
   }
 }
@@ -256,7 +266,7 @@ TEST(PagedPrefill, NonCausalBlockAttendsToWholeContextAndBlock) {
 
 TEST(PagedAttention, MlaReadsValuesFromTheLatent) {
   std::mt19937_64 rng(8);
-  for (const PageShape& shape : {kPageShapes[1], kPageShapes[2]}) {
+  for (const PageShape& shape : {kPageShapes[1], kPageShapes[2], kPageShapes[6]}) {
     for (DType dtype : {DType::kBfloat16, DType::kFp8E4m3}) {
       AttentionSpec spec = make_spec(dtype, 16, 1, 72, 64);  // latent 64 + 8 rope dims
       spec.mla = true;
@@ -286,7 +296,8 @@ TEST(PagedAttention, RandomConfigurationsMatchReference) {
     spec.params.window_left = pick(2) ? -1 : pick(200);
     if (pick(3) == 0) spec.params.soft_cap = 1.0 + pick(50);
     spec.params.sinks = pick(3) == 0;
-    const PageShape shape = kPageShapes[static_cast<std::size_t>(pick(5))];
+    const PageShape shape =
+        kPageShapes[static_cast<std::size_t>(pick(static_cast<int>(kPageShapes.size())))];
     KvScales scales;
     if (dtype == DType::kFp8E4m3 || dtype == DType::kFp8E5m2)
       scales = KvScales{0.005f * static_cast<float>(1 + pick(100)), 0.01f};
@@ -322,6 +333,35 @@ TEST(SlotWrite, StoresEachTokenWhereLocateTokenSays) {
   std::int64_t written = 0;
   for (std::byte b : s.cache) written += b != std::byte{0xFF};
   EXPECT_LE(written, 150 * 64);
+}
+
+// HND: a token's head h sits kernel_tokens head pieces after head h - 1, and a head's tokens
+// follow each other, at the offsets the geometry's strides give.
+TEST(SlotWrite, HndPutsEachHeadsTokensSideBySide) {
+  std::mt19937_64 rng(11);
+  const AttentionSpec spec = make_spec(DType::kFloat32, 6, 3, 4);
+  PageShape shape{16, 2, 32, 16};
+  shape.hnd = true;
+  Synthetic s = make_synthetic(spec, shape, 5);
+  EXPECT_EQ(s.layer.k_head_stride(), 16 * 4 * 4);
+  EXPECT_EQ(s.layer.k_row_stride(), 4 * 4);
+  const std::vector<std::int64_t> blocks = {3, 1};
+  const Request r = testing::make_request(spec, s.layer, {}, s.cache, blocks, 50, 1, rng);
+  for (std::int64_t pos = 0; pos < 50; ++pos) {
+    const layout::TokenLocation loc = layout::locate_token(s.layer, blocks, pos);
+    const std::int64_t page = loc.kernel_page;
+    const std::int64_t in_page = pos % 16;
+    ASSERT_EQ(loc.k_offset, 16 + page * s.layer.kernel_page_stride + in_page * 16);
+    for (int h = 0; h < 3; ++h) {
+      std::vector<float> k(4), v(4);
+      std::memcpy(k.data(), s.cache.data() + loc.k_offset + h * 16 * 16, 16);
+      std::memcpy(v.data(), s.cache.data() + loc.v_offset + h * 16 * 16, 16);
+      EXPECT_TRUE(std::equal(k.begin(), k.end(), r.k.begin() + pos * 12 + h * 4))
+          << pos << " " << h;
+      EXPECT_TRUE(std::equal(v.begin(), v.end(), r.v.begin() + pos * 12 + h * 4))
+          << pos << " " << h;
+    }
+  }
 }
 
 TEST(SlotWrite, RejectsSlotsOutsideTheCacheAndWrongShapes) {

@@ -136,6 +136,27 @@ TEST(SmolLm2Runner, TheBf16PairAttentionOrderKeepsOneStepEqualToOneTokenSteps) {
   }
 }
 
+// HND pages (RunnerOptions::kv_layout: a KV head's tokens side by side) hold the same tokens as
+// NHD pages: the same logits bit for bit, in the default orders (llama.cpp's attention over the
+// model's f16 cache) and in the bf16-pair order over a bf16 cache.
+TEST(SmolLm2Runner, HndPagesGiveTheLogitsOfNhdPages) {
+  MIXKV_SMOLLM2_OR_SKIP(path);
+  const std::vector<TokenId> tokens = {1, 9690, 198, 2683, 359, 253, 5356, 5646, 2, 198};
+  RunnerOptions pairs;
+  pairs.kv_dtype = DType::kBfloat16;
+  pairs.attention_order = kernels::AttentionOrder::kBf16Pairs;
+  for (RunnerOptions o : {RunnerOptions{}, pairs}) {
+    std::vector<float> by_layout[2];
+    for (const auto layout : {attn::KvLayout::kNHD, attn::KvLayout::kHND}) {
+      o.kv_layout = layout;
+      ModelRunner runner = smollm2_runner(path, o);
+      by_layout[layout == attn::KvLayout::kHND] = logits_in_chunks(runner, tokens, 4);
+    }
+    ASSERT_EQ(by_layout[0].size(), tokens.size() * 49152u);
+    EXPECT_EQ(by_layout[0], by_layout[1]) << kernels::to_string(o.attention_order);
+  }
+}
+
 // llama.cpp's teacher-forced top-1 with one token per llama_decode call (teacher_forced_step_top1:
 // the path its greedy decoding takes) against mixkv's, over every position of the 8 chats (prompt
 // and llama.cpp's greedy continuation). For a GGUF file mixkv computes llama.cpp's numerics: its

@@ -75,6 +75,10 @@ TEST(LayoutDescriptor, MalformedJsonNamesTheKey) {
   j["layers"][0]["tensor"] = 99;
   EXPECT_THAT([&] { descriptor_from_json(j); },
               ::testing::ThrowsMessage<Error>(HasSubstr("inconsistent geometry")));
+  j = to_json(s.descriptor);
+  j["layers"][0]["kv_layout"] = "hnd";
+  EXPECT_THAT([&] { descriptor_from_json(j); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("kv_layout 'hnd'; it is NHD or HND")));
 }
 
 // nlohmann's own conversions would take 4294967297 as tensor 1, 1.5 as head size 1, true as 1 and
@@ -122,6 +126,19 @@ TEST(LayoutDescriptor, NumbersThatWouldOverflowThePlanAreRefused) {
     EXPECT_THAT([&] { descriptor_from_json(m); },
                 ::testing::ThrowsMessage<Error>(HasSubstr("inconsistent geometry")))
         << key;
+  }
+  // HND strides span kernel_tokens head pieces: a K half past a tensor's size is refused.
+  for (std::size_t i = 0; i < j["layers"].size(); ++i) {
+    if (j["layers"][i]["recurrent"].get<bool>()) continue;
+    nlohmann::json m = j;
+    m["layers"][i]["kv_layout"] = "HND";
+    m["layers"][i]["kernel_tokens"] = std::int64_t{1} << 31;
+    m["layers"][i]["block_tokens"] = std::int64_t{1} << 31;
+    m["layers"][i]["kernel_pages_per_block"] = 1;
+    m["layers"][i]["k_token_bytes"] = std::int64_t{1} << 40;
+    EXPECT_THAT([&] { descriptor_from_json(m); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("inconsistent geometry")));
+    break;
   }
   nlohmann::json big = j;
   big["tensor_bytes"][0] = std::numeric_limits<std::int64_t>::max();

@@ -135,6 +135,41 @@ TEST(PullPlan, HeterogeneousTensorParallel) {
   expect_tp(4, 2, 40);
 }
 
+// An HND side (trtllm-gen's pages: each KV head's tokens side by side) and an NHD one, either
+// way, and across TP sizes: every byte lands where the decode side's own geometry says. A whole
+// unit hashes as the prefill side's own plan does, whatever the decode side's layout, so the
+// checksums the prefill side computes at its offer hold.
+TEST(PullPlan, HndAndNhdPagesEitherWay) {
+  auto nhd = side("tiny-swa", "tiny-eagle");
+  nhd.kv_dtype = DType::kBfloat16;
+  auto hnd = nhd;
+  hnd.backend = backend::Backend::kFlashinferTrtllm;
+  ASSERT_TRUE(make_side(hnd).geometry.layers.at(1).hnd());
+  for (const auto& [p, d] : {std::pair{nhd, hnd}, std::pair{hnd, nhd}, std::pair{hnd, hnd}}) {
+    SCOPED_TRACE(::testing::Message() << "prefill " << backend::to_string(p.backend) << ", decode "
+                                      << backend::to_string(d.backend));
+    expect_exact(p, d, 300);
+    expect_exact(p, d, 77, 32);
+    auto ps = make_side(p);
+    auto ds = make_side(d);
+    const RequestBlocks pb = make_blocks(ps, 200, 3);
+    const RequestBlocks db = make_blocks(ds, 200, 5);
+    testing::fill(ps, pb, 200, kPlanSeed);
+    const PullPlan self = plan_pull(ps.descriptor, ps.descriptor, pb, pb, {200, 0});
+    const PullPlan pair = plan_pull(ps.descriptor, ds.descriptor, pb, db, {200, 0});
+    const auto self_sums = unit_checksums(self, ps.tensors(), true);
+    const auto pair_sums = unit_checksums(pair, ps.tensors(), true);
+    ASSERT_EQ(self.units.size(), pair.units.size());
+    for (std::size_t u = 0; u < pair.units.size(); ++u) {
+      if (pair.units[u].whole) {
+        EXPECT_EQ(pair_sums[u], self_sums[u]) << "unit " << u;
+      }
+    }
+  }
+  expect_tp(1, 2, 150, hnd);
+  expect_tp(2, 1, 150, hnd);
+}
+
 // tiny-mamba with a single B/C group, which TP replicates on every rank (n_groups = 1).
 SideOptions mamba_one_group() {
   const engine::TinyModel* m = engine::find_tiny_model("tiny-mamba");

@@ -205,14 +205,17 @@ void for_each_kv_byte(const Side& s, const RequestBlocks& blocks, std::int64_t f
     if (l.chunk && !whole_prompt) from = std::max(from, end / *l.chunk * *l.chunk);
     const std::int64_t kh = g.k_token_bytes / l.num_kv_heads;
     const std::int64_t vh = g.v_token_bytes / l.num_kv_heads;
+    // Head h's piece: beside head h - 1's (NHD) or kernel_tokens pieces after it (HND).
+    const std::int64_t k_stride = g.hnd() ? g.kernel_tokens * kh : kh;
+    const std::int64_t v_stride = g.hnd() ? g.kernel_tokens * vh : vh;
     for (std::int64_t t = from; t < end; ++t) {
       const layout::TokenLocation loc = layout::locate_token(g, ids, t);
       for (int h = 0; h < l.num_kv_heads; ++h) {
         const std::int64_t head = l.kv_head_begin + h;
         for (std::int64_t i = 0; i < kh; ++i)
-          f(g.tensor, loc.k_offset + h * kh + i, pattern(seed, li, head, t, i, 0));
+          f(g.tensor, loc.k_offset + h * k_stride + i, pattern(seed, li, head, t, i, 0));
         for (std::int64_t i = 0; i < vh; ++i)
-          f(g.tensor, loc.v_offset + h * vh + i, pattern(seed, li, head, t, i, 1));
+          f(g.tensor, loc.v_offset + h * v_stride + i, pattern(seed, li, head, t, i, 1));
       }
     }
   }

@@ -17,8 +17,12 @@
 
 namespace mixkv::attn {
 
+// The order of a kernel page's K (V) half: NHD token by token (a token's KV heads side by side),
+// HND KV head by KV head (a head's tokens side by side); layout::LayerGeometry.
 enum class KvLayout { kNHD, kHND };
 std::string_view to_string(KvLayout layout);
+// Parses "NHD" or "HND"; throws Error naming `where` otherwise.
+KvLayout parse_kv_layout(std::string_view text, const std::string& where);
 
 // What a backend's metadata builder fixes for all of its layers, and what it can serve.
 // Sources: shared/design/peers.md §5 (FlashInfer plan()/run(), FlashAttention) and

@@ -34,10 +34,29 @@ struct LayerGeometry {
   std::int64_t kernel_pages_per_block = 1;
   std::int64_t kernel_page_stride = 0;  // bytes between consecutive kernel pages (uniform)
   std::int64_t kernel_page_bytes = 0;   // bytes of this layer inside one kernel page
-  std::int64_t k_token_bytes = 0;       // K (or MLA latent) bytes of one token
+  std::int64_t k_token_bytes = 0;       // K (or MLA latent) bytes of one token, all its KV heads
   std::int64_t v_token_bytes = 0;       // V bytes of one token (0 for MLA)
-  std::int64_t v_offset = 0;            // V half inside the kernel page (K and V split, NHD)
+  std::int64_t v_offset = 0;            // V half inside the kernel page (K and V split)
   std::int64_t state_bytes = 0;         // recurrent layers: one state per manager block
+  // The order of a K (V) half: NHD, token by token with a token's KV heads side by side; HND
+  // (trtllm-gen's), KV head by KV head with a head's tokens side by side, so the rows one head
+  // reads are contiguous. The same bytes either way; an MLA latent (one head) reads alike.
+  attn::KvLayout kv_layout = attn::KvLayout::kNHD;
+  int num_kv_heads = 1;  // the pieces a token's K and V split into by head (MLA: 1)
+
+  // A KV head's piece of a token's K (V), the bytes from one head's piece to the next head's, and
+  // from a head's piece of one token to the next token's, inside a kernel page.
+  std::int64_t k_head_bytes() const { return k_token_bytes / num_kv_heads; }
+  std::int64_t v_head_bytes() const { return v_token_bytes / num_kv_heads; }
+  std::int64_t k_head_stride() const {
+    return hnd() ? kernel_tokens * k_head_bytes() : k_head_bytes();
+  }
+  std::int64_t v_head_stride() const {
+    return hnd() ? kernel_tokens * v_head_bytes() : v_head_bytes();
+  }
+  std::int64_t k_row_stride() const { return hnd() ? k_head_bytes() : k_token_bytes; }
+  std::int64_t v_row_stride() const { return hnd() ? v_head_bytes() : v_token_bytes; }
+  bool hnd() const { return kv_layout == attn::KvLayout::kHND && num_kv_heads > 1; }
   bool operator==(const LayerGeometry&) const = default;
 };
 
@@ -61,6 +80,8 @@ struct TokenLocation {
   std::int64_t slot = 0;      // kernel_page * kernel_tokens + position within the page
   std::int64_t k_offset = 0;  // byte offset of the token's K (or latent) in the tensor
   std::int64_t v_offset = 0;  // byte offset of the token's V in the tensor
+  // HND: the offsets are of KV head 0's piece; head h's is h * k_head_stride() (v_head_stride())
+  // further. NHD: the token's K (V) is k_token_bytes (v_token_bytes) from there.
 };
 // Where token `position` of a request with manager blocks `blocks` lives. Throws when the
 // position is past the blocks.

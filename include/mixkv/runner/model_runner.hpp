@@ -105,6 +105,10 @@ struct RunnerOptions {
   // 32, and
   // loading a model whose attention layers cannot take it throws Error naming the layer.
   kernels::AttentionOrder attention_order = kernels::AttentionOrder::kFloat;
+  // The order of the attention layers' kernel pages (layout::LayerGeometry): NHD, or HND, where
+  // the rows one KV head reads are contiguous in each page (paged decode reads them faster,
+  // docs/kernels.md). The same tokens either way.
+  attn::KvLayout kv_layout = attn::KvLayout::kNHD;
 };
 
 // One request's slice of a forward pass: `tokens` at positions [start, start + tokens.size()),

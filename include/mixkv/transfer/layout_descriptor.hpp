@@ -19,7 +19,7 @@
 namespace mixkv::transfer {
 
 // Bumped on every change of the JSON form; a peer of another version is refused.
-inline constexpr int kDescriptorVersion = 2;
+inline constexpr int kDescriptorVersion = 3;
 
 // A run of a state tensor's split dimension that TP shards as one piece: each rank holds its
 // `size` elements of it (rank r the r-th share of the whole), or, `replicated`, every rank the
@@ -70,6 +70,7 @@ struct LayerLayout {
   std::int64_t k_token_bytes = 0;
   std::int64_t v_token_bytes = 0;
   std::int64_t v_offset = 0;
+  attn::KvLayout kv_layout = attn::KvLayout::kNHD;  // the sides may differ: runs follow each
   std::int64_t state_bytes = 0;
   std::vector<StateTensorLayout> state;
   bool operator==(const LayerLayout&) const = default;
