@@ -2,7 +2,7 @@
 // prefill Server and a decode Server, each over its own runner, UCX between their agents. The
 // decode server's greedy tokens after a remote prefill equal `generate`'s on one instance, for
 // each tiny model (and SmolLM2 where `make deps` fetched it) with its drafter, with equal and
-// different block sizes and policies; faults (a planted corrupt page, a mismatched model, a slow
+// different block sizes, policies and page orders (NHD, HND); faults (a planted corrupt page, a mismatched model, a slow
 // prefill server, a prefill process killed mid-transfer, a decode process killed mid-transfer)
 // never serve a wrong token and leave both pools idle.
 #include <fmt/format.h>
@@ -47,10 +47,12 @@ constexpr int kSlowPrompt = 1500;  // prefilled one token per step: far past the
 // One instance's model: runner, drafter, vocabulary.
 struct Instance {
   Instance(const std::string& model, const std::string& draft, std::int64_t block_size,
-           plan::Policy policy, std::int64_t memory = 16ll << 20)
+           plan::Policy policy, std::int64_t memory = 16ll << 20,
+           attn::KvLayout kv_layout = attn::KvLayout::kNHD)
       : setup(cli::prepare_runner(model, draft, draft.empty() ? 0 : 3, memory)), draft_name(draft) {
     setup.options.block_size = block_size;
     setup.options.policy = policy;
+    setup.options.kv_layout = kv_layout;
     runner = std::make_unique<runner::ModelRunner>(setup.make_runner());
     drafter = cli::make_drafter(draft, *runner, 0);
     if (!setup.tokenizer) setup.tokenizer = std::make_unique<tokenizer::ByteTokenizer>();
@@ -177,6 +179,7 @@ struct PdCase {
   plan::Policy prefill_policy, decode_policy;
   std::string name;
   bool hits = true;  // the decode side's prefix cache serves the shared prefix (its blocks)
+  attn::KvLayout prefill_layout = attn::KvLayout::kNHD, decode_layout = attn::KvLayout::kNHD;
 };
 
 class PdServing : public ::testing::TestWithParam<PdCase> {};
@@ -191,8 +194,9 @@ TEST_P(PdServing, DecodeAfterRemotePrefillEqualsOneInstance) {
   }
   constexpr std::int64_t kMaxTokens = 8;
   const std::int64_t memory = c.model == "smollm2-135m" ? 48ll << 20 : 16ll << 20;
-  Instance prefill_side(c.model, c.draft, c.prefill_block, c.prefill_policy, memory);
-  Instance decode_side(c.model, c.draft, c.decode_block, c.decode_policy, memory);
+  Instance prefill_side(c.model, c.draft, c.prefill_block, c.prefill_policy, memory,
+                        c.prefill_layout);
+  Instance decode_side(c.model, c.draft, c.decode_block, c.decode_policy, memory, c.decode_layout);
   const auto vocab =
       static_cast<TokenId>(std::min<std::int64_t>(decode_side.runner->vocab_size(), 256));
   const std::vector<TokenList> p = prompts(vocab);
@@ -230,7 +234,14 @@ INSTANTIATE_TEST_SUITE_P(
                       PdCase{"tiny-mamba", "ngram", 16, 16, plan::Policy::kMixkv,
                              plan::Policy::kMixkv, "MambaNgram", false},
                       PdCase{"smollm2-135m", "ngram", 16, 32, plan::Policy::kMixkv,
-                             plan::Policy::kVllm, "SmolLM2NgramOtherBlocksAndPolicy"}),
+                             plan::Policy::kVllm, "SmolLM2NgramOtherBlocksAndPolicy"},
+                      // NHD pages to HND pages (each KV head's tokens side by side) and back.
+                      PdCase{"tiny-swa", "tiny-eagle", 16, 32, plan::Policy::kMixkv,
+                             plan::Policy::kMixkv, "SwaEagleNhdToHnd", true, attn::KvLayout::kNHD,
+                             attn::KvLayout::kHND},
+                      PdCase{"smollm2-135m", "ngram", 16, 16, plan::Policy::kMixkv,
+                             plan::Policy::kMixkv, "SmolLM2NgramHndToNhd", true,
+                             attn::KvLayout::kHND, attn::KvLayout::kNHD}),
     [](const auto& info) { return info.param.name; });
 
 // --- faults ---
