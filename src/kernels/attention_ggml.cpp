@@ -357,16 +357,15 @@ void ggml_attention(const AttentionSpec& spec, const layout::LayerGeometry& laye
         "fp16 KV heads of {}/{}",
         who, layer.k_token_bytes, layer.v_token_bytes, kt, hkv, d, dv));
   }
-  // A KV head's rows: a token's apart (NHD) or side by side (HND), heads after each other.
-  const bool hnd = layer.kv_layout == attn::KvLayout::kHND && hkv > 1;
-  if (hnd && layer.num_kv_heads != hkv) {
-    throw_invalid(fmt::format("{}: its HND geometry splits a token into {} KV heads, not {}", who,
+  // A KV head's rows: a token's apart (NHD) or side by side (HND), as the geometry says.
+  if (layer.num_kv_heads != hkv) {
+    throw_invalid(fmt::format("{}: its geometry splits a token into {} KV heads, not {}", who,
                               layer.num_kv_heads, hkv));
   }
-  const std::int64_t k_row = hnd ? d * 2 : layer.k_token_bytes;
-  const std::int64_t v_row = hnd ? dv * 2 : layer.v_token_bytes;
-  const std::int64_t k_head = hnd ? kt * d * 2 : d * 2;
-  const std::int64_t v_head = hnd ? kt * dv * 2 : dv * 2;
+  const std::int64_t k_row = layer.k_row_stride();
+  const std::int64_t v_row = layer.v_row_stride();
+  const std::int64_t k_head = layer.k_head_stride();
+  const std::int64_t v_head = layer.v_head_stride();
   const auto size = static_cast<std::int64_t>(inputs.cache.size());
   const std::int64_t span =
       std::max(kt * layer.k_token_bytes, layer.v_offset + kt * layer.v_token_bytes);

@@ -70,22 +70,19 @@ PageLayout page_layout(const AttentionSpec& spec, const layout::LayerGeometry& l
         "geometry",
         where, p.kernel_tokens, p.stride, p.offset, p.v_offset));
   }
-  // NHD: a token's rows side by side; HND: a head's. The heads come from the spec; an HND
-  // geometry names its own, which must be the spec's (MLA's latent is one head either way).
+  // The geometry's strides (NHD: a token's rows side by side; HND: a head's), from its own head
+  // count, which must be the spec's (MLA's latent is one head).
   const std::int64_t heads = spec.mla ? 1 : spec.params.num_kv_heads;
-  if (layer.kv_layout == attn::KvLayout::kHND && !spec.mla && layer.num_kv_heads != heads) {
+  if (layer.num_kv_heads != heads) {
     throw_invalid(fmt::format(
-        "{}: its HND geometry splits a token into {} KV heads, but the layer has {}; the "
-        "geometry was made for another layer",
+        "{}: its geometry splits a token into {} KV heads, but the layer has {}; the geometry "
+        "was made for another layer",
         where, layer.num_kv_heads, heads));
   }
-  const bool hnd = layer.kv_layout == attn::KvLayout::kHND && heads > 1;
-  const std::int64_t k_head = k_bytes / heads;
-  const std::int64_t v_head = v_bytes / heads;
-  p.k_row_stride = hnd ? k_head : k_bytes;
-  p.v_row_stride = hnd ? v_head : v_bytes;
-  p.k_head_stride = hnd ? p.kernel_tokens * k_head : k_head;
-  p.v_head_stride = hnd ? p.kernel_tokens * v_head : v_head;
+  p.k_row_stride = layer.k_row_stride();
+  p.v_row_stride = layer.v_row_stride();
+  p.k_head_stride = layer.k_head_stride();
+  p.v_head_stride = layer.v_head_stride();
   p.span_bytes = std::max(p.kernel_tokens * k_bytes, p.v_offset + p.kernel_tokens * v_bytes);
   return p;
 }

@@ -408,6 +408,14 @@ TEST(PagedAttention, RejectsInputsThatDoNotMatch) {
         call(fp8, {{pages, 20, 1}});
       },
       ErrorCode::kInvalidInput, {"synthetic", "bytes per token"});
+  // Geometry whose K splits into other heads (its strides would be another layer's): 1 head of 16
+  // against 2 of 8, the same bytes a token.
+  AttentionSpec one_head = make_spec(DType::kBfloat16, 4, 1, 16);
+  mixkv::testing::expect_error(
+      [&] {
+        call(one_head, {{pages, 20, 1}});
+      },
+      ErrorCode::kInvalidInput, {"splits a token into 2 KV heads, but the layer has 1"});
   // More tokens than pages.
   mixkv::testing::expect_error(
       [&] {
