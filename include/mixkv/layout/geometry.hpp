@@ -46,8 +46,12 @@ struct LayerGeometry {
 
   // A KV head's piece of a token's K (V), the bytes from one head's piece to the next head's, and
   // from a head's piece of one token to the next token's, inside a kernel page.
-  std::int64_t k_head_bytes() const { return k_token_bytes / num_kv_heads; }
-  std::int64_t v_head_bytes() const { return v_token_bytes / num_kv_heads; }
+  std::int64_t k_head_bytes() const {
+    return num_kv_heads > 1 ? k_token_bytes / num_kv_heads : k_token_bytes;
+  }
+  std::int64_t v_head_bytes() const {
+    return num_kv_heads > 1 ? v_token_bytes / num_kv_heads : v_token_bytes;
+  }
   std::int64_t k_head_stride() const {
     return hnd() ? kernel_tokens * k_head_bytes() : k_head_bytes();
   }
