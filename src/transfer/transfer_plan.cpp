@@ -271,13 +271,15 @@ PullPlan plan_pull(const LayoutDescriptor& prefill, const LayoutDescriptor& deco
           plan.runs.push_back(run);
           plan.bytes = checked_add(plan.bytes, run.length, "the transfer's bytes");
         };
+        // The longest run from token t on that both sides hold contiguously.
         const auto tokens_of = [&](std::int64_t t, int h) {
-          std::int64_t n = std::min({b - t, src.contiguous(t, span), dst.contiguous(t, span)});
+          const std::int64_t n =
+              std::min({b - t, src.contiguous(t, span), dst.contiguous(t, span)});
           emit(t, h, n);
           return n;
         };
-        if (src.geo.hnd()) {
-          for (int h = 0; h < heads; h += span)
+        if (src.geo.hnd()) {  // head by head (span is 1)
+          for (int h = 0; h < heads; ++h)
             for (std::int64_t t = a; t < b;) t += tokens_of(t, h);
         } else if (per_head) {  // NHD to HND: a token's heads one by one
           for (std::int64_t t = a; t < b; ++t)
