@@ -928,13 +928,37 @@ MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_scores_dots(const std::uint16_t* con
     _mm512_storeu_ps(sc + x * kTileTokens, _mm512_add_ps(a[x], b[x]));
 }
 
+// A tile's V as the passes below read it, for the token pairs m_lo..m_hi (rows[t]: token t's row
+// or the zero row), `len` elements a row: per pair m and 32 elements, VPUNPCKLWD then VPUNPCKHWD
+// of tokens 2m and 2m + 1, at vt[(m * len / 32 + j / 32) * 32 ..]. Made once for all the groups of
+// query rows that see the same keys of a tile, whose passes then read 4 KiB side by side and skip
+// the unpacks, not a KV head's NHD rows a token apart (2 KiB for 8 KV heads of 128: its V lines
+// and K lines fall on a few L1 sets) once a group. On a Zen 5, 5 verify rows at 8k took 4-10% less
+// on one thread, 8 rows 11% less on two (docs/kernels.md, "Where a verify's time goes").
+MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void interleave_values(const std::byte* const* rows,
+                                                         std::int64_t m_lo, std::int64_t m_hi,
+                                                         std::int64_t len, std::uint32_t* vt) {
+  const std::int64_t blocks = len / 32;
+  for (std::int64_t m = m_lo; m <= m_hi; ++m) {
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      const __m512i e = _mm512_loadu_si512(rows[2 * m] + 64 * blk);
+      const __m512i f = _mm512_loadu_si512(rows[2 * m + 1] + 64 * blk);
+      std::uint32_t* out = vt + (m * blocks + blk) * 32;
+      _mm512_storeu_si512(out, _mm512_unpacklo_epi16(e, f));
+      _mm512_storeu_si512(out + 16, _mm512_unpackhi_epi16(e, f));
+    }
+  }
+}
+
 // One pass of pair_accumulate on VDPBF16PS over elements j.. (kHalves x 32 of them): the
-// accumulators stay in registers over the tile's pairs.
-template <int kHeads, int kHalves>
+// accumulators stay in registers over the tile's pairs. V from the rows, or (kInterleaved) from
+// interleave_values' vt, `len` elements a row.
+template <int kHeads, int kHalves, bool kInterleaved>
 MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const float* c,
                                                           const std::uint32_t* pw,
                                                           std::int64_t m_lo, std::int64_t m_hi,
                                                           const std::byte* const* rows,
+                                                          const std::uint32_t* vt, std::int64_t len,
                                                           std::int64_t j, NextRows* next) {
   constexpr int kVecs = 2 * kHalves;
   __m512 acc[kHeads][kVecs];
@@ -950,10 +974,16 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
     __m512bh pv[kVecs];
 #pragma GCC unroll 2
     for (int h = 0; h < kHalves; ++h) {
-      const __m512i e = _mm512_loadu_si512(rows[2 * m] + 2 * j + 64 * h);
-      const __m512i f = _mm512_loadu_si512(rows[2 * m + 1] + 2 * j + 64 * h);
-      pv[2 * h] = attn_bf16_pairs(_mm512_unpacklo_epi16(e, f));
-      pv[2 * h + 1] = attn_bf16_pairs(_mm512_unpackhi_epi16(e, f));
+      if constexpr (kInterleaved) {
+        const std::uint32_t* in = vt + (m * (len / 32) + j / 32 + h) * 32;
+        pv[2 * h] = attn_bf16_pairs(_mm512_loadu_si512(in));
+        pv[2 * h + 1] = attn_bf16_pairs(_mm512_loadu_si512(in + 16));
+      } else {
+        const __m512i e = _mm512_loadu_si512(rows[2 * m] + 2 * j + 64 * h);
+        const __m512i f = _mm512_loadu_si512(rows[2 * m + 1] + 2 * j + 64 * h);
+        pv[2 * h] = attn_bf16_pairs(_mm512_unpacklo_epi16(e, f));
+        pv[2 * h + 1] = attn_bf16_pairs(_mm512_unpackhi_epi16(e, f));
+      }
     }
 #pragma GCC unroll 8
     for (int x = 0; x < kHeads; ++x) {
@@ -970,21 +1000,32 @@ MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_pass(float* const* o, const
   }
 }
 
-// pair_accumulate on VDPBF16PS, 64 elements a pass (32 for the last of an odd count of 32, and
-// for 8 states: 16 accumulators either way). Each 32 elements of o stay in VPUNPCKLWD /
-// VPUNPCKHWD's order (unpermute_pairs puts them back).
-template <int kHeads>
-MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(float* const* o, const float* c,
-                                                            const std::uint32_t* pw,
-                                                            std::int64_t m_lo, std::int64_t m_hi,
-                                                            const std::byte* const* rows,
-                                                            std::int64_t len, NextRows* next) {
+template <int kHeads, bool kInterleaved>
+MIXKV_ATTN_BF16_ATTR HWY_INLINE void pair_accumulate_passes(
+    float* const* o, const float* c, const std::uint32_t* pw, std::int64_t m_lo, std::int64_t m_hi,
+    const std::byte* const* rows, const std::uint32_t* vt, std::int64_t len, NextRows* next) {
   std::int64_t j = 0;
   if constexpr (kHeads <= 4) {
     for (; j + 64 <= len; j += 64)
-      pair_accumulate_pass<kHeads, 2>(o, c, pw, m_lo, m_hi, rows, j, next);
+      pair_accumulate_pass<kHeads, 2, kInterleaved>(o, c, pw, m_lo, m_hi, rows, vt, len, j, next);
   }
-  for (; j < len; j += 32) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j, next);
+  for (; j < len; j += 32)
+    pair_accumulate_pass<kHeads, 1, kInterleaved>(o, c, pw, m_lo, m_hi, rows, vt, len, j, next);
+}
+
+// pair_accumulate on VDPBF16PS, 64 elements a pass (32 for the last of an odd count of 32, and
+// for 8 states: 16 accumulators either way). Each 32 elements of o stay in VPUNPCKLWD /
+// VPUNPCKHWD's order (unpermute_pairs puts them back). vt: the tile's V from interleave_values,
+// or null to read the rows.
+template <int kHeads>
+MIXKV_ATTN_BF16_ATTR HWY_NOINLINE void pair_accumulate_dots(
+    float* const* o, const float* c, const std::uint32_t* pw, std::int64_t m_lo, std::int64_t m_hi,
+    const std::byte* const* rows, const std::uint32_t* vt, std::int64_t len, NextRows* next) {
+  if (vt != nullptr) {
+    pair_accumulate_passes<kHeads, true>(o, c, pw, m_lo, m_hi, rows, vt, len, next);
+  } else {
+    pair_accumulate_passes<kHeads, false>(o, c, pw, m_lo, m_hi, rows, vt, len, next);
+  }
 }
 #endif
 
@@ -1014,7 +1055,8 @@ HWY_INLINE void pair_scores_of(const std::uint16_t* const* q, const std::uint32_
 // row, or the zero row), which every state given shares.
 template <bool kDots, int kHeads>
 HWY_INLINE void pair_group(const TaskState& ts, float* sc, const std::byte* const* rows,
-                           std::int64_t a, std::int64_t b, const std::int64_t* states) {
+                           std::int64_t a, std::int64_t b, const std::int64_t* states,
+                           [[maybe_unused]] const std::uint32_t* vt = nullptr) {
   AttendScratch& s = *ts.s;
   const std::int64_t dv = ts.spec->head_size_v;
   float* o[kHeads];
@@ -1038,7 +1080,7 @@ HWY_INLINE void pair_group(const TaskState& ts, float* sc, const std::byte* cons
     round_pairs(probs, pw + x * kTileTokens);
   }
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
-  if constexpr (kDots) pair_accumulate_dots<kHeads>(o, c, pw, a / 2, b / 2, rows, dv, ts.next);
+  if constexpr (kDots) pair_accumulate_dots<kHeads>(o, c, pw, a / 2, b / 2, rows, vt, dv, ts.next);
 #endif
   if constexpr (!kDots) pair_accumulate<kHeads>(o, c, pw, a / 2, b / 2, rows, dv, ts.next);
 }
@@ -1077,6 +1119,23 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
   if constexpr (!kDots) transpose_keys(k, p.k_row_stride, tile, d, kt);
   const std::int64_t hb = std::max(task.h_begin, hk * ts.group);
   const std::int64_t he = std::min(task.h_end, (hk + 1) * ts.group);
+  // The tile's V interleaved for the keys [vt_a, vt_b] (empty: none yet), made by the first group
+  // of rows that sees them together and read by every such group after it.
+  [[maybe_unused]] std::int64_t vt_a = 1, vt_b = 0;
+  [[maybe_unused]] const auto interleaved =
+      [&]([[maybe_unused]] const std::byte* const* rows, [[maybe_unused]] std::int64_t a,
+          [[maybe_unused]] std::int64_t b) -> const std::uint32_t* {
+#ifdef MIXKV_ATTN_HAS_BF16_DOTS
+    if constexpr (kDots) {
+      if (a != vt_a || b != vt_b) {
+        interleave_values(rows, a / 2, b / 2, ts.spec->head_size_v, s.v_pairs.data());
+        vt_a = a, vt_b = b;
+      }
+      return s.v_pairs.data();
+    }
+#endif
+    return nullptr;
+  };
   for (std::int64_t i0 = 0; i0 < ts.nq; i0 += 2) {
     const std::int64_t nr = std::min<std::int64_t>(2, ts.nq - i0);
     std::int64_t a[2] = {1, 1}, b[2] = {0, 0};  // an empty range unless the row sees the tile
@@ -1118,7 +1177,8 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
               pair_scores_of<kDots, 4>(q + 4, kt, d, sc + kRowScores, ts.next);
             }
             if (a[0] == a[1] && b[0] == b[1]) {  // the same keys: one pass over V for both rows
-              pair_group<kDots, 8>(ts, sc, rows[0], a[0], b[0], states);
+              pair_group<kDots, 8>(ts, sc, rows[0], a[0], b[0], states,
+                                   interleaved(rows[0], a[0], b[0]));
               return;
             }
             scored = true;
@@ -1128,7 +1188,9 @@ HWY_INLINE void attend_tile_pairs(const TaskState& ts, const std::byte* k, const
           if (a[r] > b[r]) continue;
           if (!scored)
             pair_scores_of<kDots, kHeads>(q + r * 4, kt, d, sc + r * kRowScores, ts.next);
-          pair_group<kDots, kHeads>(ts, sc + r * kRowScores, rows[r], a[r], b[r], states + r * 4);
+          // (One row alone, a decode, reads V once: interleaving it first would only cost.)
+          pair_group<kDots, kHeads>(ts, sc + r * kRowScores, rows[r], a[r], b[r], states + r * 4,
+                                    ts.nq > 1 ? interleaved(rows[r], a[r], b[r]) : nullptr);
         }
       });
     }
@@ -1265,6 +1327,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
     grow(s.scores, 8 * kTileTokens);
     grow(s.probs, 8 * kTileTokens);
     grow(s.k_pairs, d / 2 * kTileTokens);
+    grow(s.v_pairs, dv * kTileTokens / 2);
     if (p.dtype == DType::kFp8E4m3) {
       grow(s.k_wide, kTileTokens * d);
       grow(s.v_wide, kTileTokens * dv);

@@ -114,6 +114,7 @@ struct AttendScratch {
   std::vector<std::uint16_t> q_bf16;
   std::vector<std::uint32_t> p_pairs;
   std::vector<std::uint32_t> k_pairs;  // one tile's K of a KV head, transposed (32-bit pairs)
+  std::vector<std::uint32_t> v_pairs;  // its V, token pairs interleaved (interleave_values)
   std::vector<std::uint16_t> k_wide, v_wide;  // an e4m3 tile's K and V rows widened to bf16
 };
 
