@@ -771,10 +771,42 @@ HWY_INLINE void round_pairs(const float* probs, std::uint32_t* pairs) {
 }
 
 // K of a tile transposed: kt[p * 16 + t] = key t's elements 2p and 2p + 1 (its p-th 32 bits),
-// zeros for t past the tile; `len` elements a key.
+// zeros for t past the tile; `len` elements a key (a multiple of 32).
 HWY_INLINE void transpose_keys(const std::byte* k, std::int64_t stride, std::int64_t tile,
                                std::int64_t len, std::uint32_t* kt) {
   const std::int64_t pairs = len / 2;
+#if HWY_TARGET == HWY_AVX2
+  // 8 x 8 blocks of 32-bit words: unpack 32 and 64 bits within 128-bit halves, then swap halves.
+  // A word at a time, the transpose took more of a Zen 3's one-row decode than q.k and p.V.
+  for (std::int64_t t0 = 0; t0 < kTileTokens; t0 += 8) {
+    const std::byte* row[8];
+    for (std::int64_t i = 0; i < 8; ++i) {
+      row[i] = t0 + i < tile ? k + (t0 + i) * stride : reinterpret_cast<const std::byte*>(kZeroRow);
+    }
+    for (std::int64_t q0 = 0; q0 < pairs; q0 += 8) {
+      __m256i r[8], t[8], u[8];
+      for (int i = 0; i < 8; ++i)
+        r[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row[i] + 4 * q0));
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);          // words 0 and 4 of rows i..i + 3
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);      // 1 and 5
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);  // 2 and 6
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);  // 3 and 7
+      }
+      std::uint32_t* out = kt + q0 * kTileTokens + t0;
+      for (int w = 0; w < 4; ++w) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + w * kTileTokens),
+                            _mm256_permute2x128_si256(u[w], u[4 + w], 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (w + 4) * kTileTokens),
+                            _mm256_permute2x128_si256(u[w], u[4 + w], 0x31));
+      }
+    }
+  }
+#else
   for (std::int64_t t = 0; t < kTileTokens; ++t) {
     for (std::int64_t q = 0; q < pairs; ++q) {
       std::uint32_t w = 0;
@@ -782,6 +814,7 @@ HWY_INLINE void transpose_keys(const std::byte* k, std::int64_t stride, std::int
       kt[q * kTileTokens + t] = w;
     }
   }
+#endif
 }
 
 // The scores of kHeads query rows (bf16 codes) against the tile's keys (kt, transposed), `len`
@@ -817,38 +850,63 @@ HWY_INLINE void pair_scores(const std::uint16_t* const* q, const std::uint32_t* 
       hn::StoreU(hn::Add(chain[0][x][v], chain[1][x][v]), df, sc + x * kTileTokens + v * n);
 }
 
-// o[x] (element order) = o[x] * c[x], then the pairs m_lo..m_hi of head x's
-// weights (pw[x * kTileTokens + m]) times the rows (rows[t]: token t's V row or kZeroRow).
-template <int kHeads>
-HWY_INLINE void pair_accumulate(float* const* o, const float* c, const std::uint32_t* pw,
-                                std::int64_t m_lo, std::int64_t m_hi, const std::byte* const* rows,
-                                std::int64_t len, NextRows* next) {
+// One pass of pair_accumulate over elements j .. j + kVecs * n - 1: the accumulators stay in
+// registers over the pairs.
+template <int kHeads, int kVecs>
+HWY_INLINE void pair_accumulate_pass(float* const* o, const float* c, const std::uint32_t* pw,
+                                     std::int64_t m_lo, std::int64_t m_hi,
+                                     const std::byte* const* rows, std::int64_t j) {
   const DP df;
   const hn::RebindToUnsigned<DP> du;
   const hn::Rebind<std::uint16_t, DP> d16;
   constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DP()));
-  const auto widen = [&](const std::byte* row, std::int64_t j) HWY_ATTR {
+  const auto widen = [&](const std::byte* row, std::int64_t e) HWY_ATTR {
     const auto u =
-        hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + j));
+        hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const std::uint16_t*>(row) + e));
     return hn::BitCast(df, hn::ShiftLeft<16>(u));
   };
-  for (std::int64_t j = 0; j < len; j += n) {
-    hn::Vec<DP> acc[kHeads];
-    for (int x = 0; x < kHeads; ++x) {
-      acc[x] = hn::Mul(hn::LoadU(df, o[x] + j), hn::Set(df, c[x]));
+  hn::Vec<DP> acc[kHeads][kVecs];
+  for (int x = 0; x < kHeads; ++x) {
+    for (int e = 0; e < kVecs; ++e)
+      acc[x][e] = hn::Mul(hn::LoadU(df, o[x] + j + e * n), hn::Set(df, c[x]));
+  }
+  for (std::int64_t m = m_lo; m <= m_hi; ++m) {
+    hn::Vec<DP> v_even[kVecs], v_odd[kVecs];
+    for (int e = 0; e < kVecs; ++e) {
+      v_even[e] = widen(rows[2 * m], j + e * n);
+      v_odd[e] = widen(rows[2 * m + 1], j + e * n);
     }
-    for (std::int64_t m = m_lo; m <= m_hi; ++m) {
-      next->more_v();
-      const auto v_even = widen(rows[2 * m], j);
-      const auto v_odd = widen(rows[2 * m + 1], j);
-      for (int x = 0; x < kHeads; ++x) {
-        const std::uint32_t w = pw[x * kTileTokens + m];
-        acc[x] = hn::MulAdd(hn::Set(df, float_bits(w & 0xFFFF0000u)), v_odd, acc[x]);
-        acc[x] = hn::MulAdd(hn::Set(df, float_bits(w << 16)), v_even, acc[x]);
+    for (int x = 0; x < kHeads; ++x) {
+      const std::uint32_t w = pw[x * kTileTokens + m];
+      const auto w_odd = hn::Set(df, float_bits(w & 0xFFFF0000u));
+      const auto w_even = hn::Set(df, float_bits(w << 16));
+      for (int e = 0; e < kVecs; ++e) {
+        acc[x][e] = hn::MulAdd(w_odd, v_odd[e], acc[x][e]);
+        acc[x][e] = hn::MulAdd(w_even, v_even[e], acc[x][e]);
       }
     }
-    for (int x = 0; x < kHeads; ++x) hn::StoreU(acc[x], df, o[x] + j);
   }
+  for (int x = 0; x < kHeads; ++x)
+    for (int e = 0; e < kVecs; ++e) hn::StoreU(acc[x][e], df, o[x] + j + e * n);
+}
+
+// o[x] (element order) = o[x] * c[x], then the pairs m_lo..m_hi of head x's
+// weights (pw[x * kTileTokens + m]) times the rows (rows[t]: token t's V row or kZeroRow). Up to
+// 4 heads take two vectors a pass: 8 chains, as the multiply-adds' latency times their units
+// asks (with one vector, a decode's 4 heads ran 4 chains: half the units' rate on AVX2).
+template <int kHeads>
+HWY_INLINE void pair_accumulate(float* const* o, const float* c, const std::uint32_t* pw,
+                                std::int64_t m_lo, std::int64_t m_hi, const std::byte* const* rows,
+                                std::int64_t len, NextRows* next) {
+  constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(DP()));
+  constexpr int kVecs = kHeads <= 4 ? 2 : 1;
+  std::int64_t j = 0;
+  // The next tile's V rows a pass's share at a time (as accumulate_heads asks).
+  for (; j + kVecs * n <= len; j += kVecs * n) {
+    next->upto_v(next->rows * (j + kVecs * n) / len);
+    pair_accumulate_pass<kHeads, kVecs>(o, c, pw, m_lo, m_hi, rows, j);
+  }
+  for (; j < len; j += n) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j);
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
