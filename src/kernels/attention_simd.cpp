@@ -850,12 +850,12 @@ HWY_INLINE void pair_scores(const std::uint16_t* const* q, const std::uint32_t* 
       hn::StoreU(hn::Add(chain[0][x][v], chain[1][x][v]), df, sc + x * kTileTokens + v * n);
 }
 
-// One pass of pair_accumulate over elements j .. j + kVecs * n - 1: the accumulators stay in
-// registers over the pairs.
+// One pass of pair_accumulate in float lanes over elements j .. j + kVecs * n - 1: the
+// accumulators stay in registers over the pairs.
 template <int kHeads, int kVecs>
-HWY_INLINE void pair_accumulate_pass(float* const* o, const float* c, const std::uint32_t* pw,
-                                     std::int64_t m_lo, std::int64_t m_hi,
-                                     const std::byte* const* rows, std::int64_t j) {
+HWY_INLINE void pair_accumulate_floats(float* const* o, const float* c, const std::uint32_t* pw,
+                                       std::int64_t m_lo, std::int64_t m_hi,
+                                       const std::byte* const* rows, std::int64_t j) {
   const DP df;
   const hn::RebindToUnsigned<DP> du;
   const hn::Rebind<std::uint16_t, DP> d16;
@@ -904,9 +904,9 @@ HWY_INLINE void pair_accumulate(float* const* o, const float* c, const std::uint
   // The next tile's V rows a pass's share at a time (as accumulate_heads asks).
   for (; j + kVecs * n <= len; j += kVecs * n) {
     next->upto_v(next->rows * (j + kVecs * n) / len);
-    pair_accumulate_pass<kHeads, kVecs>(o, c, pw, m_lo, m_hi, rows, j);
+    pair_accumulate_floats<kHeads, kVecs>(o, c, pw, m_lo, m_hi, rows, j);
   }
-  for (; j < len; j += n) pair_accumulate_pass<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j);
+  for (; j < len; j += n) pair_accumulate_floats<kHeads, 1>(o, c, pw, m_lo, m_hi, rows, j);
 }
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
