@@ -77,11 +77,14 @@ struct QuantizedX {
 };
 
 // The kBlockSum order of bfloat16 weights reads x rounded to bf16 (float_to_bf16), once per call,
-// as pairs of columns: pairs[i * count + q] holds row i's codes of column 2 q (low half) and
-// 2 q + 1 (high half; zero past the last column).
+// by pairs of columns. VDPBF16PS reads the codes: pairs[i * count + q] holds row i's codes of
+// column 2 q (low half) and 2 q + 1 (high half; zero past the last column). The float lanes read
+// the same values as floats, in the order they add them: terms[2 (i * count + q)] is column
+// 2 q + 1, terms[2 (i * count + q) + 1] column 2 q. A call fills the one its path reads.
 struct Bf16X {
   std::int64_t count = 0;  // pairs a row
   std::vector<std::uint32_t> pairs;
+  std::vector<float> terms;
 };
 
 // The kBlockSum order of bfloat16 weights reads W in panels of this many rows (pack_weight's
@@ -1295,12 +1298,11 @@ void brows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
 // which for 8 rows of 14,336 columns (224 KiB) came from L2 and needed column chunks with
 // accumulators parked between them (docs/kernels.md, "bfloat16 in panels").
 
-// Rows of x per panel tile in float lanes: 4 on 16-lane vectors (8 accumulators), 2 where a panel
-// takes 4 vectors or more.
-constexpr int kBf16FloatX = hn::MaxLanes(hn::CappedTag<float, 16>()) >= 16 ? 4 : 2;
-
-// A float whose bits are `bits`.
-HWY_INLINE float bits_float(std::uint32_t bits) { return std::bit_cast<float>(bits); }
+// Rows of x per panel tile in float lanes: 4 on 16-lane vectors (8 chains), 3 on 8 lanes (12), 2
+// where a panel takes 8 vectors or more.
+constexpr int kBf16FloatX = hn::MaxLanes(hn::CappedTag<float, 16>()) >= 16  ? 4
+                            : hn::MaxLanes(hn::CappedTag<float, 16>()) == 8 ? 3
+                                                                            : 2;
 
 // Outputs y[i][32 p .. 32 p + 32) (fewer in the last panel) from a panel tile's 32 lanes.
 HWY_INLINE void store_panel_row(const MatmulCall& c, std::int64_t p, std::int64_t i,
@@ -1334,7 +1336,22 @@ HWY_INLINE V fused_step(D d, V x, V w, V acc) {
 #endif
 }
 
-// kX rows of x (from i0) against one panel in float lanes: every target.
+// A pointer the compiler cannot see through here, so that loads through it are not merged with
+// earlier ones (GCC otherwise holds every broadcast of x in a register across a step's vectors
+// and spills accumulators to the stack instead).
+template <class T>
+HWY_INLINE const T* reloaded(const T* p) {
+#if defined(__GNUC__)
+  asm volatile("" : "+r"(p));
+#endif
+  return p;
+}
+
+// kX rows of x (from i0) against one panel in float lanes: every target. Per W vector the tile
+// widens W's two columns once, then takes each row's two terms as broadcast loads from Bf16X's
+// terms, again for each vector: held in registers across the panel's vectors, they would leave
+// too few registers for kX x kSub chains (on AVX2, 3 rows x 4 vectors: 12 chains of two
+// dependent multiply-adds a step, enough to cover their latency on two units).
 template <int kX>
 HWY_NOINLINE void bf16_panel_floats(const MatmulCall& c, const std::uint32_t* panel, std::int64_t p,
                                     std::int64_t i0) {
@@ -1345,25 +1362,21 @@ HWY_NOINLINE void bf16_panel_floats(const MatmulCall& c, const std::uint32_t* pa
   constexpr std::int64_t kSub = kBf16PanelRows / n;  // vectors per panel
   static_assert(kSub * n == kBf16PanelRows);
   const Bf16X& bx = *c.bx;
-  const std::uint32_t* x[kX];
-  for (int i = 0; i < kX; ++i) x[i] = bx.pairs.data() + (i0 + i) * bx.count;
+  const float* x[kX];
+  for (int i = 0; i < kX; ++i) x[i] = bx.terms.data() + 2 * (i0 + i) * bx.count;
   hn::Vec<D> acc[kX][kSub];
   for (int i = 0; i < kX; ++i)
     for (std::int64_t v = 0; v < kSub; ++v) acc[i][v] = hn::Zero(df);
   const auto high = hn::Set(du, 0xFFFF0000u);
   for (std::int64_t q = 0; q < bx.count; ++q) {
-    hn::Vec<D> odd[kX], even[kX];
-    for (int i = 0; i < kX; ++i) {
-      odd[i] = hn::Set(df, bits_float(x[i][q] & 0xFFFF0000u));
-      even[i] = hn::Set(df, bits_float(x[i][q] << 16));
-    }
     for (std::int64_t v = 0; v < kSub; ++v) {
       const auto u = hn::LoadU(du, panel + q * kBf16PanelRows + v * n);
       const auto wo = hn::BitCast(df, hn::And(u, high));
       const auto we = hn::BitCast(df, hn::ShiftLeft<16>(u));
       for (int i = 0; i < kX; ++i) {
-        acc[i][v] = fused_step(df, odd[i], wo, acc[i][v]);
-        acc[i][v] = fused_step(df, even[i], we, acc[i][v]);
+        const float* terms = reloaded(x[i] + 2 * q);
+        acc[i][v] = fused_step(df, hn::Set(df, terms[0]), wo, acc[i][v]);
+        acc[i][v] = fused_step(df, hn::Set(df, terms[1]), we, acc[i][v]);
       }
     }
   }
@@ -1815,15 +1828,29 @@ bool bf16_dots_available() {
 }
 
 // The kBlockSum order's x for bfloat16 weights (Bf16X): n rows of cols floats, rounded in vectors
-// (encode_bf16_row: float_to_bf16's bits).
-void round_x_to_bf16(const float* x, std::int64_t n, std::int64_t cols, detail::Bf16X& bx) {
+// (encode_bf16_row: float_to_bf16's bits), as codes for VDPBF16PS (`dots`) or as float terms.
+void round_x_to_bf16(const float* x, std::int64_t n, std::int64_t cols, bool dots,
+                     detail::Bf16X& bx) {
   bx.count = ceil_div(cols, 2);
-  bx.pairs.resize(static_cast<std::size_t>(n * bx.count));
+  if (dots) {
+    bx.pairs.resize(static_cast<std::size_t>(n * bx.count));
+  } else {
+    bx.terms.resize(static_cast<std::size_t>(2 * n * bx.count));
+  }
   thread_local std::vector<std::uint16_t> row;
   row.assign(static_cast<std::size_t>(2 * bx.count), 0);  // a zero past an odd last column
   for (std::int64_t i = 0; i < n; ++i) {
     detail::encode_bf16_row(x + i * cols, static_cast<std::size_t>(cols), row.data());
-    std::memcpy(bx.pairs.data() + i * bx.count, row.data(), static_cast<std::size_t>(bx.count * 4));
+    if (dots) {
+      std::memcpy(bx.pairs.data() + i * bx.count, row.data(),
+                  static_cast<std::size_t>(bx.count * 4));
+      continue;
+    }
+    float* terms = bx.terms.data() + 2 * i * bx.count;
+    for (std::int64_t q = 0; q < bx.count; ++q) {
+      terms[2 * q] = std::bit_cast<float>(std::uint32_t{row[2 * q + 1]} << 16);
+      terms[2 * q + 1] = std::bit_cast<float>(std::uint32_t{row[2 * q]} << 16);
+    }
   }
 }
 
@@ -2167,7 +2194,7 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   const bool bf16_dots = HWY_DYNAMIC_DISPATCH(detail::UsesBf16DotsImpl)(bf16_dots_available());
   const auto bf16_x_for = [&](const detail::MatmulCall& c) -> const detail::Bf16X* {
     if (c.type != WeightType::kBfloat16 || c.order != ReductionOrder::kBlockSum) return nullptr;
-    if (!bf16_done) round_x_to_bf16(x.data(), n, cols, bf16_x);
+    if (!bf16_done) round_x_to_bf16(x.data(), n, cols, bf16_dots, bf16_x);
     bf16_done = true;
     return &bf16_x;
   };
