@@ -1304,6 +1304,12 @@ constexpr int kBf16FloatX = hn::MaxLanes(hn::CappedTag<float, 16>()) >= 16  ? 4
                             : hn::MaxLanes(hn::CappedTag<float, 16>()) == 8 ? 3
                                                                             : 2;
 
+// Vector registers of the target: AVX-512's 32, else (AVX2, SSE, the emulated targets) 16.
+constexpr int kVectorRegisters = HWY_TARGET <= HWY_AVX3 ? 32 : 16;
+
+// Column pairs of a panel per chunk where more than one tile of x rows reads it: 16 KiB of W.
+constexpr std::int64_t kBf16ChunkPairs = 128;
+
 // Outputs y[i][32 p .. 32 p + 32) (fewer in the last panel) from a panel tile's 32 lanes.
 HWY_INLINE void store_panel_row(const MatmulCall& c, std::int64_t p, std::int64_t i,
                                 const float* lanes) {
@@ -1347,43 +1353,56 @@ HWY_INLINE const T* reloaded(const T* p) {
   return p;
 }
 
-// kX rows of x (from i0) against one panel in float lanes: every target. Per W vector the tile
-// widens W's two columns once, then takes each row's two terms as broadcast loads from Bf16X's
-// terms, again for each vector: held in registers across the panel's vectors, they would leave
-// too few registers for kX x kSub chains (on AVX2, 3 rows x 4 vectors: 12 chains of two
-// dependent multiply-adds a step, enough to cover their latency on two units).
+// kX rows of x (from i0) against one panel's column pairs [q0, q1) in float lanes: every target.
+// The chains start at zero at pair 0 and wait in `park` (row i's kBf16PanelRows lanes at
+// park + i kBf16PanelRows) between the calls of one panel; the call that ends the row writes
+// them to y. `ahead` > 0: the panel's lines that many pairs on are asked for (into L2).
+//
+// Per W vector the tile widens W's two columns once, then multiplies them by each row's two
+// terms. Where the tile's chains leave too few registers to hold those terms (AVX2's 3 rows x 4
+// vectors: 12 chains of two dependent multiply-adds a step, enough to cover their latency on two
+// units, where 2 rows left 8), it takes them as broadcast loads again for each vector.
 template <int kX>
 HWY_NOINLINE void bf16_panel_floats(const MatmulCall& c, const std::uint32_t* panel, std::int64_t p,
-                                    std::int64_t i0) {
+                                    std::int64_t i0, std::int64_t q0, std::int64_t q1,
+                                    std::int64_t ahead, float* park) {
   using D = hn::CappedTag<float, 16>;
   const D df;
   const hn::RebindToUnsigned<D> du;
   constexpr auto n = static_cast<std::int64_t>(hn::MaxLanes(D()));
   constexpr std::int64_t kSub = kBf16PanelRows / n;  // vectors per panel
   static_assert(kSub * n == kBf16PanelRows);
+  constexpr bool kHoldX = kX * (kSub + 2) + 3 <= kVectorRegisters;
   const Bf16X& bx = *c.bx;
   const float* x[kX];
   for (int i = 0; i < kX; ++i) x[i] = bx.terms.data() + 2 * (i0 + i) * bx.count;
   hn::Vec<D> acc[kX][kSub];
-  for (int i = 0; i < kX; ++i)
-    for (std::int64_t v = 0; v < kSub; ++v) acc[i][v] = hn::Zero(df);
+  for (int i = 0; i < kX; ++i) {
+    for (std::int64_t v = 0; v < kSub; ++v) {
+      acc[i][v] = q0 == 0 ? hn::Zero(df) : hn::LoadU(df, park + i * kBf16PanelRows + v * n);
+    }
+  }
   const auto high = hn::Set(du, 0xFFFF0000u);
-  for (std::int64_t q = 0; q < bx.count; ++q) {
+  for (std::int64_t q = q0; q < q1; ++q) {
+    if (ahead > 0) {
+      prefetch_l2(panel + (q + ahead) * kBf16PanelRows);
+      prefetch_l2(panel + (q + ahead) * kBf16PanelRows + 16);
+    }
     for (std::int64_t v = 0; v < kSub; ++v) {
       const auto u = hn::LoadU(du, panel + q * kBf16PanelRows + v * n);
       const auto wo = hn::BitCast(df, hn::And(u, high));
       const auto we = hn::BitCast(df, hn::ShiftLeft<16>(u));
       for (int i = 0; i < kX; ++i) {
-        const float* terms = reloaded(x[i] + 2 * q);
+        const float* terms = kHoldX ? x[i] + 2 * q : reloaded(x[i] + 2 * q);
         acc[i][v] = fused_step(df, hn::Set(df, terms[0]), wo, acc[i][v]);
         acc[i][v] = fused_step(df, hn::Set(df, terms[1]), we, acc[i][v]);
       }
     }
   }
   for (int i = 0; i < kX; ++i) {
-    float lanes[kBf16PanelRows];
+    float* lanes = park + i * kBf16PanelRows;
     for (std::int64_t v = 0; v < kSub; ++v) hn::StoreU(acc[i][v], df, lanes + v * n);
-    store_panel_row(c, p, i0 + i, lanes);
+    if (q1 == bx.count) store_panel_row(c, p, i0 + i, lanes);
   }
 }
 
@@ -1452,6 +1471,7 @@ void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_e
   const FlushSubnormals flush;
   const std::int64_t panel_words = c.bx->count * kBf16PanelRows;
   thread_local std::vector<std::uint32_t> unpacked;
+  thread_local std::vector<float> parked;
   const std::int64_t p_end = (r_end + kBf16PanelRows - 1) / kBf16PanelRows;
   for (std::int64_t p = r_begin / kBf16PanelRows; p < p_end; ++p) {
     const std::uint32_t* panel = nullptr;
@@ -1472,10 +1492,22 @@ void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_e
       continue;
     }
 #endif
-    for (std::int64_t i0 = 0; i0 < c.n; i0 += kBf16FloatX) {
-      with_x_rows<kBf16FloatX>(std::min<std::int64_t>(kBf16FloatX, c.n - i0), [&](auto x_rows) {
-        bf16_panel_floats<decltype(x_rows)::value>(c, panel, p, i0);
-      });
+    // More than one tile: every tile takes a chunk of the panel's column pairs in turn, the
+    // first from memory and the others from L1, while the first tile asks for the next chunk.
+    // The memory is then read beside the whole chunk's work rather than the first tile's (one
+    // tile at a time, the first read memory at its pace and the others re-read the panel from
+    // L3: 5 and 8 rows of 4096 x 14336 took 12-20% longer on a Zen 3, docs/kernels.md).
+    const std::int64_t chunk = c.n > kBf16FloatX ? kBf16ChunkPairs : c.bx->count;
+    parked.resize(static_cast<std::size_t>(c.n * kBf16PanelRows));
+    for (std::int64_t q0 = 0; q0 < c.bx->count; q0 += chunk) {
+      const std::int64_t q1 = std::min(c.bx->count, q0 + chunk);
+      for (std::int64_t i0 = 0; i0 < c.n; i0 += kBf16FloatX) {
+        with_x_rows<kBf16FloatX>(std::min<std::int64_t>(kBf16FloatX, c.n - i0), [&](auto x_rows) {
+          bf16_panel_floats<decltype(x_rows)::value>(c, panel, p, i0, q0, q1,
+                                                     i0 == 0 && chunk < c.bx->count ? chunk : 0,
+                                                     parked.data() + i0 * kBf16PanelRows);
+        });
+      }
     }
   }
 }
