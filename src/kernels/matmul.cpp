@@ -1496,7 +1496,7 @@ void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_e
     // first from memory and the others from L1, while the first tile asks for the next chunk.
     // The memory is then read beside the whole chunk's work rather than the first tile's (one
     // tile at a time, the first read memory at its pace and the others re-read the panel from
-    // L3: 5 and 8 rows of 4096 x 14336 took 12-20% longer on a Zen 3, docs/kernels.md).
+    // L3: 5 and 8 rows of 4096 x 14336 took 1.1-1.2x as long on a Zen 3; docs/kernels.md).
     const std::int64_t chunk = c.n > kBf16FloatX ? kBf16ChunkPairs : c.bx->count;
     parked.resize(static_cast<std::size_t>(c.n * kBf16PanelRows));
     for (std::int64_t q0 = 0; q0 < c.bx->count; q0 += chunk) {
