@@ -130,46 +130,73 @@ struct CacheRows {
   return tail || !hn::AllFalse(d8, hn::Eq(top, low7));
 }
 
+// The two ways a tile's lanes are combined across (a score's sum, the softmax's max and sum).
+struct LaneAdd {
+  template <class V>
+  HWY_INLINE V operator()(V x, V y) const {
+    return hn::Add(x, y);
+  }
+};
+struct LaneMax {
+  template <class V>
+  HWY_INLINE V operator()(V x, V y) const {
+    return hn::Max(x, y);
+  }
+};
+
 #if HWY_TARGET != HWY_SCALAR
-// Adds the 128-bit blocks of v, halving the vector until one block is left.
-template <class D, class V>
-HWY_INLINE void sum_blocks(D d, V v, float* out) {
+// Combines the 128-bit blocks of v by `op`, halving the vector until one block is left.
+template <class D, class V, class Op>
+HWY_INLINE void combine_blocks(D d, V v, Op op, float* out) {
   if constexpr (hn::MaxLanes(D()) > 4) {
     const hn::Half<D> dh;
-    sum_blocks(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+    combine_blocks(dh, op(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), op, out);
   } else {
     hn::StoreU(v, d, out);
   }
 }
-#endif
 
-#if HWY_TARGET != HWY_SCALAR
-// reduce4's first steps: block b of the result holds the sums of block b of a0 .. a3, lane x
-// that of a_x, its lanes paired as (0 + 2) + (1 + 3).
-HWY_INLINE hn::Vec<DF> block_sums4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<DF> a3) {
+// across4's first steps: block b of the result holds block b of a0 .. a3 combined, lane x that of
+// a_x, its lanes paired as (0 op 2) op (1 op 3).
+template <class Op>
+HWY_INLINE hn::Vec<DF> combine_in_blocks4(Op op, hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2,
+                                          hn::Vec<DF> a3) {
   const DF df;
   const hn::Repartition<double, DF> dd;
-  const auto t01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
-  const auto t23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+  const auto t01 = op(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+  const auto t23 = op(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
   const auto x = hn::BitCast(dd, t01);
   const auto y = hn::BitCast(dd, t23);
-  return hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, x, y)),
-                 hn::BitCast(df, hn::InterleaveUpper(dd, x, y)));
+  return op(hn::BitCast(df, hn::InterleaveLower(dd, x, y)),
+            hn::BitCast(df, hn::InterleaveUpper(dd, x, y)));
+}
+
+HWY_INLINE hn::Vec<DF> block_sums4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<DF> a3) {
+  return combine_in_blocks4(LaneAdd(), a0, a1, a2, a3);
 }
 #endif
 
-// out[x] = the sum of the lanes of vector x, four at once: lanes are paired inside each 128-bit
-// block by interleaving (fewer shuffles than four separate reductions), then blocks are added.
-// A vector's sum follows the same tree whatever the other three are, so a head's score does not
-// depend on the heads computed beside it (a lone head passes itself four times).
-HWY_INLINE void reduce4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<DF> a3,
+// out[x] = the lanes of vector x combined by `op`, four vectors at once: lanes are paired inside
+// each 128-bit block by interleaving (fewer shuffles than four separate reductions), then blocks
+// are combined. A vector's result follows the same tree whatever the other three are, so a head's
+// score (or softmax state) does not depend on the heads computed beside it (a lone head passes
+// itself four times).
+template <class Op>
+HWY_INLINE void across4(Op op, hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<DF> a3,
                         float* out) {
 #if HWY_TARGET == HWY_SCALAR
+  (void)op;
   out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2);
   out[3] = hn::GetLane(a3);
 #else
-  sum_blocks(DF(), block_sums4(a0, a1, a2, a3), out);
+  combine_blocks(DF(), combine_in_blocks4(op, a0, a1, a2, a3), op, out);
 #endif
+}
+
+// The sums of four vectors' lanes (across4).
+HWY_INLINE void reduce4(hn::Vec<DF> a0, hn::Vec<DF> a1, hn::Vec<DF> a2, hn::Vec<DF> a3,
+                        float* out) {
+  across4(LaneAdd(), a0, a1, a2, a3, out);
 }
 
 // Keeps a loaded vector in its register where it stands. GCC otherwise folds the load of q into
@@ -312,7 +339,7 @@ HWY_INLINE void dots4(const float* const* q, const Rows& k, std::int64_t t, std:
     u[x] = block_sums4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
   }
   // Blocks (0 + 2) and (1 + 3) of heads 0 and 1 (2 and 3), then their sums: block x of z is
-  // head x's four scores, each (s0 + s2) + (s1 + s3) over its block sums, as sum_blocks adds.
+  // head x's four scores, each (s0 + s2) + (s1 + s3) over its block sums, as combine_blocks adds.
   const __m512 r01 =
       hn::Add(hn::ConcatLowerLower(df, u[1], u[0]), hn::ConcatUpperUpper(df, u[1], u[0])).raw;
   const __m512 r23 =
@@ -524,70 +551,101 @@ struct TaskState {
   NextRows* next;  // this head's rows of the next tile, to prefetch
 };
 
-// The online-softmax step of one (query, head) over tile keys [a, b], in three phases (several
-// states may run each phase in turn, so their chains overlap; each state's bits are the same):
-// softmax_logits turns the raw dots in `row` into logits (scaled, capped, -inf outside [a, b]) and
-// returns their max; softmax_rescale updates the running max m and sum l and gives in c the factor
-// the accumulator must be scaled by (1 exactly where the max holds, which scales to the same
-// bits, so every step scales); softmax_weights writes the weights into `probs` (zero outside
-// [a, b]) and adds them to l.
-HWY_INLINE float softmax_logits(const TaskState& ts, float* row, std::int64_t a, std::int64_t b) {
+// f(integral_constant<int, heads>) for a group of 1 to 4 heads.
+template <class F>
+HWY_INLINE void with_heads(std::int64_t heads, F&& f) {
+  switch (heads) {
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    default:
+      return f(std::integral_constant<int, 1>{});
+  }
+}
+
+// The online-softmax step over tile keys [a, b] of kHeads (1 to 4) (query, head) states that see
+// the same keys; state x's raw dots are at sc + x * stride, its running max and sum at *m[x] and
+// *l[x]. Three phases, each over all the states (their chains overlap; each state's bits are its
+// own whatever the others are):
+// - the logits (scaled, capped, -inf outside [a, b]) in place, and each state's max of them;
+// - the running max and sum updated, with in c[x] the factor the accumulator must be scaled by (1
+//   exactly where the max holds, which scales to the same bits, so every step scales);
+// - the weights into probs + x * stride (zero outside [a, b]), added to the sum.
+// The states' maxima and sums are taken across their lanes together (across4) and the rescale's
+// exponentials in one vector: a libm exp and two lane reductions a state cost a tenth of AVX2's
+// decode (docs/kernels.md, "The softmax across the heads").
+template <int kHeads>
+HWY_INLINE void softmax_tile(const TaskState& ts, float* sc, std::int64_t stride, std::int64_t a,
+                             std::int64_t b, float* const* m, float* const* l, float* probs,
+                             float* c) {
+  static_assert(kHeads >= 1 && kHeads <= 4);
   const DF df;
   const hn::RebindToSigned<DF> di;
   const auto n = static_cast<std::int64_t>(hn::Lanes(df));
-  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const auto neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   // Lanes t with a <= t <= b (signed Gt/Lt are what every target has).
   const auto va = hn::Set(di, static_cast<std::int32_t>(a - 1));
   const auto vb = hn::Set(di, static_cast<std::int32_t>(b + 1));
   const auto lane = hn::Iota(di, 0);
-  float tile_max = neg_inf;
+  // A missing state's vectors stay -inf (max) and zero (sum): combined, never stored.
+  hn::Vec<DF> top[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
   for (std::int64_t j = 0; j < ts.tile_pad; j += n) {
-    auto v = hn::Mul(hn::LoadU(df, row + j), hn::Set(df, ts.scale));
-    if (ts.capped) {
-      const auto y = hn::Mul(v, hn::Set(df, 1.0f / ts.cap));
-      // Highway's Tanh, like its Exp, does not pass NaN through; keep it.
-      v = hn::Mul(hn::Set(df, ts.cap), hn::IfThenElse(hn::IsNaN(y), y, hn::Tanh(df, y)));
-    }
     const auto idx = hn::Add(lane, hn::Set(di, static_cast<std::int32_t>(j)));
     const auto mask = hn::RebindMask(df, hn::And(hn::Gt(idx, va), hn::Lt(idx, vb)));
-    v = hn::IfThenElse(mask, v, hn::Set(df, neg_inf));
-    hn::StoreU(v, df, row + j);
-    tile_max = std::max(tile_max, hn::GetLane(hn::MaxOfLanes(df, v)));
+    for (int x = 0; x < kHeads; ++x) {
+      float* row = sc + x * stride + j;
+      auto v = hn::Mul(hn::LoadU(df, row), hn::Set(df, ts.scale));
+      if (ts.capped) {
+        const auto y = hn::Mul(v, hn::Set(df, 1.0f / ts.cap));
+        // Highway's Tanh, like its Exp, does not pass NaN through; keep it.
+        v = hn::Mul(hn::Set(df, ts.cap), hn::IfThenElse(hn::IsNaN(y), y, hn::Tanh(df, y)));
+      }
+      v = hn::IfThenElse(mask, v, neg_inf);
+      hn::StoreU(v, df, row);
+      top[x] = hn::Max(top[x], v);
+    }
   }
-  return tile_max;
-}
+  float tile_max[4];
+  across4(LaneMax(), top[0], top[1], top[2], top[3], tile_max);
 
-HWY_INLINE void softmax_rescale(float tile_max, float& m, float& l, float& c) {
   // Without a branch: whether a tile raises the max is as good as random, and a mispredicted
   // jump threw away the work the core had run ahead on (about 6% of SmolLM2's one-row attention
-  // on a Zen 5).
-  const bool up = tile_max > m;
-  c = std::exp(up ? m - tile_max : 0.0f);
-  l *= c;
-  m = up ? tile_max : m;
-}
-
-HWY_INLINE void softmax_weights(const TaskState& ts, const float* row, float m, float& l,
-                                float* probs) {
-  const DF df;
-  const auto n = static_cast<std::int64_t>(hn::Lanes(df));
-  auto total = hn::Zero(df);
-  const auto vm = hn::Set(df, m);
-  for (std::int64_t j = 0; j < ts.tile_pad; j += n) {
-    const auto x = hn::Sub(hn::LoadU(df, row + j), vm);
-    // Highway's Exp gives 0 for NaN; keep NaN so a bad logit shows in the output.
-    const auto e = hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(df, x));
-    hn::StoreU(e, df, probs + j);
-    total = hn::Add(total, e);
+  // on a Zen 5). A missing state's lanes hold zeros: a factor of 1, never stored.
+  float mv[4] = {}, lv[4] = {}, cv[4];
+  for (int x = 0; x < kHeads; ++x) mv[x] = *m[x], lv[x] = *l[x];
+  const hn::CappedTag<float, 4> d4;
+  for (std::size_t x = 0; x < 4; x += hn::Lanes(d4)) {
+    const auto top_x = hn::LoadU(d4, tile_max + x);
+    const auto old = hn::LoadU(d4, mv + x);
+    const auto up = hn::Gt(top_x, old);
+    const auto factor = hn::Exp(d4, hn::IfThenElseZero(up, hn::Sub(old, top_x)));
+    hn::StoreU(factor, d4, cv + x);
+    hn::StoreU(hn::Mul(hn::LoadU(d4, lv + x), factor), d4, lv + x);
+    hn::StoreU(hn::IfThenElse(up, top_x, old), d4, mv + x);
   }
-  l += hn::GetLane(hn::SumOfLanes(df, total));
-}
 
-// The three phases for one state.
-HWY_INLINE void softmax_step(const TaskState& ts, float* row, std::int64_t a, std::int64_t b,
-                             float& m, float& l, float* probs, float& c) {
-  softmax_rescale(softmax_logits(ts, row, a, b), m, l, c);
-  softmax_weights(ts, row, m, l, probs);
+  hn::Vec<DF> total[4] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
+  hn::Vec<DF> vm[kHeads];
+  for (int x = 0; x < kHeads; ++x) vm[x] = hn::Set(df, mv[x]);
+  for (std::int64_t j = 0; j < ts.tile_pad; j += n) {
+    for (int x = 0; x < kHeads; ++x) {
+      const auto y = hn::Sub(hn::LoadU(df, sc + x * stride + j), vm[x]);
+      // Highway's Exp gives 0 for NaN; keep NaN so a bad logit shows in the output.
+      const auto e = hn::IfThenElse(hn::IsNaN(y), y, hn::Exp(df, y));
+      hn::StoreU(e, df, probs + x * stride + j);
+      total[x] = hn::Add(total[x], e);
+    }
+  }
+  float sums[4];
+  across4(LaneAdd(), total[0], total[1], total[2], total[3], sums);
+  for (int x = 0; x < kHeads; ++x) {
+    *m[x] = mv[x];
+    *l[x] = lv[x] + sums[x];
+    c[x] = cv[x];
+  }
 }
 
 // One tile of KV head hk (keys t0 .. t0 + tile - 1) for every query and head of the task; K rows
@@ -626,12 +684,16 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       ts.next->upto_k(ts.next->rows);
       float* o[4];
       float c[4];
+      float* m[4];
+      float* l[4];
       for (int x = 0; x < heads; ++x) {
         const auto st = static_cast<std::size_t>(state0 + x);
-        softmax_step(ts, sc + x * kTileTokens, a, b, s.max[st], s.sum[st],
-                     s.probs.data() + x * kTileTokens, c[x]);
+        m[x] = &s.max[st], l[x] = &s.sum[st];
         o[x] = s.acc.data() + (state0 + x) * ts.dvp;
       }
+      with_heads(heads, [&](auto group) {
+        softmax_tile<decltype(group)::value>(ts, sc, kTileTokens, a, b, m, l, s.probs.data(), c);
+      });
       switch (heads) {
         case 4:
           accumulate_heads<4>(o, c, s.probs.data(), a, b, v, v_len, ts.next);
@@ -1123,42 +1185,28 @@ HWY_INLINE void pair_group(const TaskState& ts, float* sc, const std::byte* cons
   float* o[kHeads];
   float c[kHeads];
   std::uint32_t* pw = s.p_pairs.data();
-  // The softmax a phase at a time over the states: their max and sum reductions, each a chain of
-  // dependent shuffles, then overlap (one state after another: 5 verify rows at 8k with the cache
-  // near took 7-8% longer on a Zen 5; docs/kernels.md).
-  float tile_max[kHeads];
-  for (int x = 0; x < kHeads; ++x) tile_max[x] = softmax_logits(ts, sc + x * kTileTokens, a, b);
+  // The softmax a phase at a time over up to 4 states (one state after another: 5 verify rows at
+  // 8k with the cache near took 7-8% longer on a Zen 5; docs/kernels.md).
+  float* m[kHeads];
+  float* l[kHeads];
   for (int x = 0; x < kHeads; ++x) {
     const auto st = static_cast<std::size_t>(states[x]);
-    softmax_rescale(tile_max[x], s.max[st], s.sum[st], c[x]);
-  }
-  for (int x = 0; x < kHeads; ++x) {
-    const auto st = static_cast<std::size_t>(states[x]);
-    float* probs = s.probs.data() + x * kTileTokens;
-    softmax_weights(ts, sc + x * kTileTokens, s.max[st], s.sum[st], probs);
+    m[x] = &s.max[st], l[x] = &s.sum[st];
     o[x] = s.acc.data() + states[x] * ts.dvp;
-    // Weights outside [a, b] are zeros already (softmax_logits).
-    round_pairs(probs, pw + x * kTileTokens);
   }
+  constexpr int kGroup = kHeads < 4 ? kHeads : 4;
+  static_assert(kHeads % kGroup == 0);
+  for (int x = 0; x < kHeads; x += kGroup) {
+    softmax_tile<kGroup>(ts, sc + x * kTileTokens, kTileTokens, a, b, m + x, l + x,
+                         s.probs.data() + x * kTileTokens, c + x);
+  }
+  // Weights outside [a, b] are zeros already (softmax_tile).
+  for (int x = 0; x < kHeads; ++x)
+    round_pairs(s.probs.data() + x * kTileTokens, pw + x * kTileTokens);
 #ifdef MIXKV_ATTN_HAS_BF16_DOTS
   if constexpr (kDots) pair_accumulate_dots<kHeads>(o, c, pw, a / 2, b / 2, rows, vt, dv, ts.next);
 #endif
   if constexpr (!kDots) pair_accumulate<kHeads>(o, c, pw, a / 2, b / 2, rows, dv, ts.next);
-}
-
-// f(integral_constant<int, heads>) for a group of 1 to 4 heads.
-template <class F>
-HWY_INLINE void with_heads(std::int64_t heads, F&& f) {
-  switch (heads) {
-    case 4:
-      return f(std::integral_constant<int, 4>{});
-    case 3:
-      return f(std::integral_constant<int, 3>{});
-    case 2:
-      return f(std::integral_constant<int, 2>{});
-    default:
-      return f(std::integral_constant<int, 1>{});
-  }
 }
 
 // One tile of KV head hk in the bf16-pair order, for every query and head of the task (the
@@ -1513,8 +1561,10 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           continue;
         }
         const auto slot = static_cast<std::size_t>(col0 + c);
-        softmax_step(ts, sc + j * attn_amx::kKeys, a, b, s.amx_max[slot], s.amx_sum[slot], prow,
-                     factors[j]);
+        float* m = &s.amx_max[slot];
+        float* l = &s.amx_sum[slot];
+        softmax_tile<1>(ts, sc + j * attn_amx::kKeys, attn_amx::kKeys, a, b, &m, &l, prow,
+                        &factors[j]);
       }
       attn_amx::pv(pr, factors, cols, m, s.amx_v.data(), dv,
                    s.amx_acc.data() + (col0 + gi * m) * dv, dv);
