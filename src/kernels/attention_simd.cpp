@@ -1561,10 +1561,10 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
           continue;
         }
         const auto slot = static_cast<std::size_t>(col0 + c);
-        float* m = &s.amx_max[slot];
-        float* l = &s.amx_sum[slot];
-        softmax_tile<1>(ts, sc + j * attn_amx::kKeys, attn_amx::kKeys, a, b, &m, &l, prow,
-                        &factors[j]);
+        float* column_max = &s.amx_max[slot];
+        float* column_sum = &s.amx_sum[slot];
+        softmax_tile<1>(ts, sc + j * attn_amx::kKeys, attn_amx::kKeys, a, b, &column_max,
+                        &column_sum, prow, &factors[j]);
       }
       attn_amx::pv(pr, factors, cols, m, s.amx_v.data(), dv,
                    s.amx_acc.data() + (col0 + gi * m) * dv, dv);
