@@ -575,8 +575,8 @@ HWY_INLINE void with_heads(std::int64_t heads, F&& f) {
 //   exactly where the max holds, which scales to the same bits, so every step scales);
 // - the weights into probs + x * stride (zero outside [a, b]), added to the sum.
 // The states' maxima and sums are taken across their lanes together (across4) and the rescale's
-// exponentials in one vector: a libm exp and two lane reductions a state took 5-8% more of AVX2's
-// one-row decode (docs/kernels.md, "The softmax across the heads").
+// exponentials in one vector, not a libm exp (a call: every vector register clobbered) and two
+// lane reductions a state (docs/kernels.md, "The softmax across the heads").
 template <int kHeads>
 HWY_INLINE void softmax_tile(const TaskState& ts, float* sc, std::int64_t stride, std::int64_t a,
                              std::int64_t b, float* const* m, float* const* l, float* probs,
