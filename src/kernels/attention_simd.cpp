@@ -493,7 +493,7 @@ void accumulate_heads(float* const* o, const float* c, const float* p, std::int6
     auto a2 = start(x2, j), b2 = start(x2, j + n), a3 = start(x3, j), b3 = start(x3, j + n);
     // The next tile's V rows asked for a pass's share at a time, not a row a token: on AVX2's
     // 16-element passes the per-token check and call cost a third of the loop's instructions
-    // (paged bf16 decode on a Zen 3 took 8-30% less; docs/kernels.md, "A Zen 3 sitting").
+    // (paged bf16 decode on a Zen 3 took 8-30% less; docs/kernels-speed.md, "A Zen 3 sitting").
     next->upto_v(next->rows * (j + 2 * n) / len);
     for (std::int64_t t = a; t <= b; ++t) {
       hn::Vec<DF> x, y;
@@ -576,7 +576,7 @@ HWY_INLINE void with_heads(std::int64_t heads, F&& f) {
 // - the weights into probs + x * stride (zero outside [a, b]), added to the sum.
 // The states' maxima and sums are taken across their lanes together (across4) and the rescale's
 // exponentials in one vector, not a libm exp (a call: every vector register clobbered) and two
-// lane reductions a state (docs/kernels.md, "The softmax across the heads").
+// lane reductions a state (docs/kernels-speed.md, "The softmax across the heads").
 template <int kHeads>
 HWY_INLINE void softmax_tile(const TaskState& ts, float* sc, std::int64_t stride, std::int64_t a,
                              std::int64_t b, float* const* m, float* const* l, float* probs,
@@ -1644,7 +1644,7 @@ void AttendTaskImpl(const AttendCall& call, const AttendTask& task, AttendScratc
       // while this tile is computed, head by head, a row or two at a time (NextRows). Bursts (a
       // whole tile's rows at once, 64 KiB for 8 KV heads of 128, or a head's at once) filled
       // the line-fill buffers and stalled the core until the lines came; on the AMX path they
-      // cost more than no software prefetch at all (docs/kernels.md, issue 14 figures).
+      // cost more than no software prefetch at all (docs/kernels-speed.md, issue 14 figures).
       const std::byte* next_k = nullptr;
       const std::byte* next_v = nullptr;
       std::int64_t next_tile = 0;

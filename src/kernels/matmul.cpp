@@ -399,7 +399,7 @@ HWY_INLINE void prefetch_tile(const MatmulCall& c, std::int64_t r0, int rows, st
 // every load cost a Zen 5 a third of a one-row bf16 or f16 product (4096 x 14336: 6.1-6.6 ->
 // 4.1-4.2 ms on one thread, 3.3-3.6 -> 2.1-2.7 on two). More x rows and short rows (one stream
 // across the tile's rows) still ask, and so do the block formats' tiles (q8_0's one-row product
-// was 20% slower there without); docs/kernels.md, "A Zen 5 sitting".
+// was 20% slower there without); docs/kernels-speed.md, "A Zen 5 sitting".
 HWY_INLINE bool asks_for_float_w(const MatmulCall& c, int x_rows) {
   return x_rows > 1 || c.row_bytes <= kShortRowBytes;
 }
