@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/line_aligned.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
 
 namespace mixkv::kernels::detail {
@@ -102,20 +103,20 @@ struct AttendTask {
 // Per-worker buffers, grown as needed and reused across tasks. max/sum/acc: the current chunk's
 // online softmax; run_*: the fold of the chunks so far.
 struct AttendScratch {
-  std::vector<float> q, k, v, scores, probs, max, sum, acc, run_max, run_sum, run_acc;
+  LineVector<float> q, k, v, scores, probs, max, sum, acc, run_max, run_sum, run_acc;
   // AMX path: per column (query row x head) slot its softmax state and accumulator; the
   // queries' and one tile's V in tile form.
-  std::vector<float> amx_max, amx_sum, amx_acc, amx_scores, amx_probs;
-  std::vector<std::uint32_t> amx_q, amx_v, amx_kt;
-  std::vector<std::int64_t> amx_col0;  // per KV head of the task: its first slot
+  LineVector<float> amx_max, amx_sum, amx_acc, amx_scores, amx_probs;
+  LineVector<std::uint32_t> amx_q, amx_v, amx_kt;
+  LineVector<std::int64_t> amx_col0;  // per KV head of the task: its first slot
   // AttentionOrder::kBf16Pairs: the task's queries rounded to bf16 (as q); one tile's softmax
   // weights of up to 4 heads rounded to bf16 and paired by token (pair m of head x: tokens 2m
   // and 2m + 1 of the tile, the first in the low half).
-  std::vector<std::uint16_t> q_bf16;
-  std::vector<std::uint32_t> p_pairs;
-  std::vector<std::uint32_t> k_pairs;  // one tile's K of a KV head, transposed (32-bit pairs)
-  std::vector<std::uint32_t> v_pairs;  // its V, token pairs interleaved (interleave_values)
-  std::vector<std::uint16_t> k_wide, v_wide;  // an e4m3 tile's K and V rows widened to bf16
+  LineVector<std::uint16_t> q_bf16;
+  LineVector<std::uint32_t> p_pairs;
+  LineVector<std::uint32_t> k_pairs;         // one tile's K of a KV head, transposed (32-bit pairs)
+  LineVector<std::uint32_t> v_pairs;         // its V, token pairs interleaved (interleave_values)
+  LineVector<std::uint16_t> k_wide, v_wide;  // an e4m3 tile's K and V rows widened to bf16
 };
 
 // Runs one task with the best instruction set this CPU has.

@@ -23,6 +23,7 @@
 
 #include "kernels/bf16_pairs.hpp"
 #include "kernels/element_load.hpp"
+#include "kernels/line_aligned.hpp"
 #include "kernels/prefetch.hpp"
 #include "mixkv/kernels/convert.hpp"
 
@@ -51,29 +52,29 @@ constexpr std::int64_t kChunkCols = 512;
 // decoded. Filled once per call by quantize_x, before any task runs, so every path and thread
 // reads the same codes.
 struct QuantizedX {
-  std::int64_t blocks = 0;     // per row
-  std::vector<std::int8_t> q;  // [n][blocks * 32]
-  std::vector<float> d;        // [n][blocks]
-  std::vector<float> s;        // [n][blocks], q8_1 only
+  std::int64_t blocks = 0;    // per row
+  LineVector<std::int8_t> q;  // [n][blocks * 32]
+  LineVector<float> d;        // [n][blocks]
+  LineVector<float> s;        // [n][blocks], q8_1 only
   // For the AVX-512 VNNI path: each block's codes as quarters [0..15, 0..15, 16..31, 16..31]
   // ([n][blocks][64]), and the accumulator's start per lane, -8 (q4_0) or -128 (q8_0) times
   // the sum of the lane's four codes ([n][blocks][16] in the same layout; not for q4_1).
-  std::vector<std::int8_t> x64;
-  std::vector<std::int32_t> c64;
+  LineVector<std::int8_t> x64;
+  LineVector<std::int32_t> c64;
   // The kBlockSum order's q8_0 / q4_0 weights: each block's sum of codes ([n][blocks]).
-  std::vector<std::int32_t> sum;
+  LineVector<std::int32_t> sum;
   // For the AVX2 packed path (ptile256): the same codes and scales with the rows of each group
   // (row_group_size) interleaved per block, so one pointer and constant offsets reach every row
   // of the group (the group from row i0, m rows: codes at (i0 blocks + b m + i) 32, the scales
   // and sums at i0 blocks + b m + i). Empty elsewhere.
-  std::vector<std::int8_t> grouped_q;
-  std::vector<float> grouped_d, grouped_s;
-  std::vector<std::int32_t> grouped_sum;
+  LineVector<std::int8_t> grouped_q;
+  LineVector<float> grouped_d, grouped_s;
+  LineVector<std::int32_t> grouped_sum;
   // For the AMX-INT8 path (matmul_amx.hpp, int8_panels): per group of up to 8 rows (m rows,
   // from row 8g at byte 8g * pairs * 128), per pair q of blocks, a tile of 2m rows of 64 codes:
   // row h m + i holds x row 8g + i's codes of block 2q + h in bytes 32h .. 32h + 31, zeros
   // elsewhere (and for a missing last block).
-  std::vector<std::int8_t> a16;
+  LineVector<std::int8_t> a16;
 };
 
 // The kBlockSum order of bfloat16 weights reads x rounded to bf16 (float_to_bf16), once per call,
@@ -83,8 +84,8 @@ struct QuantizedX {
 // 2 q + 1, terms[2 (i * count + q) + 1] column 2 q. A call fills the one its path reads.
 struct Bf16X {
   std::int64_t count = 0;  // pairs a row
-  std::vector<std::uint32_t> pairs;
-  std::vector<float> terms;
+  LineVector<std::uint32_t> pairs;
+  LineVector<float> terms;
 };
 
 // The kBlockSum order of bfloat16 weights reads W in panels of this many rows (pack_weight's
@@ -516,7 +517,7 @@ void rows_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
     return;
   }
   // Several x tiles share each W tile: decode a chunk of it once into scratch.
-  thread_local std::vector<float> ws, acc;
+  thread_local LineVector<float> ws, acc;
   const std::int64_t ws_stride = kChunkCols;
   if (static_cast<std::int64_t>(ws.size()) < kTileW * ws_stride)
     ws.resize(static_cast<std::size_t>(kTileW * ws_stride));
@@ -1470,8 +1471,8 @@ HWY_INLINE void with_x_rows(std::int64_t m, F&& f) {
 void bf16_pairs_task(const MatmulCall& c, std::int64_t r_begin, std::int64_t r_end) {
   const FlushSubnormals flush;
   const std::int64_t panel_words = c.bx->count * kBf16PanelRows;
-  thread_local std::vector<std::uint32_t> unpacked;
-  thread_local std::vector<float> parked;
+  thread_local LineVector<std::uint32_t> unpacked;
+  thread_local LineVector<float> parked;
   const std::int64_t p_end = (r_end + kBf16PanelRows - 1) / kBf16PanelRows;
   for (std::int64_t p = r_begin / kBf16PanelRows; p < p_end; ++p) {
     const std::uint32_t* panel = nullptr;
@@ -2205,7 +2206,7 @@ void matmul_many(std::span<const MatmulProduct> products, std::span<const float>
   // Buffers are the calling thread's and keep their capacity: a decode step makes hundreds of
   // calls.
   const std::int64_t lanes = HWY_DYNAMIC_DISPATCH(detail::FloatLanesImpl)();
-  thread_local std::vector<float> padded;
+  thread_local detail::LineVector<float> padded;
   const float* xp = x.data();
   std::int64_t x_stride = cols;
   if (cols % lanes != 0) {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
 #include <limits>
@@ -21,6 +22,7 @@
 #include <thread>
 
 #include "kernels/kernels_test_support.hpp"
+#include "kernels/line_aligned.hpp"
 #include "mixkv/kernels/attention_kernel.hpp"
 #include "mixkv/kernels/simd_targets.hpp"
 #include "test_support.hpp"
@@ -171,6 +173,30 @@ TEST(ThreadPool, RefusesZeroWorkers) {
 // The placement probe: a positive time on a machine with two CPUs, after running the partner's
 // start on the other thread; nothing for no trips, and nothing (not a hang) when the budget is
 // spent before the warm-up ends.
+// The kernels' scratch rows are read as whole vectors from their start: their buffers begin on
+// a cache line whatever the element type, the size and the growth (the heap alone gives 16
+// bytes, so most of these would fail with std::allocator).
+template <class T>
+void expect_line_aligned_buffers() {
+  std::vector<detail::LineVector<T>> buffers;
+  for (std::size_t n : {1u, 3u, 17u, 1000u, 100000u}) {
+    buffers.emplace_back(n);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buffers.back().data()) % 64, 0u) << n;
+  }
+  detail::LineVector<T> grown;
+  for (int i = 0; i < 5000; ++i) {
+    grown.push_back(T{});
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(grown.data()) % 64, 0u) << grown.size();
+  }
+}
+
+TEST(KernelScratch, StartsOnACacheLineWhateverItsTypeSizeAndGrowth) {
+  expect_line_aligned_buffers<float>();
+  expect_line_aligned_buffers<std::int8_t>();
+  expect_line_aligned_buffers<std::uint16_t>();
+  expect_line_aligned_buffers<std::int64_t>();
+}
+
 TEST(CacheLineRoundTrip, MeasuresAfterThePartnersStartAndStopsAtItsBudget) {
   if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "needs two CPUs";
   std::thread::id caller = std::this_thread::get_id(), partner;
