@@ -297,13 +297,20 @@ HWY_INLINE void dots_heads(std::int64_t heads, const float* const* q, const Rows
   }
 }
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// dots for kHeads query rows (1 to 4) against the four keys t .. t + 3 at once, each (head, key)
-// sum the same chain and the same tree as in dots (the same bits). Four keys give 12 chains for
-// SmolLM2's 3 query heads a KV head, and their trees share their last steps: each head's block
-// sums (block_sums4 over its four keys) meet the other heads' in whole-block shuffles, and one
-// 128-bit store writes a head's four scores. dots and reduce4 spent about as many instructions
-// on a score's tree as on its products at 64-wide heads, with a scalar store per score.
+// The most query rows (heads) dots4 takes: its 4 x kHeads sums, a vector of q and four of K
+// must fit the register file.
+constexpr int kDots4MaxHeads = kWideRegisterFile ? 4 : 2;
+
+// dots for kHeads query rows (1 to kDots4MaxHeads) against the four keys t .. t + 3 at once,
+// each (head, key) sum the same chain and the same tree as in dots (the same bits).
+// - On AVX-512, four keys give 12 chains for SmolLM2's 3 query heads a KV head, and their trees
+//   share their last steps: each head's block sums (block_sums4 over its four keys) meet the
+//   other heads' in whole-block shuffles, and one 128-bit store writes a head's four scores.
+//   dots and reduce4 spent about as many instructions on a score's tree as on its products at
+//   64-wide heads, with a scalar store per score.
+// - Elsewhere, for one or two heads a KV head (MHA; GQA of 2): 4 or 8 chains where dots' two
+//   keys give 2 or 4, fewer than the multiply-adds' latency times the units (AVX2's q.k of one
+//   head waited on its two chains); a head's four sums are one reduce4, its four scores one store.
 template <int kHeads, class Rows>
 HWY_INLINE void dots4(const float* const* q, const Rows& k, std::int64_t t, std::int64_t len,
                       float* out) {
@@ -333,6 +340,7 @@ HWY_INLINE void dots4(const float* const* q, const Rows& k, std::int64_t t, std:
     for (int key = 0; key < 4; ++key) kv[key] = k.load(t + key, j);
     step(j, kv);
   }
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   hn::Vec<DF> u[4];
   for (int x = 0; x < 4; ++x) {
     const int h = x < kHeads ? x : kHeads - 1;  // a missing head repeats the last; not stored
@@ -354,23 +362,23 @@ HWY_INLINE void dots4(const float* const* q, const Rows& k, std::int64_t t, std:
   if constexpr (kHeads >= 4) {
     _mm_storeu_ps(out + 3 * kTileTokens + t, _mm512_extractf32x4_ps(z, 3));
   }
+#else
+  for (int x = 0; x < kHeads; ++x)
+    reduce4(acc[x][0], acc[x][1], acc[x][2], acc[x][3], out + x * kTileTokens + t);
+#endif
 }
 
+// dots4 for `heads` (1 to kDots4MaxHeads) query rows.
 template <class Rows>
 HWY_INLINE void dots4_heads(std::int64_t heads, const float* const* q, const Rows& k,
                             std::int64_t t, std::int64_t len, float* out) {
-  switch (heads) {
-    case 4:
-      return dots4<4>(q, k, t, len, out);
-    case 3:
-      return dots4<3>(q, k, t, len, out);
-    case 2:
-      return dots4<2>(q, k, t, len, out);
-    default:
-      return dots4<1>(q, k, t, len, out);
+  if constexpr (kDots4MaxHeads == 4) {
+    if (heads == 4) return dots4<4>(q, k, t, len, out);
+    if (heads == 3) return dots4<3>(q, k, t, len, out);
   }
+  if (heads == 2) return dots4<2>(q, k, t, len, out);
+  return dots4<1>(q, k, t, len, out);
 }
-#endif
 
 // The next tile's K and V rows of one KV head, asked for into L2 (prefetch_l2) a row at a time,
 // K's while this tile's scores are computed (more_k, upto_k), V's while its weights meet V
@@ -419,19 +427,22 @@ void accumulate(float* o, float c, const float* p, std::int64_t a, std::int64_t 
     for (std::int64_t t = a; t <= b; ++t) {
       next->more_v();
       const auto w = hn::Set(df, p[t]);
-      hn::Vec<DF> x0, x1, x2, x3, x4, x5, x6, x7;
-      v.load2(t, j, x0, x1);
-      v.load2(t, j + 2 * n, x2, x3);
-      v.load2(t, j + 4 * n, x4, x5);
-      v.load2(t, j + 6 * n, x6, x7);
-      a0 = hn::MulAdd(w, x0, a0);
-      a1 = hn::MulAdd(w, x1, a1);
-      a2 = hn::MulAdd(w, x2, a2);
-      a3 = hn::MulAdd(w, x3, a3);
-      a4 = hn::MulAdd(w, x4, a4);
-      a5 = hn::MulAdd(w, x5, a5);
-      a6 = hn::MulAdd(w, x6, a6);
-      a7 = hn::MulAdd(w, x7, a7);
+      // Two vectors of the row at a time, each into its sums before the next two are read: with
+      // all eight read first, AVX2's 16 registers could not hold them beside the 8 sums and the
+      // weight, and one sum lived on the stack, its chain a store and a load longer a token.
+      hn::Vec<DF> x, y;
+      v.load2(t, j, x, y);
+      a0 = hn::MulAdd(w, x, a0);
+      a1 = hn::MulAdd(w, y, a1);
+      v.load2(t, j + 2 * n, x, y);
+      a2 = hn::MulAdd(w, x, a2);
+      a3 = hn::MulAdd(w, y, a3);
+      v.load2(t, j + 4 * n, x, y);
+      a4 = hn::MulAdd(w, x, a4);
+      a5 = hn::MulAdd(w, y, a5);
+      v.load2(t, j + 6 * n, x, y);
+      a6 = hn::MulAdd(w, x, a6);
+      a7 = hn::MulAdd(w, y, a7);
     }
     hn::StoreU(a0, df, o + j);
     hn::StoreU(a1, df, o + j + n);
@@ -670,12 +681,12 @@ void attend_tile(const TaskState& ts, const KRows& k, const VRows& v, std::int64
       for (int x = 0; x < heads; ++x) q[x] = s.q.data() + (state0 + x) * ts.dp;
       float* sc = s.scores.data();
       std::int64_t t = a;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-      for (; t + 3 <= b; t += 4) {
-        ts.next->upto_k(t + 4);
-        dots4_heads(heads, q, k, t, k_len, sc);
+      if (heads <= kDots4MaxHeads) {
+        for (; t + 3 <= b; t += 4) {
+          ts.next->upto_k(t + 4);
+          dots4_heads(heads, q, k, t, k_len, sc);
+        }
       }
-#endif
       for (; t + 1 <= b; t += 2) {
         ts.next->upto_k(t + 2);
         dots_heads<2>(heads, q, k, t, k_len, sc);
