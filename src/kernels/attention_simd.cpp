@@ -478,15 +478,18 @@ void accumulate_heads(float* const* o, const float* c, const float* p, std::int6
   const int x2 = kHeads > 2 ? 2 : 1;
   const int x3 = kHeads - 1;
   std::int64_t j = 0;
-  if constexpr (kWideRegisterFile) {
-    // Four vectors of every head at once: with two, 3 heads gave 6 chains of one multiply-add a
-    // token each, fewer than the adds' latency times the units (SmolLM2's 64-wide heads).
+  if constexpr (kWideRegisterFile || kHeads == 2) {
+    // Four vectors of every head at once where the registers hold them (AVX-512; two heads on
+    // AVX2): with two, 3 heads gave 6 chains of one multiply-add a token each, fewer than the
+    // adds' latency times the units (SmolLM2's 64-wide heads), and two heads 4.
     for (; j + 4 * n <= len; j += 4 * n) {
       hn::Vec<DF> acc[4][4];
       for (int x = 0; x < kHeads; ++x)
         for (int e = 0; e < 4; ++e) acc[x][e] = start(x, j + e * n);
+      // (AVX2 asks for the next tile's V rows a pass's share at a time, as below.)
+      if constexpr (!kWideRegisterFile) next->upto_v(next->rows * (j + 4 * n) / len);
       for (std::int64_t t = a; t <= b; ++t) {
-        next->more_v();
+        if constexpr (kWideRegisterFile) next->more_v();
         hn::Vec<DF> y[4];
         v.load2(t, j, y[0], y[1]);
         v.load2(t, j + 2 * n, y[2], y[3]);
